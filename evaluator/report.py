@@ -1,0 +1,178 @@
+"""What a run looks like on the terminal (rich): progress while cases run, then a table, the score and the failures.
+
+Everything here reads a RunRecord / CaseResult (evaluator/record.py) and writes to a rich Console; nothing here runs
+or judges anything.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Mapping, Sequence
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.table import Table
+from rich.text import Text
+
+STATUS_STYLE = {"pass": "green", "fail": "red", "timeout": "red", "crash": "red", "skipped": "yellow",
+                "interrupted": "yellow"}
+
+
+def fmt_ns(ns: float | None) -> str:
+    """A duration in nanoseconds with a readable unit: 812 ns, 12.3 µs, 4.56 ms, 1.23 s."""
+    if ns is None or (isinstance(ns, float) and math.isnan(ns)):
+        return "—"
+    for unit, scale in (("s", 1e9), ("ms", 1e6), ("µs", 1e3)):
+        if abs(ns) >= scale:
+            return f"{ns / scale:.3g} {unit}" if abs(ns) < 100 * scale else f"{ns / scale:.1f} {unit}"
+    return f"{ns:.0f} ns"
+
+
+def fmt_s(seconds: float | None) -> str:
+    return fmt_ns(None if seconds is None else seconds * 1e9)
+
+
+def case_text(case: Mapping[str, Any]) -> str:
+    """The official one-line form of a case: ``k: v; k: v``."""
+    return "; ".join(f"{k}: {v}" for k, v in case.items())
+
+
+def device_label(record: Any) -> str:
+    """CPU timings are labelled as such: they are never comparable with GPU ones."""
+    ranks = record.world_size if record.world_size and record.world_size > 1 else None
+    if record.device == "cpu":
+        return f"CPU, {ranks} ranks" if ranks else "CPU"
+    gpu = (record.environment or {}).get("gpu") or "GPU"
+    return f"{gpu} x{ranks}" if ranks else str(gpu)
+
+
+class RunProgress:
+    """A live progress bar fed by evaluator.run's callback ``progress(event, case_index, result)``.
+
+    A call with ``result=None`` means the case started; a call with a CaseResult means it finished (a one-line verdict
+    is printed above the bar so the scroll-back keeps it).
+    """
+
+    def __init__(self, console: Console, cases: Sequence[Mapping[str, Any]], mode: str):
+        self.console = console
+        self.cases = list(cases)
+        self.mode = mode
+        self._progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
+                                  MofNCompleteColumn(), TimeElapsedColumn(), console=console, transient=True)
+        self._task = None
+        self._done: set[int] = set()
+
+    def __enter__(self) -> "RunProgress":
+        self._progress.__enter__()
+        self._task = self._progress.add_task(f"{self.mode}", total=len(self.cases))
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._progress.__exit__(*exc)
+
+    def __call__(self, event: str, case_index: int, result: Any = None) -> None:
+        n = len(self.cases)
+        if result is None:
+            if 0 <= case_index < n:
+                label = case_text(self.cases[case_index])
+                self._progress.update(self._task, description=f"{self.mode} {case_index + 1}/{n}: {label}")
+            else:       # warm-up and other events not tied to one case
+                self._progress.update(self._task, description=f"{self.mode}: {event}")
+            return
+        if case_index in self._done:
+            return
+        self._done.add(case_index)
+        self._progress.advance(self._task)
+        style = STATUS_STYLE.get(result.status, "")
+        timing = f"  {fmt_ns(result.mean_ns)} ± {fmt_ns(result.err_ns)}" if result.mean_ns is not None else ""
+        line = Text.assemble((f"{result.status:>11}", style), f"  #{case_index}  {case_text(result.case)}{timing}")
+        self._progress.console.print(line, highlight=False)
+
+
+def case_table(record: Any, sol: Mapping[int, float] | None = None,
+               speedups: Mapping[int, float] | None = None) -> Table:
+    """One row per case: case, status, mean ± err, best, worst, runs, and % SOL / speedup where known."""
+    # profile mode reports kernels, not means: its columns are the test table's unless the runner timed it too
+    timed = record.mode in ("benchmark", "leaderboard") or any(r.mean_ns is not None for r in record.cases)
+    title = f"{record.problem} · {record.mode} · {device_label(record)}"
+    if record.device == "cpu":
+        title += " (CPU timings: not comparable with GPU ones)" if timed else ""
+    table = Table(title=title, title_justify="left")
+    table.add_column("#", justify="right")
+    table.add_column("case", overflow="fold")
+    table.add_column("status", no_wrap=True)
+    if timed:
+        # numbers never wrap; the case text takes whatever width is left
+        for name in ("mean ± err", "best", "worst", "runs"):
+            table.add_column(name, justify="right", no_wrap=True)
+        if sol:
+            table.add_column("% SOL", justify="right", no_wrap=True)
+        if speedups is not None:
+            table.add_column("speedup", justify="right", no_wrap=True)
+    for r in record.cases:
+        row = [str(r.index), case_text(r.case), Text(r.status, style=STATUS_STYLE.get(r.status, ""))]
+        if timed:
+            mean = f"{fmt_ns(r.mean_ns)} ± {fmt_ns(r.err_ns)}" if r.mean_ns is not None else "—"
+            row += [mean, fmt_ns(r.best_ns), fmt_ns(r.worst_ns), str(r.runs or "—")]
+            if sol:
+                row.append(f"{sol[r.index]:.1f}%" if r.index in sol else "—")
+            if speedups is not None:
+                row.append(f"{speedups[r.index]:.2f}x" if r.index in speedups else "—")
+        table.add_row(*row)
+    return table
+
+
+def failure_lines(record: Any) -> list[str]:
+    """``#i [case] status: message`` for every case that failed (skipped is not a failure); rank prefixes are kept."""
+    out = []
+    for r in record.cases:
+        if r.status in ("pass", "skipped"):
+            continue
+        head = f"#{r.index} [{case_text(r.case)}] {r.status}"
+        lines = [ln for ln in (r.message or "").splitlines() if ln.strip()]
+        if not lines:
+            out.append(head)
+        elif len(lines) == 1:
+            out.append(f"{head}: {lines[0]}")
+        else:
+            out.append(f"{head}:")
+            out.extend(f"    {ln}" for ln in lines)
+    return out
+
+
+def print_report(record: Any, console: Console, sol: Mapping[int, float] | None = None,
+                 comparison: Any = None) -> None:
+    """The whole report of one run: table, score (geomean), comparison, failures, interruption."""
+    console.print(case_table(record, sol, comparison.speedups if comparison is not None else None))
+    if record.mode == "profile":
+        for r in record.cases:
+            if r.status == "pass" and r.message:
+                console.print(f"[bold]#{r.index}[/] {case_text(r.case)}")
+                console.print(r.message, highlight=False, markup=False, soft_wrap=True)
+    passed = sum(r.status == "pass" for r in record.cases)
+    skipped = sum(r.status == "skipped" for r in record.cases)
+    ran = len(record.cases) - skipped
+    console.print(f"{passed}/{ran} cases passed" + (f" ({skipped} skipped: not run in this mode)" if skipped else ""))
+    if record.mode in ("benchmark", "leaderboard"):
+        score = record.score_s()
+        where = " (CPU)" if record.device == "cpu" else ""
+        if score is not None:
+            console.print(f"[bold]score (geomean of means){where}: {fmt_s(score)}[/]")
+        else:
+            console.print(f"score{where}: none (a case did not pass, or none was timed)")
+        if sol:
+            gm = math.exp(sum(math.log(v) for v in sol.values()) / len(sol))
+            console.print(f"geomean % of speed of light: {gm:.1f}%")
+    if comparison is not None:
+        if comparison.geomean_ratio is not None:
+            faster = "faster" if comparison.geomean_ratio >= 1 else "slower"
+            console.print(f"vs {comparison.old_path}: geomean speedup {comparison.geomean_ratio:.3f}x ({faster}) "
+                          f"over {comparison.matched} matched case(s)")
+        else:
+            console.print(f"vs {comparison.old_path}: no case timed in both runs")
+    failures = failure_lines(record)
+    if failures:
+        console.print("[bold red]failed cases:[/]")
+        for line in failures:
+            console.print(line, highlight=False, markup=False)
+    if record.interrupted:
+        console.print("[yellow]interrupted: the cases above are the ones that finished[/]")

@@ -1,0 +1,244 @@
+// Blockwise-scaled FP8 GEMM for Hopper: TMA -> multi-stage shared-memory ring -> FP8 wgmma, warp-specialized
+// (1 producer warpgroup, 2 consumer warpgroups), persistent over (tile, k-split) work units.
+//
+// Operands (device memory):
+//   A  [m][k]  e4m3 bytes, K-contiguous (fnuz bytes reinterpreted: every value reads 2x too large)
+//   B  [n][k]  e4m3 bytes, K-contiguous (same 2x)
+//   SA fp32, a_scale[i, kb] at sa[kb * ld + i] (M-major), read by TMA (tensor map dims {m, k/128})
+//   SB fp32, b_scale[nb, kb] at sb[nb * s0 + kb * s1]
+//   C  [m][n]  bf16 row-major (splits == 1), or WS [m][n] fp32 accumulated with atomics (splits > 1)
+// c[i,j] = sum_kb (sum_{k in kb} A[i,k] B[j,k]) * SA[i,kb] * SB[j/128,kb] * 0.25  (0.25 undoes the 2x per operand)
+#pragma once
+#include <cstdint>
+#include <cuda.h>
+#include <cuda_bf16.h>
+
+#include "sm90_ptx.cuh"
+#include "wgmma_ops.cuh"
+
+namespace fp8mm {
+
+constexpr int kBM = 128;             // rows per tile: 2 consumer warpgroups x 64
+constexpr int kBK = 128;             // k per stage = one scale block; rows of the smem tiles are 128 bytes
+constexpr int kThreads = 384;        // warpgroup 0 produces, 1 and 2 consume
+constexpr int kGroupM = 8;           // rasterization: consecutive tiles sweep 8 m-tiles before moving along n
+constexpr int kSmemLimit = 232448;   // sm_90 opt-in dynamic shared memory per block
+
+template <int BN>
+struct GemmShape {
+  static constexpr int kABytes = kBM * kBK;
+  static constexpr int kBBytes = BN * kBK;
+  static constexpr int kSABytes = kBM * 4;
+  static constexpr int kStageBytes = kABytes + kBBytes + kSABytes;
+  static constexpr int kCPitch = BN * 2 + 16;  // bf16 staging rows, padded so fragment stores hit distinct banks
+  static constexpr int kCBytes = 2 * 64 * kCPitch;
+  static constexpr int kStages = (kSmemLimit - 1024 - kCBytes - 256) / kStageBytes;
+  static constexpr int kSmemBytes = 1024 + kStages * kStageBytes + kCBytes + 2 * kStages * 8;
+  static_assert(kStages >= 3, "pipeline too shallow");
+  static_assert(kSmemBytes <= kSmemLimit, "shared memory over budget");
+};
+
+struct GemmParams {
+  int m, n, k;
+  int num_m_tiles, num_n_tiles, num_tiles;
+  int num_kb, kb_per_split, num_units;  // units = tiles x splits
+  int splits;
+  const float* sb;
+  long long sb_s0, sb_s1;
+  __nv_bfloat16* c;  // used when splits == 1
+  float* ws;         // used when splits > 1
+};
+
+struct Unit {
+  int mt, nt, kb0, kb1;
+};
+
+__device__ __forceinline__ Unit decode_unit(const GemmParams& p, int u) {
+  // Tile-major within a split so one wave of CTAs works on neighbouring tiles (shared A rows / B columns in L2).
+  const int tile = u % p.num_tiles;
+  const int split = u / p.num_tiles;
+  const int group = kGroupM * p.num_n_tiles;
+  const int first_m = (tile / group) * kGroupM;
+  const int gsize = min(p.num_m_tiles - first_m, kGroupM);
+  const int in_group = tile % group;
+  Unit r;
+  r.mt = first_m + in_group % gsize;
+  r.nt = in_group / gsize;
+  r.kb0 = split * p.kb_per_split;
+  r.kb1 = min(p.num_kb, r.kb0 + p.kb_per_split);
+  return r;
+}
+
+template <int BN>
+__device__ __forceinline__ void wgmma_tile(float* d, uint64_t da, uint64_t db, int accumulate) {
+  if constexpr (BN == 128)
+    wgmma_m64n128k32(d, da, db, accumulate);
+  else
+    wgmma_m64n64k32(d, da, db, accumulate);
+}
+
+template <int BN, int PROMO>
+__global__ void __launch_bounds__(kThreads, 1)
+    fp8_gemm_kernel(const __grid_constant__ CUtensorMap tm_a, const __grid_constant__ CUtensorMap tm_b,
+                    const __grid_constant__ CUtensorMap tm_sa, const GemmParams p) {
+  using S = GemmShape<BN>;
+  constexpr int kStages = S::kStages;
+  constexpr int kAcc = BN / 2;  // fp32 accumulators per thread for a 64 x BN warpgroup tile
+  static_assert(PROMO == 1 || PROMO == 2 || PROMO == 4, "PROMO is k32-steps per promotion: 1, 2 or 4");
+
+  extern __shared__ uint8_t smem_raw[];
+  // 128B-swizzled TMA tiles and wgmma descriptors both assume 1024-byte aligned tiles.
+  uint8_t* base = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
+  uint8_t* s_a = base;
+  uint8_t* s_b = s_a + kStages * S::kABytes;
+  float* s_sa = reinterpret_cast<float*>(s_b + kStages * S::kBBytes);
+  uint8_t* s_c = reinterpret_cast<uint8_t*>(s_sa + kStages * kBM);
+  uint64_t* full = reinterpret_cast<uint64_t*>(s_c + S::kCBytes);
+  uint64_t* empty = full + kStages;
+
+  const int wg = threadIdx.x / 128;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      mbar_init(&full[s], 1);   // the producer's arrive_expect_tx; TMA bytes complete the phase
+      mbar_init(&empty[s], 8);  // one arrive per consumer warp
+    }
+    fence_mbar_init();
+    tma_prefetch_desc(&tm_a);
+    tma_prefetch_desc(&tm_b);
+    tma_prefetch_desc(&tm_sa);
+  }
+  __syncthreads();
+
+  if (wg == 0) {
+    setmaxnreg_dec<40>();
+    if (threadIdx.x == 0) {
+      int s = 0;
+      uint32_t phase = 0;
+      for (int u = blockIdx.x; u < p.num_units; u += gridDim.x) {
+        const Unit w = decode_unit(p, u);
+        for (int kb = w.kb0; kb < w.kb1; ++kb) {
+          mbar_wait(&empty[s], phase ^ 1);
+          mbar_arrive_expect_tx(&full[s], S::kStageBytes);
+          tma_load_2d(s_a + s * S::kABytes, &tm_a, &full[s], kb * kBK, w.mt * kBM);
+          tma_load_2d(s_b + s * S::kBBytes, &tm_b, &full[s], kb * kBK, w.nt * BN);
+          tma_load_2d(s_sa + s * kBM, &tm_sa, &full[s], w.mt * kBM, kb);
+          if (++s == kStages) {
+            s = 0;
+            phase ^= 1;
+          }
+        }
+      }
+    }
+    return;
+  }
+
+  setmaxnreg_inc<232>();
+  const int cw = wg - 1;  // consumer index: rows [64 cw, 64 cw + 64) of the tile
+  const int t = threadIdx.x % 128;
+  const int warp = t / 32, lane = t % 32;
+  const int frag_row = warp * 16 + lane / 4;  // accumulator rows frag_row and frag_row + 8 (within 64)
+  const int frag_col = 2 * (lane % 4);        // accumulator columns 8c + frag_col + {0, 1}
+  int s = 0;
+  uint32_t phase = 0;
+
+  for (int u = blockIdx.x; u < p.num_units; u += gridDim.x) {
+    const Unit w = decode_unit(p, u);
+    const float* sb_col = p.sb + (long long)((w.nt * BN) / 128) * p.sb_s0;  // BN divides 128: one scale column
+    float total[kAcc];
+#pragma unroll
+    for (int i = 0; i < kAcc; ++i) total[i] = 0.f;
+
+    // b_scale is read straight from global (one float per k-block); fetched one block ahead to hide latency.
+    float sbv = w.kb0 < w.kb1 ? __ldg(sb_col + w.kb0 * p.sb_s1) : 0.f;
+    for (int kb = w.kb0; kb < w.kb1; ++kb) {
+      const float sb_next = kb + 1 < w.kb1 ? __ldg(sb_col + (kb + 1) * p.sb_s1) : 0.f;
+      mbar_wait(&full[s], phase);
+      const float f0 = s_sa[s * kBM + cw * 64 + frag_row] * sbv * 0.25f;
+      const float f1 = s_sa[s * kBM + cw * 64 + frag_row + 8] * sbv * 0.25f;
+      const uint64_t da = make_desc_k128_sw128(s_a + s * S::kABytes + cw * 64 * kBK);
+      const uint64_t db = make_desc_k128_sw128(s_b + s * S::kBBytes);
+      float acc[kAcc];
+      // Hopper's FP8 MMA keeps its running sum in a truncated format (about 13 mantissa bits) when it
+      // accumulates onto D, so each group of PROMO k32-steps starts from D = 0 and is promoted into the fp32
+      // total here, with the block's scales. PROMO = 4 promotes once per 128-k block (DeepSeek's choice);
+      // PROMO = 1 promotes every wgmma, which keeps the result within fp32 rounding of the exact sum.
+#pragma unroll
+      for (int j = 0; j < kBK / 32; j += PROMO) {
+        wgmma_fence();
+#pragma unroll
+        for (int q = 0; q < PROMO; ++q) wgmma_tile<BN>(acc, da + 2 * (j + q), db + 2 * (j + q), q);
+        wgmma_commit();
+        wgmma_wait<0>();
+        // The accumulators are asm outputs; pin their first use after the wait.
+#pragma unroll
+        for (int i = 0; i < kAcc; ++i) reg_fence(acc[i]);
+        if (j + PROMO == kBK / 32) {  // this warp no longer reads stage s
+          __syncwarp();
+          if (lane == 0) mbar_arrive(&empty[s]);
+        }
+#pragma unroll
+        for (int i = 0; i < kAcc; ++i) total[i] += acc[i] * ((i & 2) ? f1 : f0);
+      }
+      if (++s == kStages) {
+        s = 0;
+        phase ^= 1;
+      }
+      sbv = sb_next;
+    }
+
+    const int row0 = w.mt * kBM + cw * 64;
+    const int col0 = w.nt * BN;
+    if (p.splits > 1) {
+      // Partial sums of a k-range: add into the fp32 workspace; a separate pass converts to bf16.
+#pragma unroll
+      for (int c = 0; c < BN / 8; ++c) {
+        const int gc = col0 + 8 * c + frag_col;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int gr = row0 + frag_row + 8 * h;
+          if (gr < p.m && gc < p.n) {
+            float* dst = p.ws + (long long)gr * p.n + gc;
+            asm volatile("red.global.add.v2.f32 [%0], {%1, %2};" ::"l"(dst), "f"(total[4 * c + 2 * h]),
+                         "f"(total[4 * c + 2 * h + 1])
+                         : "memory");
+          }
+        }
+      }
+    } else {
+      // Stage the bf16 tile in shared memory so global stores are full 16-byte rows segments.
+      uint8_t* my_c = s_c + cw * 64 * S::kCPitch;
+      named_bar_sync(1 + cw, 128);  // the previous tile's readers are done with my_c
+#pragma unroll
+      for (int c = 0; c < BN / 8; ++c) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const __nv_bfloat162 v = __floats2bfloat162_rn(total[4 * c + 2 * h], total[4 * c + 2 * h + 1]);
+          *reinterpret_cast<__nv_bfloat162*>(my_c + (frag_row + 8 * h) * S::kCPitch + (8 * c + frag_col) * 2) = v;
+        }
+      }
+      named_bar_sync(1 + cw, 128);
+      constexpr int kChunks = BN / 8;  // 16-byte chunks per row
+#pragma unroll 4
+      for (int idx = t; idx < 64 * kChunks; idx += 128) {
+        const int r = idx / kChunks, ch = idx % kChunks;
+        const int gr = row0 + r, gc = col0 + ch * 8;
+        if (gr < p.m && gc < p.n)
+          *reinterpret_cast<uint4*>(p.c + (long long)gr * p.n + gc) =
+              *reinterpret_cast<const uint4*>(my_c + r * S::kCPitch + ch * 16);
+      }
+    }
+  }
+}
+
+// Split-K finish: fp32 workspace -> bf16 output, 8 elements per thread. count % 8 == 0.
+__global__ void f32_to_bf16_kernel(const float* __restrict__ ws, __nv_bfloat16* __restrict__ c, long long count) {
+  const long long i = ((long long)blockIdx.x * blockDim.x + threadIdx.x) * 8;
+  if (i >= count) return;
+  const float4 x = *reinterpret_cast<const float4*>(ws + i);
+  const float4 y = *reinterpret_cast<const float4*>(ws + i + 4);
+  __nv_bfloat162 o[4] = {__floats2bfloat162_rn(x.x, x.y), __floats2bfloat162_rn(x.z, x.w),
+                         __floats2bfloat162_rn(y.x, y.y), __floats2bfloat162_rn(y.z, y.w)};
+  *reinterpret_cast<uint4*>(c + i) = *reinterpret_cast<const uint4*>(o);
+}
+
+}  // namespace fp8mm

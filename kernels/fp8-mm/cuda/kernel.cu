@@ -1,0 +1,200 @@
+// Host side of the fp8-mm CUDA backend: picks a configuration, builds TMA tensor maps, launches
+// transpose (when needed) -> GEMM -> (split-K) convert on one stream. No torch here; binding.cpp owns tensors.
+#include <cuda.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <mutex>
+
+#include "fp8_gemm_api.h"
+#include "gemm.cuh"
+#include "transpose.cuh"
+
+namespace fp8mm {
+namespace {
+
+using EncodeTiledFn = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
+                                   const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
+                                   CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+
+// Fetched through the runtime so the extension needs no -lcuda at link time.
+EncodeTiledFn encode_fn() {
+  static EncodeTiledFn fn = nullptr;
+  static std::once_flag once;
+  std::call_once(once, [] {
+    void* p = nullptr;
+    cudaDriverEntryPointQueryResult q;
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &q) ==
+            cudaSuccess &&
+        q == cudaDriverEntryPointSuccess)
+      fn = reinterpret_cast<EncodeTiledFn>(p);
+  });
+  return fn;
+}
+
+// 2-D map over a row-major [rows][cols] array with `pitch_bytes` between rows.
+bool make_map(CUtensorMap* map, CUtensorMapDataType type, const void* ptr, uint64_t cols, uint64_t rows,
+              uint64_t pitch_bytes, uint32_t box_cols, uint32_t box_rows, CUtensorMapSwizzle swz) {
+  EncodeTiledFn fn = encode_fn();
+  if (!fn) return false;
+  const cuuint64_t dims[2] = {cols, rows};
+  const cuuint64_t strides[1] = {pitch_bytes};
+  const cuuint32_t box[2] = {box_cols, box_rows};
+  const cuuint32_t estr[2] = {1, 1};
+  return fn(map, type, 2, const_cast<void*>(ptr), dims, strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE, swz,
+            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+template <int BN>
+void set_smem_attrs() {
+  cudaFuncSetAttribute(fp8_gemm_kernel<BN, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, GemmShape<BN>::kSmemBytes);
+  cudaFuncSetAttribute(fp8_gemm_kernel<BN, 2>, cudaFuncAttributeMaxDynamicSharedMemorySize, GemmShape<BN>::kSmemBytes);
+  cudaFuncSetAttribute(fp8_gemm_kernel<BN, 4>, cudaFuncAttributeMaxDynamicSharedMemorySize, GemmShape<BN>::kSmemBytes);
+}
+
+template <int BN>
+void launch_gemm(int promo, int grid, cudaStream_t stream, const CUtensorMap& a, const CUtensorMap& b,
+                 const CUtensorMap& sa, const GemmParams& p) {
+  constexpr int smem = GemmShape<BN>::kSmemBytes;
+  if (promo == 4)
+    fp8_gemm_kernel<BN, 4><<<grid, kThreads, smem, stream>>>(a, b, sa, p);
+  else if (promo == 2)
+    fp8_gemm_kernel<BN, 2><<<grid, kThreads, smem, stream>>>(a, b, sa, p);
+  else
+    fp8_gemm_kernel<BN, 1><<<grid, kThreads, smem, stream>>>(a, b, sa, p);
+}
+
+struct DeviceInfo {
+  int sms = 0;
+  bool attrs_set = false;
+};
+
+DeviceInfo& device_info(int dev) {
+  static DeviceInfo info[64];
+  static std::mutex mu;
+  std::lock_guard<std::mutex> lock(mu);
+  DeviceInfo& d = info[dev & 63];
+  if (d.sms == 0) {
+    cudaDeviceGetAttribute(&d.sms, cudaDevAttrMultiProcessorCount, dev);
+    set_smem_attrs<128>();
+    set_smem_attrs<64>();
+  }
+  return d;
+}
+
+int ceil_div(long long a, long long b) { return static_cast<int>((a + b - 1) / b); }
+
+}  // namespace
+}  // namespace fp8mm
+
+using namespace fp8mm;
+
+Fp8GemmPlan fp8_gemm_plan(int m, int n, int k, int sms) {
+  // Cost model in "k-block-tile" units: a CTA runs ceil(units / sms) units of kb_per_split k-blocks, a
+  // 128x64 k-block costs ~0.6 of a 128x128 one (the MMA is half, the fixed per-block work is not), and
+  // split-K pays a zero-fill, fp32 atomics and a conversion pass over an m x n fp32 workspace.
+  const int nkb = k / 128;
+  Fp8GemmPlan best{128, 1, kDefaultPromo};
+  double best_cost = 1e30;
+  for (int bn : {128, 64}) {
+    const long long tiles = (long long)ceil_div(m, kBM) * ceil_div(n, bn);
+    for (int splits = 1; splits <= 8; ++splits) {
+      const int kps = ceil_div(nkb, splits);
+      if (kps < 4 && splits > 1) break;
+      const int real_splits = ceil_div(nkb, kps);
+      if (real_splits != splits) continue;
+      const long long units = tiles * splits;
+      const double per_kb_us = bn == 128 ? 0.40 : 0.24;
+      double cost = (double)ceil_div(units, sms) * kps * per_kb_us;
+      if (splits > 1) cost += 3.0 + (double)m * n * 4.0 * (2 + splits) / 2.5e6;  // bytes / (2.5 TB/s) in us
+      if (cost < best_cost * 0.97) {
+        best_cost = cost;
+        best = Fp8GemmPlan{bn, splits, kDefaultPromo};
+      }
+    }
+  }
+  return best;
+}
+
+int fp8_gemm_num_sms() {
+  int dev = 0;
+  cudaGetDevice(&dev);
+  return device_info(dev).sms;
+}
+
+const char* fp8_gemm_run(const Fp8GemmArgs& g, Fp8GemmPlan plan, cudaStream_t stream) {
+  const int m = g.m, n = g.n, k = g.k;
+  if (m <= 0 || n <= 0 || k <= 0 || m % 16 || n % 16 || k % 128)
+    return "fp8_gemm: need m, n multiples of 16 and k a multiple of 128";
+  if (plan.bn != 128 && plan.bn != 64) return "fp8_gemm: plan.bn must be 64 or 128";
+  if (plan.promo != 1 && plan.promo != 2 && plan.promo != 4) return "fp8_gemm: plan.promo must be 1, 2 or 4";
+  if (g.sa_ld % 4 || (reinterpret_cast<uintptr_t>(g.sa) & 15))
+    return "fp8_gemm: a_scale must be M-major with a leading dimension that is a multiple of 4 floats";
+  int dev = 0;
+  cudaGetDevice(&dev);
+  const DeviceInfo& info = device_info(dev);
+
+  // 1) K-major copies of the operands that arrive column-major (one launch for both).
+  const uint8_t* a_km = g.a;
+  const uint8_t* b_km = g.b;
+  TransposeJob ja{g.a, g.a_t, m, k, 0}, jb{g.b, g.b_t, n, k, 0};
+  if (!g.a_kmajor) {
+    ja.tiles = ceil_div(m, kTrTile) * (k / kTrTile);
+    a_km = g.a_t;
+  }
+  if (!g.b_kmajor) {
+    jb.tiles = ceil_div(n, kTrTile) * (k / kTrTile);
+    b_km = g.b_t;
+  }
+  if (ja.tiles + jb.tiles > 0)
+    transpose_pair_kernel<<<ja.tiles + jb.tiles, kTrThreads, 0, stream>>>(ja, jb);
+
+  // 2) Tensor maps: operand tiles are 128 k-bytes wide (one swizzle span), scales one k-block tall.
+  CUtensorMap tm_a, tm_b, tm_sa;
+  bool ok = make_map(&tm_a, CU_TENSOR_MAP_DATA_TYPE_UINT8, a_km, k, m, k, kBK, kBM, CU_TENSOR_MAP_SWIZZLE_128B);
+  ok = ok && make_map(&tm_b, CU_TENSOR_MAP_DATA_TYPE_UINT8, b_km, k, n, k, kBK, plan.bn,
+                      CU_TENSOR_MAP_SWIZZLE_128B);
+  ok = ok && make_map(&tm_sa, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, g.sa, m, k / 128, (uint64_t)g.sa_ld * 4, kBM, 1,
+                      CU_TENSOR_MAP_SWIZZLE_NONE);
+  if (!ok) return "fp8_gemm: cuTensorMapEncodeTiled failed (driver entry point missing or bad alignment)";
+
+  GemmParams p{};
+  p.m = m;
+  p.n = n;
+  p.k = k;
+  p.num_m_tiles = ceil_div(m, kBM);
+  p.num_n_tiles = ceil_div(n, plan.bn);
+  p.num_tiles = p.num_m_tiles * p.num_n_tiles;
+  p.num_kb = k / kBK;
+  p.kb_per_split = ceil_div(p.num_kb, plan.splits);
+  p.splits = ceil_div(p.num_kb, p.kb_per_split);
+  p.num_units = p.num_tiles * p.splits;
+  p.sb = g.sb;
+  p.sb_s0 = g.sb_s0;
+  p.sb_s1 = g.sb_s1;
+  p.c = reinterpret_cast<__nv_bfloat16*>(g.c);
+  p.ws = g.ws;
+  if (p.splits > 1) {
+    if (!g.ws) return "fp8_gemm: split-K plan needs a workspace";
+    cudaMemsetAsync(g.ws, 0, (size_t)m * n * sizeof(float), stream);
+  }
+
+  const int grid = p.num_units < info.sms ? p.num_units : info.sms;
+  if (plan.bn == 128)
+    launch_gemm<128>(plan.promo, grid, stream, tm_a, tm_b, tm_sa, p);
+  else
+    launch_gemm<64>(plan.promo, grid, stream, tm_a, tm_b, tm_sa, p);
+
+  if (p.splits > 1) {
+    const long long count = (long long)m * n;
+    f32_to_bf16_kernel<<<ceil_div(count / 8, 256), 256, 0, stream>>>(g.ws, p.c, count);
+  }
+  const cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess) {
+    static thread_local char msg[256];
+    snprintf(msg, sizeof(msg), "fp8_gemm: launch failed: %s", cudaGetErrorString(err));
+    return msg;
+  }
+  return nullptr;
+}

@@ -1,0 +1,275 @@
+"""The evaluator core: staging, modes, statistics, and containment of known-bad submissions.
+
+Worker starts cost seconds on a CPU (each imports torch), so the tests that spawn group their assertions: one run per
+fixture, several cases per run. Fixtures are real submission files under tests/fixtures/submissions/.
+"""
+import math
+import multiprocessing as mp
+import os
+from pathlib import Path
+
+import pytest
+
+import evaluator
+import problems
+from evaluator import timing
+from evaluator.record import CaseResult, RunRecord
+from evaluator.runner import EvaluatorError, _popcorn_seed
+from evaluator.stage import stage
+
+FIX = Path(__file__).parent / "fixtures" / "submissions"
+QUICK = {"max_runs": 5}  # timed modes: a few runs, so the CPU suite stays fast
+
+
+def fp8_smoke():
+    return [problems.official_case(c) for c in problems.load_spec("fp8-mm").smoke]
+
+
+def fp8_case(m=64, n=128, k=256, seed=1):
+    return problems.official_case({"m": m, "n": n, "k": k, "seed": seed})
+
+
+def rs_smoke():
+    return [problems.official_case(c) for c in problems.load_spec("gemm-rs").smoke]
+
+
+def judge(fixture, problem="fp8-mm", mode="test", cases=None, **kw):
+    return evaluator.run(problem, FIX / fixture, mode=mode, cases=cases if cases is not None else fp8_smoke(),
+                         device="cpu", **kw)
+
+
+def assert_no_workers_left():
+    """Every worker ended and was reaped: none alive, none a zombie child of this process (multiprocessing's own
+    resource tracker, one per parent process, stays by design)."""
+    assert mp.active_children() == []
+    me = os.getpid()
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            cmdline = (stat.parent / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if int(fields[1]) == me and b"resource_tracker" not in cmdline:
+            raise AssertionError(f"process {stat.parent.name} is still a child of the test: {cmdline!r}")
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# pure parts (no workers)
+
+def test_statistics_use_n_minus_1_and_stop_by_the_official_rules():
+    s = timing.summarize([10.0, 12.0, 14.0])
+    assert s["runs"] == 3 and s["mean"] == 12.0 and s["best"] == 10.0 and s["worst"] == 14.0
+    assert s["std"] == pytest.approx(2.0)                      # sqrt(((-2)^2 + 0 + 2^2) / (3 - 1))
+    assert s["err"] == pytest.approx(2.0 / math.sqrt(3))
+    assert timing.summarize([]) == {}
+    rule = dict(rel_err_stop=0.001, budget_s=10.0, max_wall_s=120.0, min_runs=3, max_runs=100)
+    steady = [1e6] * 2
+    assert not timing.should_stop(steady, 0, **rule)           # fewer than min_runs, however steady
+    assert timing.should_stop(steady + [1e6], 0, **rule)       # err/mean = 0 < 0.001
+    noisy = [1e6, 3e6, 2e6, 5e6]
+    assert not timing.should_stop(noisy, 0, **rule)
+    assert timing.should_stop(noisy, 121e9, **rule)             # wall clock past max_wall_s
+    assert timing.should_stop([4e9, 1e9, 7e9], 0, **rule)       # mean * runs = 12 s > 10 s budget
+    assert timing.should_stop(noisy * 25, 0, **rule)            # max_runs
+
+
+def test_record_score_is_the_geomean_of_passing_means_and_round_trips_json():
+    cases = [CaseResult(0, {"m": 1, "seed": 1}, "pass", runs=3, mean_ns=1e6),
+             CaseResult(1, {"m": 2, "seed": 2}, "pass", runs=3, mean_ns=4e6)]
+    rec = RunRecord("fp8-mm", "benchmark", "s.py", "ab", "cpu", None, 5, cases)
+    assert rec.score_s() == pytest.approx(2e-3)                 # sqrt(1 ms * 4 ms)
+    assert rec.passed()
+    back = RunRecord.from_json(rec.to_json())
+    assert back == rec and isinstance(back.cases[0], CaseResult)
+    rec.cases.append(CaseResult(2, {"m": 3, "seed": 3}, "timeout", message="timed out"))
+    assert rec.score_s() is None and not rec.passed()
+    untimed = RunRecord("fp8-mm", "test", "s.py", "ab", "cpu", None, None, [CaseResult(0, {}, "pass")])
+    assert untimed.score_s() is None and untimed.passed()
+
+
+def test_stage_holds_what_the_leaderboard_holds(tmp_path):
+    cases = fp8_smoke()
+    run_dir = stage(problems.problem_dir("fp8-mm"), FIX / "fp8_good.py", cases, tmp_path / "run")
+    for name in ("submission.py", "task.py", "reference.py", "utils.py", "harness.py", "timing.py", "cases.txt"):
+        assert (run_dir / name).is_file(), name
+    assert (run_dir / "submission.py").read_bytes() == (FIX / "fp8_good.py").read_bytes()
+    assert (run_dir / "utils.py").read_bytes() == problems.UTILS_PATH.read_bytes()
+    lines = (run_dir / "cases.txt").read_text().splitlines()
+    assert [problems.parse_case(line) for line in lines] == cases
+
+
+def test_bad_requests_get_one_line_errors_naming_the_fix(tmp_path, monkeypatch):
+    sub = FIX / "fp8_good.py"
+    with pytest.raises(EvaluatorError, match="choose one of test"):
+        evaluator.run("fp8-mm", sub, mode="fast", cases=fp8_smoke(), device="cpu")
+    with pytest.raises(EvaluatorError, match="choose cuda or cpu"):
+        evaluator.run("fp8-mm", sub, mode="test", cases=fp8_smoke(), device="tpu")
+    with pytest.raises(EvaluatorError, match="kbench gen"):
+        evaluator.run("fp8-mm", tmp_path / "missing.py", mode="test", cases=fp8_smoke(), device="cpu")
+    with pytest.raises(EvaluatorError, match="single-GPU problem: drop --world-size"):
+        evaluator.run("fp8-mm", sub, mode="test", cases=fp8_smoke(), device="cpu", world_size=2)
+    with pytest.raises(EvaluatorError, match="unknown protocol field"):
+        evaluator.run("fp8-mm", sub, mode="test", cases=fp8_smoke(), device="cpu", protocol={"max_rounds": 1})
+    with pytest.raises(problems.UnknownProblem, match="known problems"):
+        evaluator.run("fp9-mm", sub, mode="test", cases=fp8_smoke(), device="cpu")
+    # world size: sizes the reference splits over ranks must divide, and each rank needs its own GPU
+    case = {"world_size": 8, "m": 64, "n": 64, "k": 96, "has_bias": "True", "seed": 1}
+    evaluator.check_world_size([case], 2, ("m", "k"), gpus=None)
+    with pytest.raises(EvaluatorError, match=r"k=96 not divisible by world size 5; pass a --world-size"):
+        evaluator.check_world_size([case], 5, ("m", "k"), gpus=None)
+    with pytest.raises(EvaluatorError, match="needs 4 GPUs .* this machine has 2: pass --world-size 2"):
+        evaluator.check_world_size([case], 4, ("m", "k"), gpus=2)
+    monkeypatch.setenv("POPCORN_SEED", "abc")
+    with pytest.raises(EvaluatorError, match="POPCORN_SEED='abc' is not an integer"):
+        _popcorn_seed(None)
+
+
+def test_popcorn_seed_is_read_and_removed_from_the_environment(monkeypatch):
+    monkeypatch.setenv("POPCORN_SEED", "4242")
+    assert _popcorn_seed(None) == 4242
+    assert "POPCORN_SEED" not in os.environ
+    monkeypatch.setenv("POPCORN_SEED", "1")
+    assert _popcorn_seed(7) == 7 and "POPCORN_SEED" not in os.environ   # --seed wins, the variable still goes
+    assert _popcorn_seed(None) is None
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# single process: fp8-mm smoke cases on the CPU
+
+def test_good_submission_passes_and_megabytes_of_output_go_to_the_log(tmp_path):
+    events = []
+    rec = judge("chatty.py", run_dir=tmp_path / "run", worker_per_case=True,
+                progress=lambda event, index, result: events.append((event, index, result and result.status)))
+    assert [c.status for c in rec.cases] == ["pass", "pass"], [c.message for c in rec.cases]
+    assert rec.passed() and rec.device == "cpu" and rec.world_size is None
+    assert rec.environment["torch"] and rec.environment["python"]
+    assert events == [("start", 0, None), ("done", 0, "pass"), ("start", 1, None), ("done", 1, "pass")]
+    log = tmp_path / "run" / "logs" / "rank0.log"
+    assert log.stat().st_size >= 2 * 5 * 2**20                  # both workers' 5 MiB each, nothing lost to a pipe
+    assert evaluator.log_tail(tmp_path / "run", 0, max_bytes=100).endswith("x" * 50 + "\n")
+    assert_no_workers_left()
+
+
+def test_wrong_outputs_fail_with_clear_messages_and_the_worker_goes_on():
+    cases = [fp8_case(seed=s) for s in range(11, 18)]   # one call each: raise, shape, dtype, device, nan, view, good
+    rec = judge("wrong_outputs.py", cases=cases)
+    got = [(c.status, c.message) for c in rec.cases]
+    assert [s for s, _ in got] == ["fail"] * 6 + ["pass"], got
+    raised, shape, dtype, device, nan, view, _ = (m for _, m in got)
+    assert "custom_kernel raised ValueError: fixture fails on purpose (submission.py line" in raised
+    assert "SIZE MISMATCH" in shape and "(64, 127)" in shape
+    assert "dtype torch.float32, expected torch.bfloat16" in dtype
+    assert "on device meta, expected cpu" in device
+    assert "mismatched elements: 1 " in nan and "nan" in nan
+    assert "returned a view of its input (data[0])" in view
+    assert not rec.passed() and rec.score_s() is None
+
+
+def test_crash_and_hang_become_verdicts_and_the_next_case_still_runs():
+    cases = [fp8_case(m=64), fp8_case(m=128), fp8_case(m=192)]   # abort, hang, right
+    rec = judge("abort_or_hang.py", cases=cases, timeout_s=5)
+    crash, hang, good = rec.cases
+    assert crash.status == "crash" and "signal SIGABRT" in crash.message, crash
+    assert hang.status == "timeout" and "time limit of 5 s" in hang.message, hang
+    assert good.status == "pass", good
+    assert_no_workers_left()
+
+
+def test_benchmark_times_a_good_submission_with_official_statistics():
+    rec = judge("fp8_good.py", mode="benchmark", cases=[fp8_case()], protocol=QUICK, seed=7)
+    (case,) = rec.cases
+    assert case.status == "pass", case.message
+    assert case.runs == 5                                       # CPU noise never meets err/mean < 0.001 in 5 runs
+    assert 0 < case.best_ns <= case.mean_ns <= case.worst_ns
+    assert case.err_ns == pytest.approx(case.std_ns / math.sqrt(case.runs))
+    assert rec.score_s() == pytest.approx(case.mean_ns / 1e9)
+    assert rec.seed == 7 and case.case == fp8_case()            # the record keeps the case as given
+
+
+def test_leaderboard_reseeding_catches_a_cached_output():
+    rec = judge("caches_output.py", mode="leaderboard", cases=[fp8_case()], protocol=QUICK)
+    (case,) = rec.cases
+    assert case.status == "fail" and case.message.startswith("run 1 (seed 14):"), case.message
+    assert "mismatched elements" in case.message
+
+
+def test_patched_timers_do_not_fool_the_clock():
+    rec = judge("patches_timer.py", mode="benchmark", cases=[fp8_case()], protocol={"max_runs": 3})
+    (case,) = rec.cases
+    assert case.status == "pass", case.message
+    assert case.best_ns >= 5e6                                  # the fixture sleeps 5 ms per call
+
+
+def test_forged_result_lines_never_make_a_pass(tmp_path, monkeypatch):
+    read_end, write_end = os.pipe()                             # a POPCORN_FD the parent might have been given
+    os.set_blocking(read_end, False)
+    monkeypatch.setenv("POPCORN_FD", str(write_end))
+    try:
+        rec = judge("writes_popcorn_fd.py", cases=[fp8_case()], run_dir=tmp_path / "run")
+        with pytest.raises(BlockingIOError):
+            os.read(read_end, 100)                              # nothing reached the parent's descriptor
+    finally:
+        os.close(read_end)
+        os.close(write_end)
+    assert rec.cases[0].status == "fail", rec.cases[0]
+    assert "fixture saw POPCORN_FD=None" in (tmp_path / "run" / "logs" / "rank0.log").read_text()
+
+
+def test_ctrl_c_returns_what_was_measured():
+    def interrupt(event, index, result):
+        if event == "done" and index == 0:
+            raise KeyboardInterrupt
+
+    rec = judge("fp8_good.py", progress=interrupt)
+    assert rec.interrupted and not rec.passed()
+    assert [c.status for c in rec.cases] == ["pass", "interrupted"]
+    assert_no_workers_left()
+
+
+def test_profile_mode_returns_the_top_kernels_table():
+    rec = judge("fp8_good.py", mode="profile", cases=[fp8_case()])
+    (case,) = rec.cases
+    assert case.status == "pass"
+    assert "Name" in case.message and "aten::" in case.message
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# several ranks: gemm-rs smoke cases, world size 2 over gloo
+
+def test_two_ranks_over_gloo_pass_test_and_leaderboard_modes():
+    rec = judge("rs_good.py", problem="gemm-rs", cases=rs_smoke(), world_size=2)
+    assert [c.status for c in rec.cases] == ["pass"] * 3, [c.message for c in rec.cases]
+    assert rec.world_size == 2 and all(c.case["world_size"] == 2 for c in rec.cases)
+    rec = judge("rs_good.py", problem="gemm-rs", mode="leaderboard", cases=rs_smoke()[:1], world_size=2,
+                protocol={"max_runs": 3})
+    (case,) = rec.cases
+    assert case.status == "pass" and case.runs == 3 and case.mean_ns > 0, case
+    assert_no_workers_left()
+
+
+def test_a_dead_or_raising_rank_fails_its_case_and_leaves_no_process():
+    rec = judge("rs_rank_fails.py", problem="gemm-rs", cases=rs_smoke(), world_size=2, timeout_s=60)
+    dead, raised, good = rec.cases
+    assert dead.status == "crash" and dead.message.startswith("rank 1 - worker died with signal SIGABRT"), dead
+    assert raised.status == "fail", raised
+    assert raised.message.startswith("rank 1 - custom_kernel raised RuntimeError: rank 1 fails on purpose"), raised
+    assert good.status == "pass", good
+    assert_no_workers_left()
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# GPU only
+
+@pytest.mark.gpu
+def test_work_left_on_a_side_stream_fails_on_gpu():
+    rec = evaluator.run("fp8-mm", FIX / "side_stream.py", mode="test", cases=fp8_smoke(), device="cuda")
+    assert all(c.status == "fail" for c in rec.cases), [(c.status, c.message) for c in rec.cases]
+    assert all("full device synchronize" in c.message for c in rec.cases)
+
+
+@pytest.mark.gpu
+def test_good_submission_passes_on_gpu_with_host_timer():
+    rec = evaluator.run("fp8-mm", FIX / "fp8_good.py", mode="benchmark", cases=fp8_smoke(), device="cuda",
+                        protocol=QUICK)
+    assert [c.status for c in rec.cases] == ["pass", "pass"], [c.message for c in rec.cases]
+    assert rec.environment.get("gpu") and rec.score_s() > 0
