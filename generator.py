@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import ast
 import hashlib
+import io
 import json
 import os
 import re
@@ -258,7 +259,8 @@ def _backend_file(backend_dir: Path, rel: str, label: str, key: str) -> Path:
 def inline_includes(sources: list[Path], search: list[Path], base: Path) -> tuple[str, list[tuple[str, str]]]:
     """Join `sources` into one translation unit with every local `#include "..."` pasted in place.
 
-    Headers are looked up in the including file's folder, then in `search`. Each header is pasted once per
+    Headers are looked up in the including file's folder, then in `search`. Include lines are found textually, so
+    one inside `#if 0` or a /* */ comment is resolved too. Each header is pasted once per
     translation unit (later includes become a comment), so include guards are not needed; `#pragma once` lines
     are dropped because they warn in a main file. `#include <...>` is left alone. `#line` directives keep compiler
     messages pointing at the real files. Returns (text, [(display path, content)] of every file read, in order).
@@ -273,7 +275,8 @@ def inline_includes(sources: list[Path], search: list[Path], base: Path) -> tupl
         read.append((_rel(path, base), text))
         shown = _rel(path, base)
         out.append(f'#line 1 "{shown}"\n')
-        for lineno, line in enumerate(text.splitlines(keepends=True), 1):
+        # split on "\n" only: str.splitlines would also break at form feeds and the like, shifting line numbers
+        for lineno, line in enumerate(io.StringIO(text).readlines(), 1):
             if not line.endswith("\n"):
                 line += "\n"
             if PRAGMA_ONCE_RE.match(line):
@@ -456,10 +459,10 @@ def render(problem: str, backend: str, target: str = "h100", root=None) -> str:
         "modules": [{"name": n, "path": s, "literal": py_literal(src)} for n, s, src in modules],
     }
     if m.template == "load_inline":
-        search = [(bdir / d).resolve() for d in m.include_dirs] + [bdir.resolve()]
-        for d in search:
-            if not d.is_dir():
-                raise GeneratorError(f"{label}: include_dirs entry {_rel(d, bdir)!r} is not a folder")
+        for d in m.include_dirs:
+            if not (bdir / d).is_dir():
+                raise GeneratorError(f"{label}: include_dirs entry {d!r} is not a folder beside kernel.yml")
+        search = [bdir.resolve()] + [(bdir / d).resolve() for d in m.include_dirs]
         cuda_files = [_backend_file(bdir, s, label, "cuda_sources") for s in m.cuda_sources]
         cpp_files = [_backend_file(bdir, s, label, "cpp_sources") for s in m.cpp_sources]
         cuda_text, cuda_read = inline_includes(cuda_files, search, base) if cuda_files else ("", [])

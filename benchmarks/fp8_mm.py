@@ -6,7 +6,10 @@ against torch._scaled_mm blockwise (cuBLAS) and the Triton backend, all in one p
     python benchmarks/fp8_mm.py --no-sweep   # skip the per-shape plan sweep
 
 Timing: CUDA events around one call, a 256 MB buffer written before every run (L2 flush), median of --runs.
-"ours" includes everything a call does (transpose of the column-major operands, GEMM, split-K finish).
+"ours" is the default (exact, fp16-MMA) path and includes everything a call does (transpose + widening of the
+column-major operands, GEMM, split-K finish). "fp8-MMA" is the inexact FP8-MMA path: end to end, and kernel-only
+on operands already K-major. cuBLAS's blockwise FP8 misses the official tolerance like our FP8-MMA path (the
+table flags it); it is timed anyway as the peer a user would pick.
 cuBLAS is timed twice: kernel-only on operands already made K-contiguous, and end-to-end including the
 .contiguous() copies a user must make from the column-major inputs (the 0.5 scale folds stay outside both).
 Floor = max(2mnk / 1444e12, minimal bytes / 2.99e12) (H100 measured ceilings, ../shared/BASELINES.md).
@@ -34,9 +37,11 @@ RTOL, ATOL = 2e-2, 1e-3
 FP8_FLOPS, HBM_BPS = 1444e12, 2.99e12
 EXTRA_SHAPES = [(64, 64, 128), (96, 320, 384), (192, 576, 1152), (320, 704, 256), (1024, 192, 640),
                 (2048, 2560, 3072), (128, 4160, 512), (6144, 64, 128), (576, 1216, 2048)]
-# (tile width, k-splits, promotion interval in k32 steps): checked on the smaller shapes, timed in the sweep.
-CHECK_PLANS = [(128, 1, 1), (64, 1, 1), (128, 2, 1), (64, 3, 1), (128, 4, 1), (128, 1, 2), (64, 2, 4)]
-SWEEP_PLANS = [(bn, sp, pr) for pr in (1, 4) for bn in (128, 64) for sp in (1, 2, 4)]
+# (tile width, k-splits, exact): exact=True is the fp16-MMA path that meets the tolerance, False the FP8-MMA path.
+CHECK_PLANS = [(128, 1, True), (64, 1, True), (128, 2, True), (64, 3, True), (128, 4, True), (128, 1, False),
+               (64, 2, False)]
+SWEEP_PLANS = [(128, 1, True), (64, 1, True), (128, 2, True), (64, 2, True), (128, 4, True), (64, 4, True),
+               (128, 1, False), (64, 1, False)]
 
 
 def floor_us(m, n, k):
@@ -116,9 +121,11 @@ def cublas_fns(a, b, sa, sb, expected):
         except Exception as exc:  # noqa: BLE001 - try the next layout
             why = f"{type(exc).__name__}: {str(exc).splitlines()[0][:120]}"
             continue
-        if not torch.isclose(out.float(), expected, rtol=RTOL, atol=ATOL).all():
-            why = "result mismatch"
+        ratio = ((out.float() - expected).abs() / (ATOL + RTOL * expected.abs())).max().item()
+        if not ratio < 50:  # far off: a wrong scale layout, not FP8 accumulation error
+            why = f"result mismatch (ratio {ratio:.1f})"
             continue
+        why = "" if ratio <= 1 else f"misses the official tolerance (worst ratio {ratio:.2f}); timed anyway"
 
         def kernel_only(sb_arg=sb_arg):
             return torch._scaled_mm(a_k, b_k.T, scale_a=sa_h, scale_b=sb_arg, out_dtype=torch.bfloat16)
@@ -128,7 +135,7 @@ def cublas_fns(a, b, sa, sb, expected):
             bk = b.contiguous().view(e4)
             return torch._scaled_mm(ak, bk.T, scale_a=sa_h, scale_b=sb_arg, out_dtype=torch.bfloat16)
 
-        return kernel_only, end_to_end, ""
+        return kernel_only, end_to_end, why
     return None, None, why
 
 
@@ -184,13 +191,13 @@ def main():
         if not ok:
             failures.append(msg)
         if args.quick or m * n * k <= 2**33:  # every plan on the smaller shapes
-            for bn, sp, pr in CHECK_PLANS:
-                fn = lambda d, bn=bn, sp=sp, pr=pr: ext.fp8_gemm_with_plan(*d, bn, sp, pr)  # noqa: E731
-                ok, msg = check(fn, data, expected, f"  plan ({bn},{sp},{pr}) {m}x{n}x{k}", strict=pr == 1)
+            for bn, sp, ex in CHECK_PLANS:
+                fn = lambda d, bn=bn, sp=sp, ex=ex: ext.fp8_gemm_with_plan(*d, bn, sp, ex)  # noqa: E731
+                ok, msg = check(fn, data, expected, f"  plan ({bn},{sp},{int(ex)}) {m}x{n}x{k}", strict=ex)
                 print(msg, flush=True)
                 if not ok:
                     failures.append(msg)
-        # K-major operands skip the transpose: that path must agree too.
+        # K-major operands (normalised by the binding) must give the same result.
         a, b, sa, sb, c = data
         ok, msg = check(lambda d: ext.fp8_gemm(d[0].contiguous(), d[1].contiguous(), *d[2:]), data, expected,
                         f"  k-major inputs {m}x{n}x{k}")
@@ -220,17 +227,20 @@ def main():
         row = {"m": m, "n": n, "k": k, "floor_us": floor_us(m, n, k), "plan": ext.fp8_gemm_plan_for(m, n, k)}
         row["ours_us"] = timer(lambda: custom_kernel(data), args.runs)
         ak, bk = a.contiguous(), b.contiguous()
-        row["gemm_only_us"] = timer(lambda: ext.fp8_gemm(ak, bk, sa, sb, cbuf), args.runs)
+        # The FP8-MMA path (inexact): end to end, and kernel-only on operands already K-major (no transpose).
+        row["fp8_us"] = timer(lambda: ext.fp8_gemm_with_plan(a, b, sa, sb, cbuf, 128, 1, False), args.runs)
+        row["gemm_only_us"] = timer(lambda: ext.fp8_gemm_with_plan(ak, bk, sa, sb, cbuf, 128, 1, False), args.runs)
         if not args.no_sweep:
             sweep = {}
-            for bn, sp, pr in SWEEP_PLANS:
+            for bn, sp, ex in SWEEP_PLANS:
                 if sp > 1 and k // 128 < 2 * sp:
                     continue
-                sweep[f"{bn},{sp},{pr}"] = timer(lambda: ext.fp8_gemm_with_plan(a, b, sa, sb, cbuf, bn, sp, pr),
-                                                 args.runs)
+                sweep[f"{bn},{sp},{int(ex)}"] = timer(
+                    lambda: ext.fp8_gemm_with_plan(a, b, sa, sb, cbuf, bn, sp, ex), args.runs)
+            exact_sweep = {key: v for key, v in sweep.items() if key.endswith(",1")}
             row["sweep_us"] = sweep
-            best = min(sweep, key=sweep.get)
-            row["best_plan"], row["best_us"] = best, sweep[best]
+            best = min(exact_sweep, key=exact_sweep.get)
+            row["best_plan"], row["best_us"] = best, exact_sweep[best]
         kern, e2e, why = cublas_fns(a, b, sa, sb, expected)
         row["cublas_note"] = why
         row["cublas_kernel_us"] = timer(kern, args.runs) if kern else None
@@ -256,6 +266,7 @@ def main():
         "geomean_floor_us": geomean([r["floor_us"] for r in rows]),
         "geomean_ours_us": geomean([r["ours_us"] for r in rows]),
         "geomean_gemm_only_us": geomean([r["gemm_only_us"] for r in rows]),
+        "geomean_fp8_us": geomean([r["fp8_us"] for r in rows]),
         "geomean_best_plan_us": geomean([r.get("best_us") for r in rows]),
         "geomean_cublas_kernel_us": geomean([r["cublas_kernel_us"] for r in rows]),
         "geomean_cublas_e2e_us": geomean([r["cublas_e2e_us"] for r in rows]),
@@ -268,25 +279,28 @@ def main():
     def f(x):
         return "-" if x is None else f"{x:.1f}"
 
-    head = "| m | n | k | floor | ours | %SOL | gemm-only | plan | best plan | cuBLAS kern | cuBLAS e2e | triton | flag |"
-    lines = [head, "|" + "---|" * 13]
+    head = ("| m | n | k | floor | ours | %SOL | plan | best plan | fp8-MMA e2e | fp8-MMA kern | cuBLAS kern | "
+            "cuBLAS e2e | triton | flag |")
+    lines = [head, "|" + "---|" * 14]
     for r in rows:
         best = f"{r.get('best_plan', '-')} {f(r.get('best_us'))}"
         flag = "SLOWER than cuBLAS" if r["slower_than_cublas"] else ""
         lines.append(f"| {r['m']} | {r['n']} | {r['k']} | {f(r['floor_us'])} | {f(r['ours_us'])} | "
-                     f"{r['sol_pct']:.0f}% | {f(r['gemm_only_us'])} | {','.join(map(str, r['plan']))} | {best} | "
-                     f"{f(r['cublas_kernel_us'])} | {f(r['cublas_e2e_us'])} | {f(r['triton_us'])} | {flag} |")
+                     f"{r['sol_pct']:.0f}% | {','.join(map(str, r['plan']))} | {best} | {f(r['fp8_us'])} | "
+                     f"{f(r['gemm_only_us'])} | {f(r['cublas_kernel_us'])} | {f(r['cublas_e2e_us'])} | "
+                     f"{f(r['triton_us'])} | {flag} |")
     g = summary
-    lines.append(f"| geomean | | | {f(g['geomean_floor_us'])} | {f(g['geomean_ours_us'])} | | "
-                 f"{f(g['geomean_gemm_only_us'])} | | {f(g['geomean_best_plan_us'])} | "
+    lines.append(f"| geomean | | | {f(g['geomean_floor_us'])} | {f(g['geomean_ours_us'])} | | | "
+                 f"{f(g['geomean_best_plan_us'])} | {f(g['geomean_fp8_us'])} | {f(g['geomean_gemm_only_us'])} | "
                  f"{f(g['geomean_cublas_kernel_us'])} | {f(g['geomean_cublas_e2e_us'])} | "
                  f"{f(g['geomean_triton_us'])} | |")
     table = "\n".join(lines)
     (out_dir / "fp8_mm_bench.md").write_text(f"# fp8-mm on {g['device']} (us, median, L2 flushed)\n\n{table}\n")
     if triton_note:
         print(f"triton: {triton_note}")
-    if rows and rows[0].get("cublas_note"):
-        print(f"cuBLAS: {rows[0]['cublas_note']}")
+    for r in rows:
+        if r.get("cublas_note"):
+            print(f"cuBLAS {r['m']}x{r['n']}x{r['k']}: {r['cublas_note']}")
     print(f"correctness failures: {len(failures)}")
     for msg in failures[:10]:
         print("  " + msg)

@@ -6,6 +6,7 @@ or judges anything.
 from __future__ import annotations
 
 import math
+import re
 from typing import Any, Mapping, Sequence
 
 from rich.console import Console
@@ -22,9 +23,9 @@ def fmt_ns(ns: float | None) -> str:
     if ns is None or (isinstance(ns, float) and math.isnan(ns)):
         return "—"
     for unit, scale in (("s", 1e9), ("ms", 1e6), ("µs", 1e3)):
-        if abs(ns) >= scale:
+        if abs(ns) >= scale * 0.9995:       # 999.7 ns reads "1 µs", not "1e+03 ns"
             return f"{ns / scale:.3g} {unit}" if abs(ns) < 100 * scale else f"{ns / scale:.1f} {unit}"
-    return f"{ns:.0f} ns"
+    return f"{ns:.3g} ns"
 
 
 def fmt_s(seconds: float | None) -> str:
@@ -84,6 +85,9 @@ class RunProgress:
         self._progress.advance(self._task)
         style = STATUS_STYLE.get(result.status, "")
         timing = f"  {fmt_ns(result.mean_ns)} ± {fmt_ns(result.err_ns)}" if result.mean_ns is not None else ""
+        if result.status not in ("pass", "skipped") and result.message:
+            first = _by_rank(result.message.strip().splitlines())[0]
+            timing = f"  {first[:100]}"
         line = Text.assemble((f"{result.status:>11}", style), f"  #{case_index}  {case_text(result.case)}{timing}")
         self._progress.console.print(line, highlight=False)
 
@@ -121,6 +125,16 @@ def case_table(record: Any, sol: Mapping[int, float] | None = None,
     return table
 
 
+_RANK = re.compile(r"^rank (\d+) - ")
+
+
+def _by_rank(lines: list[str]) -> list[str]:
+    """Rank-prefixed lines in rank order (ranks report in the order they fail, which reads as noise)."""
+    if lines and all(_RANK.match(ln) for ln in lines):
+        return sorted(lines, key=lambda ln: int(_RANK.match(ln).group(1)))
+    return lines
+
+
 def failure_lines(record: Any) -> list[str]:
     """``#i [case] status: message`` for every case that failed (skipped is not a failure); rank prefixes are kept."""
     out = []
@@ -128,7 +142,7 @@ def failure_lines(record: Any) -> list[str]:
         if r.status in ("pass", "skipped"):
             continue
         head = f"#{r.index} [{case_text(r.case)}] {r.status}"
-        lines = [ln for ln in (r.message or "").splitlines() if ln.strip()]
+        lines = _by_rank([ln for ln in (r.message or "").splitlines() if ln.strip()])
         if not lines:
             out.append(head)
         elif len(lines) == 1:
@@ -151,7 +165,8 @@ def print_report(record: Any, console: Console, sol: Mapping[int, float] | None 
     passed = sum(r.status == "pass" for r in record.cases)
     skipped = sum(r.status == "skipped" for r in record.cases)
     ran = len(record.cases) - skipped
-    console.print(f"{passed}/{ran} cases passed" + (f" ({skipped} skipped: not run in this mode)" if skipped else ""))
+    why = "interrupted" if record.interrupted else "not run in this mode"
+    console.print(f"{passed}/{ran} cases passed" + (f" ({skipped} skipped: {why})" if skipped else ""))
     if record.mode in ("benchmark", "leaderboard"):
         score = record.score_s()
         where = " (CPU)" if record.device == "cpu" else ""
@@ -171,7 +186,7 @@ def print_report(record: Any, console: Console, sol: Mapping[int, float] | None 
             console.print(f"vs {comparison.old_path}: no case timed in both runs")
     failures = failure_lines(record)
     if failures:
-        console.print("[bold red]failed cases:[/]")
+        console.print("[bold red]cases that did not pass:[/]")
         for line in failures:
             console.print(line, highlight=False, markup=False)
     if record.interrupted:

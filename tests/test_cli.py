@@ -369,6 +369,7 @@ def test_perf_json_popcorn_compare_and_exit_codes(fake_run, submission, tmp_path
     result = invoke(*base, "--json", str(new))
     assert result.exit_code == 1
     assert "rank 0 - mismatch at (0, 1)" in result.output and "rank 1 - crashed" in result.output
+    assert result.output.index("rank 0 - mismatch") < result.output.rindex("rank 1 - crashed")
     assert json.loads(new.read_text())["passed"] is False
 
 
@@ -568,6 +569,33 @@ def test_ceilings_cache_measures_once_per_model(tmp_path, monkeypatch):
     refreshed = ceilings.load_or_measure(refresh=True)
     assert len(measured) == 2 and refreshed.bf16_flops != first.bf16_flops
     assert ceilings.load_cached(first.gpu) == refreshed
+
+
+def _render(record, **kw) -> str:
+    from rich.console import Console
+
+    from evaluator import report
+
+    console = Console(record=True, width=200, color_system=None)
+    report.print_report(record, console, **kw)
+    return console.export_text()
+
+
+def test_report_table_sol_score_and_failures():
+    results = [make_result(0, CASES[0], mean=31.2e3), make_result(1, CASES[1], mean=2e6),
+               make_result(2, CASES[2], status="timeout", message="rank 1 - hung past 640 s\nrank 0 - waited")]
+    text = _render(make_record(results), sol={0: 50.0, 1: 12.5})
+    assert "NVIDIA H100 80GB HBM3" in text and "CPU" not in text
+    assert "% SOL" in text and "50.0%" in text and "12.5%" in text
+    assert "31.2 µs ± 93.6 ns" in text and "2 ms" in text
+    assert "geomean % of speed of light: 25.0%" in text
+    assert "2/3 cases passed" in text and "score (geomean of means): none" not in text
+    assert text.index("rank 0 - waited") < text.index("rank 1 - hung")
+
+    ok = make_record([make_result(0, CASES[0], mean=1e3), make_result(1, CASES[1], mean=4e3)], device="cpu")
+    text = _render(ok)
+    assert "CPU" in text.splitlines()[0] and "% SOL" not in text
+    assert "score (geomean of means) (CPU): 2 µs" in text
 
 
 def test_device_command_without_gpu(monkeypatch):

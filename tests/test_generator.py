@@ -157,8 +157,15 @@ def _packed_modules(tree: ast.Module) -> list[str]:
     return []
 
 
-PY_REAL = [(p, b) for p, b in REAL
-           if generator.load_manifest(generator.kernels_root() / p / b, "k").template == "python"]
+def _manifest(problem, backend):
+    """The backend's manifest, or None when it is broken (the render test above then fails with the reason)."""
+    try:
+        return generator.load_manifest(generator.kernels_root() / problem / backend, "kernel.yml")
+    except GeneratorError:
+        return None
+
+
+PY_REAL = [(p, b) for p, b in REAL if getattr(_manifest(p, b), "template", None) == "python"]
 
 
 IMPORT_ALL = """
@@ -244,6 +251,15 @@ def test_ext_name_follows_sources_and_flags(tree):
     assert name_and_hash("mi300x") != name_and_hash("h100")
 
 
+def test_python_hash_follows_module_sources_and_not_location(tree, tmp_path):
+    first = generator.render("demo", "py", "h100", root=tree)
+    moved = shutil.copytree(tree, tmp_path / "elsewhere" / "kernels")
+    assert generator.render("demo", "py", "h100", root=moved) == first  # no absolute paths leak in
+    (moved / "demo/py/scale.py").write_text("FACTOR = 3\n")
+    assert header(generator.render("demo", "py", "h100", root=moved))["source-sha256"] != \
+        header(first)["source-sha256"]
+
+
 def test_target_flags_and_rocm_env(tree):
     h100 = generator.render("demo", "cuda", "h100", root=tree)
     assert "extra_cuda_cflags=['-O3', '-gencode=arch=compute_90a,code=sm_90a']" in h100
@@ -284,6 +300,8 @@ def test_include_cycle_shows_the_chain(tree):
      r"key 'flags.h100.nvcc' is unknown"),
     ("template: python\nentry: [oops\n", r"not valid YAML"),
     ("template: python\nentry: missing.py\n", r"entry file 'missing.py' not found"),
+    ("template: load_inline\nentry: entry.py\ncpp_sources: [b.cpp]\ninclude_dirs: [nodir]\n",
+     r"include_dirs entry 'nodir' is not a folder"),
 ])
 def test_bad_manifest_names_the_key(tmp_path, yml, match):
     root = write_tree(tmp_path / "kernels", {"p/b/kernel.yml": yml, "p/b/entry.py": IDENTITY})
@@ -371,6 +389,23 @@ def test_packed_cuda_source_compiles_standalone(tree, tmp_path):
     src.write_text(cuda)
     r = subprocess.run(["nvcc", "-std=c++17", "-gencode=arch=compute_90a,code=sm_90a", "-c", str(src),
                         "-o", str(tmp_path / "packed.o")], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+
+
+CUDA_REAL = [(p, b) for p, b in REAL if getattr(_manifest(p, b), "cuda_sources", None)]
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
+@pytest.mark.parametrize("problem,backend", CUDA_REAL or [(None, None)],
+                         ids=[f"{p}/{b}" for p, b in CUDA_REAL] or ["none"])
+def test_real_packed_cuda_source_compiles_standalone(problem, backend, tmp_path):
+    """The one translation unit kbench packs from a real backend compiles as nvcc would see it (sans torch)."""
+    if problem is None:
+        pytest.skip("no load_inline backend with cuda_sources under kernels/ yet")
+    src = tmp_path / "packed.cu"
+    src.write_text(literal(generator.render(problem, backend, "h100"), "_CUDA_SOURCE"))
+    r = subprocess.run(["nvcc", "-std=c++17", "-gencode=arch=compute_90a,code=sm_90a", "-c", str(src),
+                        "-o", str(tmp_path / "packed.o")], capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
 
 

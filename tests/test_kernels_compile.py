@@ -24,8 +24,13 @@ def _ids(paths):
 def test_cu_compiles_with_nvcc(cu, tmp_path):
     if cu is None:
         pytest.skip("no .cu files under kernels/ yet")
-    backend_dir = KERNELS / cu.relative_to(KERNELS).parts[0] / cu.relative_to(KERNELS).parts[1]
-    cmd = ["nvcc", "-std=c++17", "-gencode=arch=compute_90a,code=sm_90a", f"-I{cu.parent}", f"-I{backend_dir}",
+    rel = cu.relative_to(KERNELS).parts
+    backend_dir = KERNELS / rel[0] / rel[1] if len(rel) > 2 else cu.parent
+    includes = [cu.parent, backend_dir]
+    if (backend_dir / "kernel.yml").is_file():  # the same search path kbench gen uses
+        manifest = generator.load_manifest(backend_dir, str(backend_dir / "kernel.yml"))
+        includes += [(backend_dir / d).resolve() for d in manifest.include_dirs]
+    cmd = ["nvcc", "-std=c++17", "-gencode=arch=compute_90a,code=sm_90a", *(f"-I{d}" for d in includes),
            "-c", str(cu), "-o", str(tmp_path / "x.o")]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, f"{' '.join(cmd)}\n{r.stderr[-4000:]}"

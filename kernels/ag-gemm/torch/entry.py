@@ -3,8 +3,8 @@
 data = (A [m/ws, k] bf16, W [n/ws, k] bf16, bias [n/ws] bf16 or None), this rank's shards.
 Output on rank r: cat over ranks (rank order) of A, times W^T, plus bias: [m, n/ws] bf16.
 
-torch symmetric memory's fused_all_gather_matmul is not used: on the measured shapes (BASELINES.md) it loses to this
-path everywhere except the largest, by under 10 % there.
+torch symmetric memory's fused_all_gather_matmul is not used: in BASELINES.md (H200, world size 4) it is slower than
+this path on five of the six benchmark shapes (up to 3.4x) and only 9 % faster on the largest.
 """
 import torch
 import torch.distributed as dist

@@ -13,7 +13,7 @@ bool is_colmajor(const torch::Tensor& t) { return t.stride(0) == 1 && t.stride(1
 
 // a [m,k], b [n,k] fp8 e4m3fnuz; a_scale [m,k/128], b_scale [ceil(n/128),k/128] fp32; c [m,n] bf16 (written).
 torch::Tensor run(torch::Tensor a, torch::Tensor b, torch::Tensor a_scale, torch::Tensor b_scale, torch::Tensor c,
-                  int bn, int splits, int promo) {
+                  int bn, int splits, bool exact) {
   TORCH_CHECK(a.is_cuda() && b.is_cuda() && a_scale.is_cuda() && b_scale.is_cuda() && c.is_cuda(),
               "fp8_gemm: all inputs must be CUDA tensors (move them with .cuda())");
   TORCH_CHECK(a.scalar_type() == at::kFloat8_e4m3fnuz && b.scalar_type() == at::kFloat8_e4m3fnuz,
@@ -33,20 +33,21 @@ torch::Tensor run(torch::Tensor a, torch::Tensor b, torch::Tensor a_scale, torch
   TORCH_CHECK(c.dim() == 2 && c.size(0) == m && c.size(1) == n, "fp8_gemm: c must be [m, n]");
   const c10::cuda::CUDAGuard guard(a.device());
 
-  // Odd layouts are normalised to column-major (what the problem hands over) rather than rejected.
-  const bool a_km = is_kmajor(a), b_km = is_kmajor(b);
+  Fp8GemmPlan plan = fp8_gemm_plan(m, n, k, fp8_gemm_num_sms());
+  if (bn > 0) plan = Fp8GemmPlan{bn, splits, exact};
+
+  // The transpose pass reads column-major operands (what the problem hands over); other layouts are normalised
+  // to that, except that the FP8 path takes K-major operands as they are.
+  const bool a_km = !plan.exact && is_kmajor(a), b_km = !plan.exact && is_kmajor(b);
   if (!a_km && !is_colmajor(a)) a = a.t().contiguous().t();
   if (!b_km && !is_colmajor(b)) b = b.t().contiguous().t();
   if (a_scale.stride(0) != 1 || a_scale.stride(1) % 4 != 0 || (reinterpret_cast<uintptr_t>(a_scale.data_ptr()) & 15))
     a_scale = a_scale.t().contiguous().t();  // M-major, leading dimension m (a multiple of 16)
   torch::Tensor out = c.is_contiguous() ? c : torch::empty({m, n}, c.options());
 
-  const auto u8 = a.options().dtype(torch::kUInt8);
-  torch::Tensor a_t = a_km ? torch::Tensor() : torch::empty({m, k}, u8);
-  torch::Tensor b_t = b_km ? torch::Tensor() : torch::empty({n, k}, u8);
-
-  Fp8GemmPlan plan = fp8_gemm_plan(m, n, k, fp8_gemm_num_sms());
-  if (bn > 0) plan = Fp8GemmPlan{bn, splits, promo};
+  const auto op_opts = a.options().dtype(plan.exact ? torch::kHalf : torch::kUInt8);
+  torch::Tensor a_t = a_km ? torch::Tensor() : torch::empty({m, k}, op_opts);
+  torch::Tensor b_t = b_km ? torch::Tensor() : torch::empty({n, k}, op_opts);
   torch::Tensor ws = plan.splits > 1 ? torch::empty({m, n}, a.options().dtype(torch::kFloat)) : torch::Tensor();
 
   Fp8GemmArgs g{};
@@ -54,8 +55,8 @@ torch::Tensor run(torch::Tensor a, torch::Tensor b, torch::Tensor a_scale, torch
   g.b = static_cast<const uint8_t*>(b.data_ptr());
   g.a_kmajor = a_km;
   g.b_kmajor = b_km;
-  g.a_t = a_km ? nullptr : static_cast<uint8_t*>(a_t.data_ptr());
-  g.b_t = b_km ? nullptr : static_cast<uint8_t*>(b_t.data_ptr());
+  g.a_t = a_km ? nullptr : a_t.data_ptr();
+  g.b_t = b_km ? nullptr : b_t.data_ptr();
   g.sa = a_scale.data_ptr<float>();
   g.sa_ld = a_scale.stride(1);
   g.sb = b_scale.data_ptr<float>();
@@ -77,21 +78,20 @@ torch::Tensor run(torch::Tensor a, torch::Tensor b, torch::Tensor a_scale, torch
 // The leaderboard entry point: configuration chosen from the shape.
 torch::Tensor fp8_gemm(torch::Tensor a, torch::Tensor b, torch::Tensor a_scale, torch::Tensor b_scale,
                        torch::Tensor c) {
-  return run(a, b, a_scale, b_scale, c, 0, 1, 1);
+  return run(a, b, a_scale, b_scale, c, 0, 1, true);
 }
 
-// For tuning and tests: force a tile width (64 or 128), a k-split count and a promotion interval.
+// For tuning and tests: force a tile width (64 or 128), a k-split count and the MMA kind (exact = fp16).
 torch::Tensor fp8_gemm_with_plan(torch::Tensor a, torch::Tensor b, torch::Tensor a_scale, torch::Tensor b_scale,
-                                 torch::Tensor c, int64_t bn, int64_t splits, int64_t promo) {
+                                 torch::Tensor c, int64_t bn, int64_t splits, bool exact) {
   TORCH_CHECK(bn == 64 || bn == 128, "fp8_gemm_with_plan: bn must be 64 or 128");
   TORCH_CHECK(splits >= 1, "fp8_gemm_with_plan: splits must be >= 1");
-  TORCH_CHECK(promo == 1 || promo == 2 || promo == 4, "fp8_gemm_with_plan: promo must be 1, 2 or 4");
-  return run(a, b, a_scale, b_scale, c, static_cast<int>(bn), static_cast<int>(splits), static_cast<int>(promo));
+  return run(a, b, a_scale, b_scale, c, static_cast<int>(bn), static_cast<int>(splits), exact);
 }
 
-// The plan fp8_gemm would use for a shape on the current device: (bn, splits, promo).
+// The plan fp8_gemm would use for a shape on the current device: (bn, splits, exact).
 std::vector<int64_t> fp8_gemm_plan_for(int64_t m, int64_t n, int64_t k) {
   const Fp8GemmPlan p = fp8_gemm_plan(static_cast<int>(m), static_cast<int>(n), static_cast<int>(k),
                                       fp8_gemm_num_sms());
-  return {p.bn, p.splits, p.promo};
+  return {p.bn, p.splits, p.exact ? 1 : 0};
 }

@@ -8,8 +8,8 @@ struct Fp8GemmArgs {
   const uint8_t* a;  // e4m3fnuz bytes of A [m, k]: K-contiguous if a_kmajor, else column-major ([k][m] in memory)
   const uint8_t* b;  // e4m3fnuz bytes of B [n, k]: likewise
   bool a_kmajor, b_kmajor;
-  uint8_t* a_t;  // [m][k] scratch for the K-major copy of A (unused when a_kmajor)
-  uint8_t* b_t;  // [n][k] scratch for B
+  void* a_t;  // [m][k] scratch for the K-major copy of A: bytes, or fp16 for an exact plan (unused when a_kmajor)
+  void* b_t;  // [n][k] scratch for B, likewise
   const float* sa;
   long long sa_ld;  // a_scale[i, kb] = sa[kb * sa_ld + i]  (M-major; sa_ld % 4 == 0, 16-byte aligned)
   const float* sb;
@@ -22,11 +22,9 @@ struct Fp8GemmArgs {
 struct Fp8GemmPlan {
   int bn;      // tile width: 128 or 64
   int splits;  // k-splits (1 = no split-K)
-  int promo;   // k32 wgmma steps accumulated on the tensor core before promotion to fp32: 1, 2 or 4
+  bool exact;  // true: widen to fp16 and use FP16 wgmma (meets the official tolerance; needs column-major A, B);
+               // false: FP8 wgmma on the bytes (faster, misses atol on nearly cancelling outputs; gemm.cuh)
 };
-
-// Promotion interval the automatic plan uses (see gemm.cuh: FP8 MMA accumulation precision).
-constexpr int kDefaultPromo = 1;
 
 // Configuration for a shape on a GPU with `sms` multiprocessors.
 Fp8GemmPlan fp8_gemm_plan(int m, int n, int k, int sms);

@@ -1,9 +1,15 @@
 // Blockwise-scaled FP8 GEMM for Hopper: TMA -> multi-stage shared-memory ring -> FP8 wgmma, warp-specialized
 // (1 producer warpgroup, 2 consumer warpgroups), persistent over (tile, k-split) work units.
 //
-// Operands (device memory):
-//   A  [m][k]  e4m3 bytes, K-contiguous (fnuz bytes reinterpreted: every value reads 2x too large)
-//   B  [n][k]  e4m3 bytes, K-contiguous (same 2x)
+// Two MMA kinds (template kF16):
+//   kF16 = true  (default, exact): operands widened to fp16 by the transpose pass, FP16 wgmma. Its fp32
+//                accumulation is exact enough for the official tolerance (rtol 2e-2, atol 1e-3).
+//   kF16 = false (fast, inexact): e4m3 wgmma straight on the bytes. Hopper's FP8 MMA aligns products to the
+//                largest exponent and keeps ~14 bits, so outputs that nearly cancel miss atol 1e-3 (cuBLAS's
+//                blockwise FP8 GEMM misses it the same way); kept for measurements.
+// Operands (device memory), K-contiguous: e4m3 bytes or fp16, both holding exactly 2x the fnuz value.
+//   A  [m][k]
+//   B  [n][k]
 //   SA fp32, a_scale[i, kb] at sa[kb * ld + i] (M-major), read by TMA (tensor map dims {m, k/128})
 //   SB fp32, b_scale[nb, kb] at sb[nb * s0 + kb * s1]
 //   C  [m][n]  bf16 row-major (splits == 1), or WS [m][n] fp32 accumulated with atomics (splits > 1)
@@ -19,15 +25,16 @@
 namespace fp8mm {
 
 constexpr int kBM = 128;             // rows per tile: 2 consumer warpgroups x 64
-constexpr int kBK = 128;             // k per stage = one scale block; rows of the smem tiles are 128 bytes
+constexpr int kBK = 128;             // k per scale block
+constexpr int kRowBytes = 128;       // bytes of k per smem tile row and stage (one 128-byte swizzle span)
 constexpr int kThreads = 384;        // warpgroup 0 produces, 1 and 2 consume
 constexpr int kGroupM = 8;           // rasterization: consecutive tiles sweep 8 m-tiles before moving along n
 constexpr int kSmemLimit = 232448;   // sm_90 opt-in dynamic shared memory per block
 
 template <int BN>
 struct GemmShape {
-  static constexpr int kABytes = kBM * kBK;
-  static constexpr int kBBytes = BN * kBK;
+  static constexpr int kABytes = kBM * kRowBytes;
+  static constexpr int kBBytes = BN * kRowBytes;
   static constexpr int kSABytes = kBM * 4;
   static constexpr int kStageBytes = kABytes + kBBytes + kSABytes;
   static constexpr int kCPitch = BN * 2 + 16;  // bf16 staging rows, padded so fragment stores hit distinct banks
@@ -69,22 +76,28 @@ __device__ __forceinline__ Unit decode_unit(const GemmParams& p, int u) {
   return r;
 }
 
-template <int BN>
+// One 64 x BN x (32 bytes of k) MMA step: k32 for e4m3, k16 for fp16.
+template <int BN, bool kF16>
 __device__ __forceinline__ void wgmma_tile(float* d, uint64_t da, uint64_t db, int accumulate) {
-  if constexpr (BN == 128)
+  if constexpr (kF16 && BN == 128)
+    wgmma_m64n128k16_f16(d, da, db, accumulate);
+  else if constexpr (kF16)
+    wgmma_m64n64k16_f16(d, da, db, accumulate);
+  else if constexpr (BN == 128)
     wgmma_m64n128k32(d, da, db, accumulate);
   else
     wgmma_m64n64k32(d, da, db, accumulate);
 }
 
-template <int BN, int PROMO>
+template <int BN, bool kF16>
 __global__ void __launch_bounds__(kThreads, 1)
     fp8_gemm_kernel(const __grid_constant__ CUtensorMap tm_a, const __grid_constant__ CUtensorMap tm_b,
                     const __grid_constant__ CUtensorMap tm_sa, const GemmParams p) {
   using S = GemmShape<BN>;
   constexpr int kStages = S::kStages;
   constexpr int kAcc = BN / 2;  // fp32 accumulators per thread for a 64 x BN warpgroup tile
-  static_assert(PROMO == 1 || PROMO == 2 || PROMO == 4, "PROMO is k32-steps per promotion: 1, 2 or 4");
+  constexpr int kSPB = kF16 ? 2 : 1;      // pipeline stages per 128-k scale block
+  constexpr int kKPS = kBK / kSPB;        // k elements per stage (always 128 bytes per tile row)
 
   extern __shared__ uint8_t smem_raw[];
   // 128B-swizzled TMA tiles and wgmma descriptors both assume 1024-byte aligned tiles.
@@ -116,12 +129,12 @@ __global__ void __launch_bounds__(kThreads, 1)
       uint32_t phase = 0;
       for (int u = blockIdx.x; u < p.num_units; u += gridDim.x) {
         const Unit w = decode_unit(p, u);
-        for (int kb = w.kb0; kb < w.kb1; ++kb) {
+        for (int st = w.kb0 * kSPB; st < w.kb1 * kSPB; ++st) {
           mbar_wait(&empty[s], phase ^ 1);
           mbar_arrive_expect_tx(&full[s], S::kStageBytes);
-          tma_load_2d(s_a + s * S::kABytes, &tm_a, &full[s], kb * kBK, w.mt * kBM);
-          tma_load_2d(s_b + s * S::kBBytes, &tm_b, &full[s], kb * kBK, w.nt * BN);
-          tma_load_2d(s_sa + s * kBM, &tm_sa, &full[s], w.mt * kBM, kb);
+          tma_load_2d(s_a + s * S::kABytes, &tm_a, &full[s], st * kKPS, w.mt * kBM);
+          tma_load_2d(s_b + s * S::kBBytes, &tm_b, &full[s], st * kKPS, w.nt * BN);
+          tma_load_2d(s_sa + s * kBM, &tm_sa, &full[s], w.mt * kBM, st / kSPB);
           if (++s == kStages) {
             s = 0;
             phase ^= 1;
@@ -152,37 +165,42 @@ __global__ void __launch_bounds__(kThreads, 1)
     float sbv = w.kb0 < w.kb1 ? __ldg(sb_col + w.kb0 * p.sb_s1) : 0.f;
     for (int kb = w.kb0; kb < w.kb1; ++kb) {
       const float sb_next = kb + 1 < w.kb1 ? __ldg(sb_col + (kb + 1) * p.sb_s1) : 0.f;
-      mbar_wait(&full[s], phase);
-      const float f0 = s_sa[s * kBM + cw * 64 + frag_row] * sbv * 0.25f;
-      const float f1 = s_sa[s * kBM + cw * 64 + frag_row + 8] * sbv * 0.25f;
-      const uint64_t da = make_desc_k128_sw128(s_a + s * S::kABytes + cw * 64 * kBK);
-      const uint64_t db = make_desc_k128_sw128(s_b + s * S::kBBytes);
+      const int s_first = s;
+      float f0 = 0.f, f1 = 0.f;
       float acc[kAcc];
-      // Hopper's FP8 MMA keeps its running sum in a truncated format (about 13 mantissa bits) when it
-      // accumulates onto D, so each group of PROMO k32-steps starts from D = 0 and is promoted into the fp32
-      // total here, with the block's scales. PROMO = 4 promotes once per 128-k block (DeepSeek's choice);
-      // PROMO = 1 promotes every wgmma, which keeps the result within fp32 rounding of the exact sum.
+      // The block's partial sum starts from D = 0 and is promoted into the fp32 total with its scales below.
 #pragma unroll
-      for (int j = 0; j < kBK / 32; j += PROMO) {
+      for (int h = 0; h < kSPB; ++h) {
+        mbar_wait(&full[s], phase);
+        if (h == kSPB - 1) {
+          f0 = s_sa[s * kBM + cw * 64 + frag_row] * sbv * 0.25f;  // 0.25: both operands read 2x
+          f1 = s_sa[s * kBM + cw * 64 + frag_row + 8] * sbv * 0.25f;
+        }
+        const uint64_t da = make_desc_k128_sw128(s_a + s * S::kABytes + cw * 64 * kRowBytes);
+        const uint64_t db = make_desc_k128_sw128(s_b + s * S::kBBytes);
         wgmma_fence();
 #pragma unroll
-        for (int q = 0; q < PROMO; ++q) wgmma_tile<BN>(acc, da + 2 * (j + q), db + 2 * (j + q), q);
+        for (int q = 0; q < kRowBytes / 32; ++q)
+          wgmma_tile<BN, kF16>(acc, da + 2 * q, db + 2 * q, h > 0 || q > 0);
         wgmma_commit();
-        wgmma_wait<0>();
-        // The accumulators are asm outputs; pin their first use after the wait.
+        if (h == kSPB - 1) {
+          wgmma_wait<0>();
+          // The accumulators are asm outputs; pin their first use after the wait.
 #pragma unroll
-        for (int i = 0; i < kAcc; ++i) reg_fence(acc[i]);
-        if (j + PROMO == kBK / 32) {  // this warp no longer reads stage s
+          for (int i = 0; i < kAcc; ++i) reg_fence(acc[i]);
           __syncwarp();
-          if (lane == 0) mbar_arrive(&empty[s]);
+          if (lane == 0) {  // this warp no longer reads the block's stages
+            mbar_arrive(&empty[s]);
+            if (kSPB == 2) mbar_arrive(&empty[s_first]);
+          }
         }
+        if (++s == kStages) {
+          s = 0;
+          phase ^= 1;
+        }
+      }
 #pragma unroll
-        for (int i = 0; i < kAcc; ++i) total[i] += acc[i] * ((i & 2) ? f1 : f0);
-      }
-      if (++s == kStages) {
-        s = 0;
-        phase ^= 1;
-      }
+      for (int i = 0; i < kAcc; ++i) total[i] += acc[i] * ((i & 2) ? f1 : f0);
       sbv = sb_next;
     }
 

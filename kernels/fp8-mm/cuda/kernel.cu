@@ -48,21 +48,20 @@ bool make_map(CUtensorMap* map, CUtensorMapDataType type, const void* ptr, uint6
 
 template <int BN>
 void set_smem_attrs() {
-  cudaFuncSetAttribute(fp8_gemm_kernel<BN, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, GemmShape<BN>::kSmemBytes);
-  cudaFuncSetAttribute(fp8_gemm_kernel<BN, 2>, cudaFuncAttributeMaxDynamicSharedMemorySize, GemmShape<BN>::kSmemBytes);
-  cudaFuncSetAttribute(fp8_gemm_kernel<BN, 4>, cudaFuncAttributeMaxDynamicSharedMemorySize, GemmShape<BN>::kSmemBytes);
+  cudaFuncSetAttribute(fp8_gemm_kernel<BN, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                       GemmShape<BN>::kSmemBytes);
+  cudaFuncSetAttribute(fp8_gemm_kernel<BN, false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                       GemmShape<BN>::kSmemBytes);
 }
 
 template <int BN>
-void launch_gemm(int promo, int grid, cudaStream_t stream, const CUtensorMap& a, const CUtensorMap& b,
+void launch_gemm(bool f16, int grid, cudaStream_t stream, const CUtensorMap& a, const CUtensorMap& b,
                  const CUtensorMap& sa, const GemmParams& p) {
   constexpr int smem = GemmShape<BN>::kSmemBytes;
-  if (promo == 4)
-    fp8_gemm_kernel<BN, 4><<<grid, kThreads, smem, stream>>>(a, b, sa, p);
-  else if (promo == 2)
-    fp8_gemm_kernel<BN, 2><<<grid, kThreads, smem, stream>>>(a, b, sa, p);
+  if (f16)
+    fp8_gemm_kernel<BN, true><<<grid, kThreads, smem, stream>>>(a, b, sa, p);
   else
-    fp8_gemm_kernel<BN, 1><<<grid, kThreads, smem, stream>>>(a, b, sa, p);
+    fp8_gemm_kernel<BN, false><<<grid, kThreads, smem, stream>>>(a, b, sa, p);
 }
 
 struct DeviceInfo {
@@ -95,7 +94,7 @@ Fp8GemmPlan fp8_gemm_plan(int m, int n, int k, int sms) {
   // 128x64 k-block costs ~0.6 of a 128x128 one (the MMA is half, the fixed per-block work is not), and
   // split-K pays a zero-fill, fp32 atomics and a conversion pass over an m x n fp32 workspace.
   const int nkb = k / 128;
-  Fp8GemmPlan best{128, 1, kDefaultPromo};
+  Fp8GemmPlan best{128, 1, true};
   double best_cost = 1e30;
   for (int bn : {128, 64}) {
     const long long tiles = (long long)ceil_div(m, kBM) * ceil_div(n, bn);
@@ -110,7 +109,7 @@ Fp8GemmPlan fp8_gemm_plan(int m, int n, int k, int sms) {
       if (splits > 1) cost += 3.0 + (double)m * n * 4.0 * (2 + splits) / 2.5e6;  // bytes / (2.5 TB/s) in us
       if (cost < best_cost * 0.97) {
         best_cost = cost;
-        best = Fp8GemmPlan{bn, splits, kDefaultPromo};
+        best = Fp8GemmPlan{bn, splits, true};
       }
     }
   }
@@ -128,16 +127,20 @@ const char* fp8_gemm_run(const Fp8GemmArgs& g, Fp8GemmPlan plan, cudaStream_t st
   if (m <= 0 || n <= 0 || k <= 0 || m % 16 || n % 16 || k % 128)
     return "fp8_gemm: need m, n multiples of 16 and k a multiple of 128";
   if (plan.bn != 128 && plan.bn != 64) return "fp8_gemm: plan.bn must be 64 or 128";
-  if (plan.promo != 1 && plan.promo != 2 && plan.promo != 4) return "fp8_gemm: plan.promo must be 1, 2 or 4";
+  if (!g.a_kmajor && !g.a_t) return "fp8_gemm: column-major A needs the a_t scratch buffer";
+  if (!g.b_kmajor && !g.b_t) return "fp8_gemm: column-major B needs the b_t scratch buffer";
+  if (plan.exact && (g.a_kmajor || g.b_kmajor))
+    return "fp8_gemm: the exact (fp16 MMA) path widens through the transpose pass; pass column-major operands";
   if (g.sa_ld % 4 || (reinterpret_cast<uintptr_t>(g.sa) & 15))
     return "fp8_gemm: a_scale must be M-major with a leading dimension that is a multiple of 4 floats";
   int dev = 0;
   cudaGetDevice(&dev);
   const DeviceInfo& info = device_info(dev);
 
-  // 1) K-major copies of the operands that arrive column-major (one launch for both).
-  const uint8_t* a_km = g.a;
-  const uint8_t* b_km = g.b;
+  // 1) K-major copies of the operands that arrive column-major (one launch for both); the exact path also
+  //    widens them to fp16 there.
+  const void* a_km = g.a;
+  const void* b_km = g.b;
   TransposeJob ja{g.a, g.a_t, m, k, 0}, jb{g.b, g.b_t, n, k, 0};
   if (!g.a_kmajor) {
     ja.tiles = ceil_div(m, kTrTile) * (k / kTrTile);
@@ -147,13 +150,20 @@ const char* fp8_gemm_run(const Fp8GemmArgs& g, Fp8GemmPlan plan, cudaStream_t st
     jb.tiles = ceil_div(n, kTrTile) * (k / kTrTile);
     b_km = g.b_t;
   }
-  if (ja.tiles + jb.tiles > 0)
-    transpose_pair_kernel<<<ja.tiles + jb.tiles, kTrThreads, 0, stream>>>(ja, jb);
+  if (ja.tiles + jb.tiles > 0) {
+    if (plan.exact)
+      transpose_pair_kernel<true><<<ja.tiles + jb.tiles, kTrThreads, 0, stream>>>(ja, jb);
+    else
+      transpose_pair_kernel<false><<<ja.tiles + jb.tiles, kTrThreads, 0, stream>>>(ja, jb);
+  }
 
-  // 2) Tensor maps: operand tiles are 128 k-bytes wide (one swizzle span), scales one k-block tall.
+  // 2) Tensor maps: operand tiles are 128 bytes of k wide (one swizzle span), scales one k-block tall.
+  const CUtensorMapDataType op_type = plan.exact ? CU_TENSOR_MAP_DATA_TYPE_UINT16 : CU_TENSOR_MAP_DATA_TYPE_UINT8;
+  const int elem = plan.exact ? 2 : 1;
   CUtensorMap tm_a, tm_b, tm_sa;
-  bool ok = make_map(&tm_a, CU_TENSOR_MAP_DATA_TYPE_UINT8, a_km, k, m, k, kBK, kBM, CU_TENSOR_MAP_SWIZZLE_128B);
-  ok = ok && make_map(&tm_b, CU_TENSOR_MAP_DATA_TYPE_UINT8, b_km, k, n, k, kBK, plan.bn,
+  bool ok = make_map(&tm_a, op_type, a_km, k, m, (uint64_t)k * elem, kRowBytes / elem, kBM,
+                     CU_TENSOR_MAP_SWIZZLE_128B);
+  ok = ok && make_map(&tm_b, op_type, b_km, k, n, (uint64_t)k * elem, kRowBytes / elem, plan.bn,
                       CU_TENSOR_MAP_SWIZZLE_128B);
   ok = ok && make_map(&tm_sa, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, g.sa, m, k / 128, (uint64_t)g.sa_ld * 4, kBM, 1,
                       CU_TENSOR_MAP_SWIZZLE_NONE);
@@ -182,9 +192,9 @@ const char* fp8_gemm_run(const Fp8GemmArgs& g, Fp8GemmPlan plan, cudaStream_t st
 
   const int grid = p.num_units < info.sms ? p.num_units : info.sms;
   if (plan.bn == 128)
-    launch_gemm<128>(plan.promo, grid, stream, tm_a, tm_b, tm_sa, p);
+    launch_gemm<128>(plan.exact, grid, stream, tm_a, tm_b, tm_sa, p);
   else
-    launch_gemm<64>(plan.promo, grid, stream, tm_a, tm_b, tm_sa, p);
+    launch_gemm<64>(plan.exact, grid, stream, tm_a, tm_b, tm_sa, p);
 
   if (p.splits > 1) {
     const long long count = (long long)m * n;

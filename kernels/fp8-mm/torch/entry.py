@@ -47,9 +47,9 @@ def _b_scale_layout(b_scale: torch.Tensor, pad: int) -> torch.Tensor:
 
 def _scaled_mm(a, b, a_scale, b_scale, pad: int) -> torch.Tensor:
     """Blockwise torch._scaled_mm: [m, k] x [n, k] -> [m, n] bf16 (raises where this torch/GPU lacks the recipe)."""
-    # The fnuz -> fn reinterpretation doubles each operand; fold the 1/4 into the A scales, which stay M-major
-    # ([m, kb] with stride(0) == 1, the layout they arrive in).
-    sa = (a_scale.T * 0.25).T
+    # The fnuz -> fn reinterpretation doubles each operand; fold the 1/4 into the A scales, kept M-major
+    # ([m, kb] with stride(0) == 1: the layout they arrive in, so .contiguous() copies nothing then).
+    sa = (a_scale.T.contiguous() * 0.25).T
     return torch._scaled_mm(_as_e4m3fn_rowmajor(a), _as_e4m3fn_rowmajor(b).T, sa, _b_scale_layout(b_scale, pad),
                             out_dtype=torch.bfloat16)
 

@@ -3,8 +3,8 @@
 data = (A [m, k/ws] bf16, W [n, k/ws] bf16, bias [n] bf16 or None), one shard of k per rank.
 Output on rank r: rows [r*m/ws, (r+1)*m/ws) of sum over ranks of (A W^T + bias), [m/ws, n] bf16.
 
-torch symmetric memory's fused_matmul_reduce_scatter is not used: on the measured shapes (BASELINES.md) it loses to
-this path everywhere except the two largest, by under 8 % there.
+torch symmetric memory's fused_matmul_reduce_scatter is not used: in BASELINES.md (H200, world size 4) it is slower
+than this path on four of the six benchmark shapes (up to 3.4x) and only 6-8 % faster on the two largest.
 """
 import torch
 import torch.distributed as dist
