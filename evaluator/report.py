@@ -14,6 +14,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn
 from rich.table import Table
 from rich.text import Text
 
+from problems import format_case
+
 STATUS_STYLE = {"pass": "green", "fail": "red", "timeout": "red", "crash": "red", "skipped": "yellow",
                 "interrupted": "yellow"}
 
@@ -33,8 +35,8 @@ def fmt_s(seconds: float | None) -> str:
 
 
 def case_text(case: Mapping[str, Any]) -> str:
-    """The official one-line form of a case: ``k: v; k: v``."""
-    return "; ".join(f"{k}: {v}" for k, v in case.items())
+    """The official one-line form of a case (what --case takes back)."""
+    return format_case(case)
 
 
 def device_label(record: Any) -> str:
@@ -184,6 +186,9 @@ def print_report(record: Any, console: Console, sol: Mapping[int, float] | None 
                           f"over {comparison.matched} matched case(s)")
         else:
             console.print(f"vs {comparison.old_path}: no case timed in both runs")
+        gpu = (record.environment or {}).get("gpu")
+        if record.device == "cuda" and comparison.old_gpu and gpu and comparison.old_gpu != gpu:
+            console.print(f"[yellow]warning: the old record was timed on {comparison.old_gpu}, this run on {gpu}[/]")
     failures = failure_lines(record)
     if failures:
         console.print("[bold red]cases that did not pass:[/]")

@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
+from problems import format_case
+
 
 class RecordFileError(ValueError):
     """A --compare file that is missing, unreadable or not a kbench record (one line, names the file)."""
@@ -121,6 +123,7 @@ class Comparison:
     geomean_ratio: float | None = None                           # geomean of speedups over the matched cases
     matched: int = 0
     old_score_s: float | None = None
+    old_gpu: str | None = None                                   # the GPU the old record was timed on
 
 
 def _timed(case: Mapping[str, Any]) -> float | None:
@@ -141,7 +144,8 @@ def compare(old: Mapping[str, Any], new: Any, old_path: str = "") -> Comparison:
         mean = _timed(c)
         if mean is not None:
             old_means[case_key(c["case"])] = mean
-    result = Comparison(old_path=old_path, old_score_s=old.get("score_s"))
+    result = Comparison(old_path=old_path, old_score_s=old.get("score_s"),
+                        old_gpu=(old.get("environment") or {}).get("gpu"))
     for r in new.cases:
         if r.status != "pass" or not r.mean_ns:
             continue
@@ -171,10 +175,6 @@ def _one_line(text: str) -> str:
     return text.strip().replace("\r", "").replace("\n", "\\n")
 
 
-def _spec_text(case: Mapping[str, Any]) -> str:
-    return "; ".join(f"{k}: {v}" for k, v in case.items())
-
-
 def popcorn_log(record: Any) -> str:
     """The official harness's result log for a record (test.* keys in test mode, benchmark.* otherwise).
 
@@ -187,7 +187,7 @@ def popcorn_log(record: Any) -> str:
     ran = [r for r in record.cases if r.status != "skipped"]
     lines.append(f"{prefix}-count: {len(ran)}")
     for i, r in enumerate(ran):
-        lines.append(f"{prefix}.{i}.spec: {_spec_text(r.case)}")
+        lines.append(f"{prefix}.{i}.spec: {format_case(r.case)}")
         if r.status != "pass":
             lines.append(f"{prefix}.{i}.status: fail")
             lines.append(f"{prefix}.{i}.error: {_one_line(r.message or r.status)}")

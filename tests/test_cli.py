@@ -570,6 +570,13 @@ def test_ceilings_cache_measures_once_per_model(tmp_path, monkeypatch):
     assert len(measured) == 2 and refreshed.bf16_flops != first.bf16_flops
     assert ceilings.load_cached(first.gpu) == refreshed
 
+    # more GPUs visible than when measured: only the all-reduce figure is measured again
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    monkeypatch.setattr(ceilings, "measure_allreduce", lambda world: 3e11 + world)
+    wider = ceilings.load_or_measure()
+    assert len(measured) == 2 and wider.allreduce_bw == 3e11 + 4 and wider.gpus == 4
+    assert wider.bf16_flops == refreshed.bf16_flops and ceilings.load_cached(first.gpu) == wider
+
 
 def _render(record, **kw) -> str:
     from rich.console import Console
@@ -596,6 +603,15 @@ def test_report_table_sol_score_and_failures():
     text = _render(ok)
     assert "CPU" in text.splitlines()[0] and "% SOL" not in text
     assert "score (geomean of means) (CPU): 2 µs" in text
+
+
+def test_report_comparison_warns_across_gpu_models():
+    old = make_record([make_result(0, CASES[0], mean=2e3)])
+    old.environment["gpu"] = "NVIDIA H200"
+    new = make_record([make_result(0, CASES[0], mean=1e3)])
+    text = _render(new, comparison=results_io.compare(results_io.record_json(old), new, "old.json"))
+    assert "2.00x" in text and "geomean speedup 2.000x (faster)" in text
+    assert "timed on NVIDIA H200, this run on NVIDIA H100 80GB HBM3" in text
 
 
 def test_device_command_without_gpu(monkeypatch):

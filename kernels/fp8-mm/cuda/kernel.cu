@@ -46,22 +46,16 @@ bool make_map(CUtensorMap* map, CUtensorMapDataType type, const void* ptr, uint6
             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
-template <int BN>
+template <int BN, bool kF16>
 void set_smem_attrs() {
-  cudaFuncSetAttribute(fp8_gemm_kernel<BN, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                       GemmShape<BN>::kSmemBytes);
-  cudaFuncSetAttribute(fp8_gemm_kernel<BN, false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+  cudaFuncSetAttribute(fp8_gemm_kernel<BN, kF16>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                        GemmShape<BN>::kSmemBytes);
 }
 
-template <int BN>
-void launch_gemm(bool f16, int grid, cudaStream_t stream, const CUtensorMap& a, const CUtensorMap& b,
-                 const CUtensorMap& sa, const GemmParams& p) {
-  constexpr int smem = GemmShape<BN>::kSmemBytes;
-  if (f16)
-    fp8_gemm_kernel<BN, true><<<grid, kThreads, smem, stream>>>(a, b, sa, p);
-  else
-    fp8_gemm_kernel<BN, false><<<grid, kThreads, smem, stream>>>(a, b, sa, p);
+template <int BN, bool kF16>
+void launch_gemm(int grid, cudaStream_t stream, const CUtensorMap& a, const CUtensorMap& b, const CUtensorMap& sa,
+                 const GemmParams& p) {
+  fp8_gemm_kernel<BN, kF16><<<grid, kThreads, GemmShape<BN>::kSmemBytes, stream>>>(a, b, sa, p);
 }
 
 struct DeviceInfo {
@@ -76,8 +70,11 @@ DeviceInfo& device_info(int dev) {
   DeviceInfo& d = info[dev & 63];
   if (d.sms == 0) {
     cudaDeviceGetAttribute(&d.sms, cudaDevAttrMultiProcessorCount, dev);
-    set_smem_attrs<128>();
-    set_smem_attrs<64>();
+    set_smem_attrs<256, true>();
+    set_smem_attrs<128, true>();
+    set_smem_attrs<128, false>();
+    set_smem_attrs<64, true>();
+    set_smem_attrs<64, false>();
   }
   return d;
 }
@@ -90,23 +87,22 @@ int ceil_div(long long a, long long b) { return static_cast<int>((a + b - 1) / b
 using namespace fp8mm;
 
 Fp8GemmPlan fp8_gemm_plan(int m, int n, int k, int sms) {
-  // Cost model in "k-block-tile" units: a CTA runs ceil(units / sms) units of kb_per_split k-blocks, a
-  // 128x64 k-block costs ~0.6 of a 128x128 one (the MMA is half, the fixed per-block work is not), and
-  // split-K pays a zero-fill, fp32 atomics and a conversion pass over an m x n fp32 workspace.
+  // Cost model (microseconds on H100, fitted to measured sweeps; docs/fp8-mm-notes.md): a CTA runs
+  // ceil(units / sms) work units of kb_per_split 128-k blocks each, a block costing kBlockUs[tile width];
+  // split-K adds a zero-fill, fp32 atomics and a conversion pass over the m x n fp32 workspace.
   const int nkb = k / 128;
   Fp8GemmPlan best{128, 1, true};
   double best_cost = 1e30;
-  for (int bn : {128, 64}) {
+  for (int bn : {256, 128, 64}) {
+    const double block_us = bn == 256 ? 1.45 : bn == 128 ? 0.86 : 0.75;
     const long long tiles = (long long)ceil_div(m, kBM) * ceil_div(n, bn);
     for (int splits = 1; splits <= 8; ++splits) {
       const int kps = ceil_div(nkb, splits);
       if (kps < 4 && splits > 1) break;
-      const int real_splits = ceil_div(nkb, kps);
-      if (real_splits != splits) continue;
+      if (ceil_div(nkb, kps) != splits) continue;
       const long long units = tiles * splits;
-      const double per_kb_us = bn == 128 ? 0.40 : 0.24;
-      double cost = (double)ceil_div(units, sms) * kps * per_kb_us;
-      if (splits > 1) cost += 3.0 + (double)m * n * 4.0 * (2 + splits) / 2.5e6;  // bytes / (2.5 TB/s) in us
+      double cost = (double)ceil_div(units, sms) * kps * block_us;
+      if (splits > 1) cost += 3.0 + (double)m * n * 4.0 * (2 + splits) / 1.2e6;
       if (cost < best_cost * 0.97) {
         best_cost = cost;
         best = Fp8GemmPlan{bn, splits, true};
@@ -126,7 +122,8 @@ const char* fp8_gemm_run(const Fp8GemmArgs& g, Fp8GemmPlan plan, cudaStream_t st
   const int m = g.m, n = g.n, k = g.k;
   if (m <= 0 || n <= 0 || k <= 0 || m % 16 || n % 16 || k % 128)
     return "fp8_gemm: need m, n multiples of 16 and k a multiple of 128";
-  if (plan.bn != 128 && plan.bn != 64) return "fp8_gemm: plan.bn must be 64 or 128";
+  if (plan.bn != 256 && plan.bn != 128 && plan.bn != 64) return "fp8_gemm: plan.bn must be 64, 128 or 256";
+  if (plan.bn == 256 && !plan.exact) return "fp8_gemm: 256-wide tiles exist only for the exact (fp16) path";
   if (!g.a_kmajor && !g.a_t) return "fp8_gemm: column-major A needs the a_t scratch buffer";
   if (!g.b_kmajor && !g.b_t) return "fp8_gemm: column-major B needs the b_t scratch buffer";
   if (plan.exact && (g.a_kmajor || g.b_kmajor))
@@ -179,6 +176,7 @@ const char* fp8_gemm_run(const Fp8GemmArgs& g, Fp8GemmPlan plan, cudaStream_t st
   p.num_kb = k / kBK;
   p.kb_per_split = ceil_div(p.num_kb, plan.splits);
   p.splits = ceil_div(p.num_kb, p.kb_per_split);
+  p.sb_blocks = ceil_div(n, 128);
   p.num_units = p.num_tiles * p.splits;
   p.sb = g.sb;
   p.sb_s0 = g.sb_s0;
@@ -191,10 +189,16 @@ const char* fp8_gemm_run(const Fp8GemmArgs& g, Fp8GemmPlan plan, cudaStream_t st
   }
 
   const int grid = p.num_units < info.sms ? p.num_units : info.sms;
-  if (plan.bn == 128)
-    launch_gemm<128>(plan.exact, grid, stream, tm_a, tm_b, tm_sa, p);
+  if (plan.bn == 256)
+    launch_gemm<256, true>(grid, stream, tm_a, tm_b, tm_sa, p);
+  else if (plan.bn == 128 && plan.exact)
+    launch_gemm<128, true>(grid, stream, tm_a, tm_b, tm_sa, p);
+  else if (plan.bn == 128)
+    launch_gemm<128, false>(grid, stream, tm_a, tm_b, tm_sa, p);
+  else if (plan.exact)
+    launch_gemm<64, true>(grid, stream, tm_a, tm_b, tm_sa, p);
   else
-    launch_gemm<64>(plan.exact, grid, stream, tm_a, tm_b, tm_sa, p);
+    launch_gemm<64, false>(grid, stream, tm_a, tm_b, tm_sa, p);
 
   if (p.splits > 1) {
     const long long count = (long long)m * n;
