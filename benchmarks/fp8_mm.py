@@ -38,10 +38,9 @@ FP8_FLOPS, HBM_BPS = 1444e12, 2.99e12
 EXTRA_SHAPES = [(64, 64, 128), (96, 320, 384), (192, 576, 1152), (320, 704, 256), (1024, 192, 640),
                 (2048, 2560, 3072), (128, 4160, 512), (6144, 64, 128), (576, 1216, 2048)]
 # (tile width, k-splits, exact): exact=True is the fp16-MMA path that meets the tolerance, False the FP8-MMA path.
-CHECK_PLANS = [(256, 1, True), (256, 3, True), (128, 1, True), (64, 1, True), (128, 2, True), (64, 3, True),
-               (128, 4, True), (128, 1, False), (64, 2, False)]
-SWEEP_PLANS = [(256, 1, True), (256, 2, True), (128, 1, True), (64, 1, True), (128, 2, True), (64, 2, True),
-               (128, 4, True), (64, 4, True), (128, 1, False), (64, 1, False)]
+CHECK_PLANS = [(128, 1, True), (64, 1, True), (128, 2, True), (64, 3, True), (128, 4, True), (128, 1, False),
+               (64, 2, False)]
+SWEEP_PLANS = [(128, 1, True), (64, 1, True), (128, 2, True), (64, 2, True), (128, 4, True), (128, 1, False)]
 
 
 def floor_us(m, n, k):
@@ -154,8 +153,10 @@ def load_triton():
 
 
 def geomean(xs):
-    xs = [x for x in xs if x]
-    return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else float("nan")
+    """Geometric mean of the values present; None when any is missing (a partial geomean would mislead)."""
+    if not xs or any(not x for x in xs):
+        return None
+    return math.exp(sum(math.log(x) for x in xs) / len(xs))
 
 
 def main():
@@ -164,6 +165,7 @@ def main():
     ap.add_argument("--no-sweep", action="store_true")
     ap.add_argument("--no-triton", action="store_true")
     ap.add_argument("--runs", type=int, default=25)
+    ap.add_argument("--profile", metavar="M,N,K", help="only run this shape (auto plan) 3 times, e.g. under ncu")
     ap.add_argument("--triton-budget-s", type=float, default=120.0, help="stop timing Triton after this long")
     args = ap.parse_args()
     out_dir = Path(os.environ.get("OUT", ROOT / ".device-out"))
@@ -177,6 +179,15 @@ def main():
 
     def gen(m, n, k, seed):
         return mods.reference.generate_input(m=m, n=n, k=k, seed=seed)
+
+    if args.profile:
+        m, n, k = (int(x) for x in args.profile.split(","))
+        data = gen(m, n, k, 1)
+        for _ in range(3):
+            custom_kernel(data)
+        torch.cuda.synchronize()
+        print(f"profiled {m}x{n}x{k} plan={ext.fp8_gemm_plan_for(m, n, k)}")
+        return
 
     # ---------------- correctness ----------------
     failures = []
@@ -255,10 +266,9 @@ def main():
         if triton_fn is not None:
             t_tr = time.time()
             try:
-                ok, msg = check(triton_fn, data, expected, "triton")
+                ok, msg = check(triton_fn, data, expected, "triton", strict=False)
                 row["triton_us"] = timer(lambda: triton_fn(data), args.runs) if ok else None
-                if not ok:
-                    row["triton_note"] = msg
+                row["triton_note"] = msg
             except Exception as exc:  # noqa: BLE001
                 row["triton_note"] = f"{type(exc).__name__}: {str(exc)[:120]}"
             triton_spent += time.time() - t_tr
@@ -268,6 +278,7 @@ def main():
         print(json.dumps(row), flush=True)
         del data, expected, ak, bk
 
+    ran_cublas = [r for r in rows if r["cublas_kernel_us"]]
     summary = {
         "device": torch.cuda.get_device_name(),
         "torch": torch.__version__,
@@ -278,7 +289,11 @@ def main():
         "geomean_best_plan_us": geomean([r.get("best_us") for r in rows]),
         "geomean_cublas_kernel_us": geomean([r["cublas_kernel_us"] for r in rows]),
         "geomean_cublas_e2e_us": geomean([r["cublas_e2e_us"] for r in rows]),
-        "geomean_triton_us": geomean([r["triton_us"] for r in rows]) if all(r["triton_us"] for r in rows) else None,
+        "geomean_triton_us": geomean([r["triton_us"] for r in rows]),
+        # cuBLAS rejects or mangles some shapes' scale layouts: compare over the shapes it ran.
+        "geomean_ours_where_cublas_us": geomean([r["ours_us"] for r in ran_cublas]),
+        "geomean_cublas_kernel_where_cublas_us": geomean([r["cublas_kernel_us"] for r in ran_cublas]),
+        "cublas_shapes": len(ran_cublas),
         "triton_note": triton_note,
         "correctness_failures": failures,
     }
@@ -302,6 +317,10 @@ def main():
                  f"{f(g['geomean_best_plan_us'])} | {f(g['geomean_fp8_us'])} | {f(g['geomean_gemm_only_us'])} | "
                  f"{f(g['geomean_cublas_kernel_us'])} | {f(g['geomean_cublas_e2e_us'])} | "
                  f"{f(g['geomean_triton_us'])} | |")
+    if g["cublas_shapes"] < len(rows):
+        lines.append(f"| geomean over the {g['cublas_shapes']} shapes cuBLAS ran | | | | "
+                     f"{f(g['geomean_ours_where_cublas_us'])} | | | | | | "
+                     f"{f(g['geomean_cublas_kernel_where_cublas_us'])} | | | |")
     table = "\n".join(lines)
     (out_dir / "fp8_mm_bench.md").write_text(f"# fp8-mm on {g['device']} (us, median, L2 flushed)\n\n{table}\n")
     if triton_note:

@@ -14,6 +14,7 @@ holds start-up, imports and compilation, as the official limit does.
 """
 from __future__ import annotations
 
+import faulthandler
 import hashlib
 import multiprocessing as mp
 import os
@@ -95,8 +96,11 @@ def _world_size(spec, cases: list[dict], world_size: int | None, device: str) ->
     return n
 
 
-def _popcorn_seed(seed: int | None) -> int | None:
-    """--seed, else POPCORN_SEED; the variable is removed either way (the official harness hides it from the code)."""
+def popcorn_seed(seed: int | None = None) -> int | None:
+    """--seed, else POPCORN_SEED; the variable is removed either way (the official harness hides it from the code).
+
+    run() calls it; a caller running several modes in a row reads the seed once with it and passes it to each run.
+    """
     env = os.environ.pop("POPCORN_SEED", None)
     if seed is not None:
         return int(seed)
@@ -130,6 +134,8 @@ def _worker_entry(job: dict, conn, log: str) -> None:
     os.dup2(fd, 1)
     os.dup2(fd, 2)
     os.close(fd)
+    faulthandler.enable()                                    # a hard crash leaves its stack in the log
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # the parent asks for stacks before ending a hang
     try:
         # spawn hands every child the parent's resource-tracker pipe; a submission writing to stray descriptors
         # would spray errors over the parent's terminal. The worker starts its own tracker if it ever needs one.
@@ -179,6 +185,17 @@ class _Group:
             self.procs.append(proc)
             self.conns.append(reader)
 
+    def dump_stacks(self, wait_s: float = 1.0) -> None:
+        """Ask live workers to write every thread's stack into their logs (where a hang sits), before the kill."""
+        live = [p for p in self.procs if p.pid is not None and p.exitcode is None]
+        for proc in live:
+            try:
+                os.kill(proc.pid, signal.SIGUSR1)
+            except OSError:
+                pass
+        if live:
+            time.sleep(wait_s)
+
     def kill(self) -> None:
         for proc in self.procs:
             if proc.pid is None:
@@ -217,7 +234,9 @@ class _Batch:
         self.g, self.batch, self.timeout_s = group, batch, timeout_s
         self.results, self.progress, self.environment = results, progress, environment
         self.pos = 0
-        self.payloads: dict[int, dict] = {}     # rank -> payload of the current case, in arrival order
+        # case index -> {rank: payload} in arrival order; ranks run ahead of each other, so a rank's result for a
+        # later case can arrive before the current case is complete
+        self.inbox: dict[int, dict[int, dict]] = {}
         self.done: set[int] = set()
         self.leavers: set[int] = set()          # ranks that reported a failure and exit on purpose
         self.grace_until: float | None = None
@@ -230,6 +249,11 @@ class _Batch:
     @property
     def current(self) -> tuple[int, dict]:
         return self.batch[self.pos]
+
+    @property
+    def payloads(self) -> dict[int, dict]:
+        """rank -> payload of the current case."""
+        return self.inbox.setdefault(self.current[0], {})
 
     def dead_ranks(self) -> dict[int, str]:
         """Ranks whose process ended without being asked to: rank -> why."""
@@ -267,7 +291,7 @@ class _Batch:
         else:
             result.message = "\n".join(lines) or "failed"
         self.results[index] = result
-        self.payloads = {}
+        self.inbox.pop(index, None)
         self.pos += 1
         self.started_at = time.monotonic()
         self.grace_until = None
@@ -285,14 +309,15 @@ class _Batch:
                 self.progress("start", msg[2], None)
         elif kind == "result":
             index, payload = msg[2], msg[3]
-            if self.ended or self.pos >= len(self.batch) or index != self.current[0]:
+            if self.ended or index not in {i for i, _ in self.batch[self.pos:]}:
                 return
-            self.payloads[rank] = payload
+            self.inbox.setdefault(index, {})[rank] = payload
             if payload.get("leaving"):
                 self.leavers.add(rank)
                 if self.grace_until is None:
                     self.grace_until = time.monotonic() + self.LEAVE_GRACE_S
-            if len(self.payloads) == self.g.world_size:
+            while (not self.ended and self.pos < len(self.batch)
+                   and len(self.payloads) == self.g.world_size):
                 self.finish_case()
         elif kind == "fatal":
             self.fatal = self.fatal or msg[2]
@@ -327,8 +352,10 @@ class _Batch:
             now = time.monotonic()
             left = self.started_at + self.timeout_s - now
             if left <= 0:
+                self.g.dump_stacks()
                 self.finish_case("timeout", message=f"timed out: the case ran past its time limit of "
-                                                    f"{self.timeout_s:g} s (the worker was killed)")
+                                                    f"{self.timeout_s:g} s (the worker was killed; its stack is "
+                                                    f"in logs/rank*.log)")
                 return
             if self.grace_until is not None and now >= self.grace_until:
                 self.finish_case(dead=self.dead_ranks())
@@ -350,6 +377,9 @@ class _Batch:
             dead = self.dead_ranks()
             if dead:
                 self.finish_case(dead=dead)
+                return
+            if not self.open and len(self.done) == self.g.world_size:
+                self.finish_case("crash", message="the workers finished without reporting this case")
                 return
 
 
@@ -385,7 +415,7 @@ def run(problem: str | Path, submission: str | Path, *, mode: str, cases: Sequen
     spec, folder = resolve_problem(problem)
     cases = [dict(c) for c in cases]
     ws = _world_size(spec, cases, world_size, device)
-    seed = _popcorn_seed(seed)
+    seed = popcorn_seed(seed)
     p = spec.protocol
     if protocol:
         unknown = set(protocol) - set(asdict(p))

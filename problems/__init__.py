@@ -211,6 +211,8 @@ class Protocol:
     max_wall_s: float = 120.0
     warmup_budget_s: Mapping[str, float] = field(default_factory=lambda: {"benchmark": 0.1, "leaderboard": 0.01})
     reseed_step: int = 13
+    # case keys that must divide by the world size (checked before any worker starts, so --world-size N fails early)
+    divisible_by_world_size: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -349,7 +351,10 @@ def parse_spec(raw: Any, path: Path) -> Spec:
         if not isinstance(pr[key], bool):
             raise SpecError(f"{where}: protocol.{key} must be true or false")
     _number(pr["rel_err_stop"], "rel_err_stop", f"{where}: protocol")
-    protocol = Protocol(**pr)
+    divisible = pr.get("divisible_by_world_size", [])
+    if not isinstance(divisible, list) or not all(isinstance(k, str) for k in divisible):
+        raise SpecError(f"{where}: protocol.divisible_by_world_size must be a list of case keys")
+    protocol = Protocol(**{**pr, "divisible_by_world_size": tuple(divisible)})
 
     rf = raw["roofline"]
     if not isinstance(rf, dict):

@@ -81,11 +81,10 @@ torch::Tensor fp8_gemm(torch::Tensor a, torch::Tensor b, torch::Tensor a_scale, 
   return run(a, b, a_scale, b_scale, c, 0, 1, true);
 }
 
-// For tuning and tests: force a tile width (64, 128; 256 exact only), a k-split count and the MMA kind (exact = fp16).
+// For tuning and tests: force a tile width (64 or 128), a k-split count and the MMA kind (exact = fp16).
 torch::Tensor fp8_gemm_with_plan(torch::Tensor a, torch::Tensor b, torch::Tensor a_scale, torch::Tensor b_scale,
                                  torch::Tensor c, int64_t bn, int64_t splits, bool exact) {
-  TORCH_CHECK(bn == 64 || bn == 128 || (bn == 256 && exact),
-              "fp8_gemm_with_plan: bn must be 64 or 128 (or 256 with exact=True)");
+  TORCH_CHECK(bn == 64 || bn == 128, "fp8_gemm_with_plan: bn must be 64 or 128");
   TORCH_CHECK(splits >= 1, "fp8_gemm_with_plan: splits must be >= 1");
   return run(a, b, a_scale, b_scale, c, static_cast<int>(bn), static_cast<int>(splits), exact);
 }

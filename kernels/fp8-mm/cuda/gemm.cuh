@@ -37,8 +37,8 @@ struct GemmShape {
   static constexpr int kBBytes = BN * kRowBytes;
   static constexpr int kSABytes = kBM * 4;
   static constexpr int kStageBytes = kABytes + kBBytes + kSABytes;
-  // bf16 output staging (rows padded so fragment stores hit distinct banks); 256-wide tiles skip it to keep
-  // four pipeline stages.
+  // bf16 output staging (rows padded so fragment stores hit distinct banks); the direct-store fallback in
+  // store_tile serves tiles too wide to stage.
   static constexpr bool kStageC = BN <= 128;
   static constexpr int kCPitch = BN * 2 + 16;
   static constexpr int kCBytes = kStageC ? 2 * 64 * kCPitch : 0;
@@ -83,9 +83,7 @@ __device__ __forceinline__ Unit decode_unit(const GemmParams& p, int u) {
 // One 64 x BN x (32 bytes of k) MMA step: k32 for e4m3, k16 for fp16.
 template <int BN, bool kF16>
 __device__ __forceinline__ void wgmma_tile(float* d, uint64_t da, uint64_t db, int accumulate) {
-  if constexpr (kF16 && BN == 256)
-    wgmma_m64n256k16_f16(d, da, db, accumulate);
-  else if constexpr (kF16 && BN == 128)
+  if constexpr (kF16 && BN == 128)
     wgmma_m64n128k16_f16(d, da, db, accumulate);
   else if constexpr (kF16)
     wgmma_m64n64k16_f16(d, da, db, accumulate);
@@ -94,10 +92,6 @@ __device__ __forceinline__ void wgmma_tile(float* d, uint64_t da, uint64_t db, i
   else
     wgmma_m64n64k32(d, da, db, accumulate);
 }
-
-// Which of the 4 carried scales accumulator i uses: row half (i & 2) and, for 256-wide tiles, the 128-column
-// block (accumulators 4c..4c+3 hold columns 8c..8c+7).
-__device__ __forceinline__ constexpr int scale_slot(int i) { return ((i & 2) ? 1 : 0) + ((i / 4 >= 16) ? 2 : 0); }
 
 // Writes one warpgroup's 64 x BN fp32 results v (wgmma fragment layout) as bf16 to c, or adds them to the fp32
 // split-K workspace. kStageC: go through shared memory so global stores are 16-byte row segments.
@@ -165,8 +159,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   constexpr int kAcc = BN / 2;  // fp32 accumulators per thread for a 64 x BN warpgroup tile
   constexpr int kSPB = kF16 ? 2 : 1;      // pipeline stages per 128-k scale block
   constexpr int kKPS = kBK / kSPB;        // k elements per stage (always 128 bytes per tile row)
-  constexpr bool kCarry = BN == 256;      // carried accumulator (see below); needs the fp16 path
-  static_assert(!kCarry || kF16, "256-wide tiles need the fp16 (exact) path");
 
   extern __shared__ uint8_t smem_raw[];
   // 128B-swizzled TMA tiles and wgmma descriptors both assume 1024-byte aligned tiles.
@@ -227,118 +219,53 @@ __global__ void __launch_bounds__(kThreads, 1)
     const Unit w = decode_unit(p, u);
     const int row0 = w.mt * kBM + cw * 64;
     const int col0 = w.nt * BN;
-    const int cb0 = col0 / 128;                       // b_scale column block of the tile's first 128 columns
-    const float* sb_col0 = p.sb + (long long)cb0 * p.sb_s0;
-    // b_scale is read straight from global (one float per k-block and column block), one block ahead.
-    float sb0 = w.kb0 < w.kb1 ? __ldg(sb_col0 + w.kb0 * p.sb_s1) : 0.f;
-
-    if constexpr (kCarry) {
-      // One accumulator carried across k-blocks, kept in units of the current block's scale:
-      // D_kb = T_kb / s_kb with T the scaled running sum. Before block kb+1 adds its raw partial sum,
-      // D *= s_kb / s_kb+1. fp16 MMA accumulates in fp32, so this costs no accuracy, and it frees the
-      // second register array that makes 64 x 256 warpgroup tiles possible. s = sa[row] * sb[col block].
-      const float* sb_col1 = p.sb + (long long)min(cb0 + 1, p.sb_blocks - 1) * p.sb_s0;
-      float sb1 = w.kb0 < w.kb1 ? __ldg(sb_col1 + w.kb0 * p.sb_s1) : 0.f;
+    const float* sb_col = p.sb + (long long)(col0 / 128) * p.sb_s0;  // BN divides 128: one b_scale column
+    // b_scale is read straight from global (one float per k-block), one block ahead.
+    float sb0 = w.kb0 < w.kb1 ? __ldg(sb_col + w.kb0 * p.sb_s1) : 0.f;
+    float total[kAcc];
+#pragma unroll
+    for (int i = 0; i < kAcc; ++i) total[i] = 0.f;
+    for (int kb = w.kb0; kb < w.kb1; ++kb) {
+      const float sb_next = kb + 1 < w.kb1 ? __ldg(sb_col + (kb + 1) * p.sb_s1) : 0.f;
+      const int s_first = s;
+      float f0 = 0.f, f1 = 0.f;
       float acc[kAcc];
-      float sc[4] = {1.f, 1.f, 1.f, 1.f};  // (row0, cb0), (row0+8, cb0), (row0, cb0+1), (row0+8, cb0+1)
-      for (int kb = w.kb0; kb < w.kb1; ++kb) {
-        const float nb0 = kb + 1 < w.kb1 ? __ldg(sb_col0 + (kb + 1) * p.sb_s1) : 0.f;
-        const float nb1 = kb + 1 < w.kb1 ? __ldg(sb_col1 + (kb + 1) * p.sb_s1) : 0.f;
-        const int s_first = s;
+      // The block's partial sum starts from D = 0 and is promoted into the fp32 total with its scales below.
 #pragma unroll
-        for (int h = 0; h < kSPB; ++h) {
-          mbar_wait(&full[s], phase);
-          if (h == 0) {
-            const float sa0 = s_sa[s * kBM + cw * 64 + frag_row] * 0.25f;  // 0.25: both operands read 2x
-            const float sa1 = s_sa[s * kBM + cw * 64 + frag_row + 8] * 0.25f;
-            float ns[4] = {sa0 * sb0, sa1 * sb0, sa0 * sb1, sa1 * sb1};
+      for (int h = 0; h < kSPB; ++h) {
+        mbar_wait(&full[s], phase);
+        if (h == kSPB - 1) {
+          f0 = s_sa[s * kBM + cw * 64 + frag_row] * sb0 * 0.25f;  // 0.25: both operands read 2x
+          f1 = s_sa[s * kBM + cw * 64 + frag_row + 8] * sb0 * 0.25f;
+        }
+        const uint64_t da = make_desc_k128_sw128(s_a + s * S::kABytes + cw * 64 * kRowBytes);
+        const uint64_t db = make_desc_k128_sw128(s_b + s * S::kBBytes);
+        wgmma_fence();
 #pragma unroll
-            for (int j = 0; j < 4; ++j)  // an exact zero scale would make the ratio infinite
-              ns[j] = fabsf(ns[j]) < 1e-30f ? copysignf(1e-30f, ns[j]) : ns[j];
-            if (kb > w.kb0) {
-              float r[4];
+        for (int q = 0; q < kRowBytes / 32; ++q)
+          wgmma_tile<BN, kF16>(acc, da + 2 * q, db + 2 * q, h > 0 || q > 0);
+        wgmma_commit();
+        if (h == kSPB - 1) {
+          wgmma_wait<0>();
+          // The accumulators are asm outputs; pin their first use after the wait.
 #pragma unroll
-              for (int j = 0; j < 4; ++j) r[j] = sc[j] / ns[j];
-#pragma unroll
-              for (int i = 0; i < kAcc; ++i) acc[i] *= r[scale_slot(i)];
-            }
-#pragma unroll
-            for (int j = 0; j < 4; ++j) sc[j] = ns[j];
-          }
-          const uint64_t da = make_desc_k128_sw128(s_a + s * S::kABytes + cw * 64 * kRowBytes);
-          const uint64_t db = make_desc_k128_sw128(s_b + s * S::kBBytes);
-          wgmma_fence();
-#pragma unroll
-          for (int q = 0; q < kRowBytes / 32; ++q)
-            wgmma_tile<BN, kF16>(acc, da + 2 * q, db + 2 * q, kb > w.kb0 || h > 0 || q > 0);
-          wgmma_commit();
-          if (h == kSPB - 1) {
-            wgmma_wait<0>();
-#pragma unroll
-            for (int i = 0; i < kAcc; ++i) reg_fence(acc[i]);
-            __syncwarp();
-            if (lane == 0) {
-              mbar_arrive(&empty[s]);
-              if (kSPB == 2) mbar_arrive(&empty[s_first]);
-            }
-          }
-          if (++s == kStages) {
-            s = 0;
-            phase ^= 1;
+          for (int i = 0; i < kAcc; ++i) reg_fence(acc[i]);
+          __syncwarp();
+          if (lane == 0) {  // this warp no longer reads the block's stages
+            mbar_arrive(&empty[s]);
+            if (kSPB == 2) mbar_arrive(&empty[s_first]);
           }
         }
-        sb0 = nb0;
-        sb1 = nb1;
-      }
-#pragma unroll
-      for (int i = 0; i < kAcc; ++i) acc[i] *= sc[scale_slot(i)];
-      store_tile<BN, S::kStageC>(p, acc, s_c + cw * 64 * S::kCPitch, cw, t, frag_row, frag_col, row0, col0);
-    } else {
-      float total[kAcc];
-#pragma unroll
-      for (int i = 0; i < kAcc; ++i) total[i] = 0.f;
-      for (int kb = w.kb0; kb < w.kb1; ++kb) {
-        const float sb_next = kb + 1 < w.kb1 ? __ldg(sb_col0 + (kb + 1) * p.sb_s1) : 0.f;
-        const int s_first = s;
-        float f0 = 0.f, f1 = 0.f;
-        float acc[kAcc];
-        // The block's partial sum starts from D = 0 and is promoted into the fp32 total with its scales below.
-#pragma unroll
-        for (int h = 0; h < kSPB; ++h) {
-          mbar_wait(&full[s], phase);
-          if (h == kSPB - 1) {
-            f0 = s_sa[s * kBM + cw * 64 + frag_row] * sb0 * 0.25f;  // 0.25: both operands read 2x
-            f1 = s_sa[s * kBM + cw * 64 + frag_row + 8] * sb0 * 0.25f;
-          }
-          const uint64_t da = make_desc_k128_sw128(s_a + s * S::kABytes + cw * 64 * kRowBytes);
-          const uint64_t db = make_desc_k128_sw128(s_b + s * S::kBBytes);
-          wgmma_fence();
-#pragma unroll
-          for (int q = 0; q < kRowBytes / 32; ++q)
-            wgmma_tile<BN, kF16>(acc, da + 2 * q, db + 2 * q, h > 0 || q > 0);
-          wgmma_commit();
-          if (h == kSPB - 1) {
-            wgmma_wait<0>();
-            // The accumulators are asm outputs; pin their first use after the wait.
-#pragma unroll
-            for (int i = 0; i < kAcc; ++i) reg_fence(acc[i]);
-            __syncwarp();
-            if (lane == 0) {  // this warp no longer reads the block's stages
-              mbar_arrive(&empty[s]);
-              if (kSPB == 2) mbar_arrive(&empty[s_first]);
-            }
-          }
-          if (++s == kStages) {
-            s = 0;
-            phase ^= 1;
-          }
+        if (++s == kStages) {
+          s = 0;
+          phase ^= 1;
         }
-#pragma unroll
-        for (int i = 0; i < kAcc; ++i) total[i] += acc[i] * ((i & 2) ? f1 : f0);
-        sb0 = sb_next;
       }
-      store_tile<BN, S::kStageC>(p, total, s_c + cw * 64 * S::kCPitch, cw, t, frag_row, frag_col, row0, col0);
+#pragma unroll
+      for (int i = 0; i < kAcc; ++i) total[i] += acc[i] * ((i & 2) ? f1 : f0);
+      sb0 = sb_next;
     }
+    store_tile<BN, S::kStageC>(p, total, s_c + cw * 64 * S::kCPitch, cw, t, frag_row, frag_col, row0, col0);
   }
 }
 

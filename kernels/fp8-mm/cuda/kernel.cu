@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <algorithm>
 #include <mutex>
 
 #include "fp8_gemm_api.h"
@@ -70,7 +71,6 @@ DeviceInfo& device_info(int dev) {
   DeviceInfo& d = info[dev & 63];
   if (d.sms == 0) {
     cudaDeviceGetAttribute(&d.sms, cudaDevAttrMultiProcessorCount, dev);
-    set_smem_attrs<256, true>();
     set_smem_attrs<128, true>();
     set_smem_attrs<128, false>();
     set_smem_attrs<64, true>();
@@ -87,29 +87,13 @@ int ceil_div(long long a, long long b) { return static_cast<int>((a + b - 1) / b
 using namespace fp8mm;
 
 Fp8GemmPlan fp8_gemm_plan(int m, int n, int k, int sms) {
-  // Cost model (microseconds on H100, fitted to measured sweeps; docs/fp8-mm-notes.md): a CTA runs
-  // ceil(units / sms) work units of kb_per_split 128-k blocks each, a block costing kBlockUs[tile width];
-  // split-K adds a zero-fill, fp32 atomics and a conversion pass over the m x n fp32 workspace.
-  const int nkb = k / 128;
-  Fp8GemmPlan best{128, 1, true};
-  double best_cost = 1e30;
-  for (int bn : {256, 128, 64}) {
-    const double block_us = bn == 256 ? 1.45 : bn == 128 ? 0.86 : 0.75;
-    const long long tiles = (long long)ceil_div(m, kBM) * ceil_div(n, bn);
-    for (int splits = 1; splits <= 8; ++splits) {
-      const int kps = ceil_div(nkb, splits);
-      if (kps < 4 && splits > 1) break;
-      if (ceil_div(nkb, kps) != splits) continue;
-      const long long units = tiles * splits;
-      double cost = (double)ceil_div(units, sms) * kps * block_us;
-      if (splits > 1) cost += 3.0 + (double)m * n * 4.0 * (2 + splits) / 1.2e6;
-      if (cost < best_cost * 0.97) {
-        best_cost = cost;
-        best = Fp8GemmPlan{bn, splits, true};
-      }
-    }
-  }
-  return best;
+  // 128 x 128 tiles everywhere: 64-wide tiles re-read A from shared memory and lost on every shape measured
+  // (docs/fp8-mm-notes.md). Split K only when the tiles fill less than half the GPU, since the zero-fill,
+  // fp32 atomics and conversion pass cost about as much as a wave of tiles on larger outputs.
+  const int tiles = ceil_div(m, kBM) * ceil_div(n, 128);
+  int splits = 1;
+  if (2 * tiles <= sms) splits = std::max(1, std::min({4, sms / tiles, (k / 128) / 8}));
+  return Fp8GemmPlan{128, splits, true};
 }
 
 int fp8_gemm_num_sms() {
@@ -122,8 +106,7 @@ const char* fp8_gemm_run(const Fp8GemmArgs& g, Fp8GemmPlan plan, cudaStream_t st
   const int m = g.m, n = g.n, k = g.k;
   if (m <= 0 || n <= 0 || k <= 0 || m % 16 || n % 16 || k % 128)
     return "fp8_gemm: need m, n multiples of 16 and k a multiple of 128";
-  if (plan.bn != 256 && plan.bn != 128 && plan.bn != 64) return "fp8_gemm: plan.bn must be 64, 128 or 256";
-  if (plan.bn == 256 && !plan.exact) return "fp8_gemm: 256-wide tiles exist only for the exact (fp16) path";
+  if (plan.bn != 128 && plan.bn != 64) return "fp8_gemm: plan.bn must be 64 or 128";
   if (!g.a_kmajor && !g.a_t) return "fp8_gemm: column-major A needs the a_t scratch buffer";
   if (!g.b_kmajor && !g.b_t) return "fp8_gemm: column-major B needs the b_t scratch buffer";
   if (plan.exact && (g.a_kmajor || g.b_kmajor))
@@ -189,9 +172,7 @@ const char* fp8_gemm_run(const Fp8GemmArgs& g, Fp8GemmPlan plan, cudaStream_t st
   }
 
   const int grid = p.num_units < info.sms ? p.num_units : info.sms;
-  if (plan.bn == 256)
-    launch_gemm<256, true>(grid, stream, tm_a, tm_b, tm_sa, p);
-  else if (plan.bn == 128 && plan.exact)
+  if (plan.bn == 128 && plan.exact)
     launch_gemm<128, true>(grid, stream, tm_a, tm_b, tm_sa, p);
   else if (plan.bn == 128)
     launch_gemm<128, false>(grid, stream, tm_a, tm_b, tm_sa, p);
