@@ -393,7 +393,12 @@ class _Worker:
             table = rest[0] if rest else ""
         else:
             if first and self.job.get("warmup") is not None:
-                self.benchmark(self.job["warmup"], p.warmup_budget_s[mode], recheck=False)
+                try:
+                    self.benchmark(self.job["warmup"], p.warmup_budget_s[mode], recheck=False)
+                except _Unsafe as exc:
+                    if self.multi:  # the ranks are out of step: this case cannot run in this group
+                        raise _Unsafe(f"during the warm-up: {exc}") from exc
+                    # one process: the case below shows the submission's behaviour on its own inputs
             err, durations = self.benchmark(case, p.budget_s[mode], recheck=(mode == "leaderboard"))
         status = "pass" if err is None else "fail"
         return {"status": status, "message": table if status == "pass" else err, "durations": durations,

@@ -446,8 +446,8 @@ def run(problem: str | Path, submission: str | Path, *, mode: str, cases: Sequen
     rdir = Path(run_dir) if keep else Path(tempfile.mkdtemp(prefix="kbench-run-"))
     stage(folder, submission, cases, rdir)
     job = {"run_dir": str(rdir.resolve()), "world_size": ws or 1, "distributed": ws is not None, "device": device,
-           "mode": mode, "protocol": asdict(p), "warmup": seeded(cases[0]) if mode in ("benchmark", "leaderboard")
-           else None, "pg_timeout_s": max(60.0, 2 * timeout_s)}
+           "mode": mode, "protocol": asdict(p), "pg_timeout_s": max(60.0, 2 * timeout_s)}
+    timed = mode in ("benchmark", "leaderboard")
     ctx = mp.get_context("spawn")
     try:
         while True:
@@ -455,7 +455,11 @@ def run(problem: str | Path, submission: str | Path, *, mode: str, cases: Sequen
             if not pending:
                 break
             batch = [(i, cases[i]) for i in (pending[:1] if worker_per_case else pending)]
-            group = _Group(ctx, dict(job, cases=[[i, seeded(c)] for i, c in batch]), ws or 1, rdir)
+            # The official warm-up is the first case; a group started after a failure warms up on its own first
+            # case instead, so a case that crashes cannot take every later case down with it.
+            warm = cases[0] if len(results) == len(cases) - len(to_run) else batch[0][1]
+            group = _Group(ctx, dict(job, cases=[[i, seeded(c)] for i, c in batch],
+                                     warmup=seeded(warm) if timed else None), ws or 1, rdir)
             try:
                 sup = _Batch(group, batch, timeout_s, results, progress, record.environment)
                 sup.supervise()

@@ -150,6 +150,12 @@ __device__ __forceinline__ void store_tile(const GemmParams& p, const float (&v)
   }
 }
 
+// Scales and stage slots of a k-block whose MMAs are in flight.
+struct BlockInFlight {
+  float sa0, sa1, sb;   // a_scale of the fragment's two rows, b_scale of the tile's column block
+  int s_first, s_last;  // its pipeline stages (equal for the FP8 path)
+};
+
 template <int BN, bool kF16>
 __global__ void __launch_bounds__(kThreads, 1)
     fp8_gemm_kernel(const __grid_constant__ CUtensorMap tm_a, const __grid_constant__ CUtensorMap tm_b,
@@ -220,23 +226,20 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int row0 = w.mt * kBM + cw * 64;
     const int col0 = w.nt * BN;
     const float* sb_col = p.sb + (long long)(col0 / 128) * p.sb_s0;  // BN divides 128: one b_scale column
-    // b_scale is read straight from global (one float per k-block), one block ahead.
-    float sb0 = w.kb0 < w.kb1 ? __ldg(sb_col + w.kb0 * p.sb_s1) : 0.f;
     float total[kAcc];
 #pragma unroll
     for (int i = 0; i < kAcc; ++i) total[i] = 0.f;
-    for (int kb = w.kb0; kb < w.kb1; ++kb) {
-      const float sb_next = kb + 1 < w.kb1 ? __ldg(sb_col + (kb + 1) * p.sb_s1) : 0.f;
-      const int s_first = s;
-      float f0 = 0.f, f1 = 0.f;
-      float acc[kAcc];
-      // The block's partial sum starts from D = 0 and is promoted into the fp32 total with its scales below.
+
+    // Waits for block kb's stages and issues its MMAs into acc (first one with D = 0) as one commit group.
+    auto issue = [&](float (&acc)[kAcc], int kb, BlockInFlight& b) {
+      b.sb = __ldg(sb_col + kb * p.sb_s1);  // consumed after the MMAs
+      b.s_first = s;
 #pragma unroll
       for (int h = 0; h < kSPB; ++h) {
         mbar_wait(&full[s], phase);
-        if (h == kSPB - 1) {
-          f0 = s_sa[s * kBM + cw * 64 + frag_row] * sb0 * 0.25f;  // 0.25: both operands read 2x
-          f1 = s_sa[s * kBM + cw * 64 + frag_row + 8] * sb0 * 0.25f;
+        if (h == 0) {
+          b.sa0 = s_sa[s * kBM + cw * 64 + frag_row];
+          b.sa1 = s_sa[s * kBM + cw * 64 + frag_row + 8];
         }
         const uint64_t da = make_desc_k128_sw128(s_a + s * S::kABytes + cw * 64 * kRowBytes);
         const uint64_t db = make_desc_k128_sw128(s_b + s * S::kBBytes);
@@ -244,26 +247,45 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
         for (int q = 0; q < kRowBytes / 32; ++q)
           wgmma_tile<BN, kF16>(acc, da + 2 * q, db + 2 * q, h > 0 || q > 0);
-        wgmma_commit();
-        if (h == kSPB - 1) {
-          wgmma_wait<0>();
-          // The accumulators are asm outputs; pin their first use after the wait.
-#pragma unroll
-          for (int i = 0; i < kAcc; ++i) reg_fence(acc[i]);
-          __syncwarp();
-          if (lane == 0) {  // this warp no longer reads the block's stages
-            mbar_arrive(&empty[s]);
-            if (kSPB == 2) mbar_arrive(&empty[s_first]);
-          }
-        }
+        b.s_last = s;
         if (++s == kStages) {
           s = 0;
           phase ^= 1;
         }
       }
+      wgmma_commit();
+    };
+    // The caller waited for block b's MMAs: free its stages and promote it into the fp32 total.
+    auto retire = [&](float (&acc)[kAcc], const BlockInFlight& b) {
+#pragma unroll
+      for (int i = 0; i < kAcc; ++i) reg_fence(acc[i]);  // the accumulators are asm outputs: read after the wait
+      __syncwarp();
+      if (lane == 0) {
+        mbar_arrive(&empty[b.s_last]);
+        if (kSPB == 2) mbar_arrive(&empty[b.s_first]);
+      }
+      const float f0 = b.sa0 * b.sb * 0.25f, f1 = b.sa1 * b.sb * 0.25f;  // 0.25: both operands read 2x
 #pragma unroll
       for (int i = 0; i < kAcc; ++i) total[i] += acc[i] * ((i & 2) ? f1 : f0);
-      sb0 = sb_next;
+    };
+
+    // Blocks go in pairs with the accumulators local to the pair (in-flight accumulators must not be carried
+    // around the loop, or ptxas serializes every wgmma): block kb's promotion overlaps block kb+1's MMAs, so
+    // the tensor cores are not left idle while both consumer warpgroups promote.
+    for (int kb = w.kb0; kb < w.kb1; kb += 2) {
+      float acc0[kAcc], acc1[kAcc];
+      BlockInFlight b0, b1;
+      issue(acc0, kb, b0);
+      if (kb + 1 < w.kb1) {
+        issue(acc1, kb + 1, b1);
+        wgmma_wait<1>();
+        retire(acc0, b0);
+        wgmma_wait<0>();
+        retire(acc1, b1);
+      } else {
+        wgmma_wait<0>();
+        retire(acc0, b0);
+      }
     }
     store_tile<BN, S::kStageC>(p, total, s_c + cw * 64 * S::kCPitch, cw, t, frag_row, frag_col, row0, col0);
   }
