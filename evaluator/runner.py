@@ -90,7 +90,7 @@ def _world_size(spec, cases: list[dict], world_size: int | None, device: str) ->
     if device == "cuda":
         import torch
         gpus = torch.cuda.device_count()
-    check_world_size(cases, n, getattr(spec.protocol, "divisible_by_world_size", ()) or (), gpus)
+    check_world_size(cases, n, spec.protocol.divisible_by_world_size, gpus)
     for c in cases:
         c["world_size"] = n
     return n

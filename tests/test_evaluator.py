@@ -292,3 +292,25 @@ def test_good_submission_passes_on_gpu_with_host_timer():
                         protocol=QUICK)
     assert [c.status for c in rec.cases] == ["pass", "pass"], [c.message for c in rec.cases]
     assert rec.environment.get("gpu") and rec.score_s() > 0
+
+
+@pytest.mark.gpu
+def test_cuda_event_timer_on_gpu_is_not_fooled_by_patched_timers():
+    # gemm-rs on one rank times with CUDA events after an L2 flush; the fixture patches Event.elapsed_time and
+    # synchronize, and sleeps 5 ms on the host inside the call, which a CUDA event window also spans
+    rec = evaluator.run("gemm-rs", FIX / "rs_good.py", mode="benchmark", cases=rs_smoke()[:1], device="cuda",
+                        world_size=1, protocol=QUICK)
+    assert rec.cases[0].status == "pass" and rec.cases[0].runs == 5, rec.cases[0]
+    rec = evaluator.run("fp8-mm", FIX / "patches_timer.py", mode="benchmark", cases=[fp8_case()], device="cuda",
+                        protocol=dict(QUICK, timer="cuda_event"))
+    assert rec.cases[0].status == "pass" and rec.cases[0].best_ns >= 5e6, rec.cases[0]
+
+
+@pytest.mark.gpu
+@pytest.mark.multigpu(2)
+def test_two_ranks_over_nccl():
+    rec = evaluator.run("gemm-rs", FIX / "rs_good.py", mode="leaderboard", cases=rs_smoke()[:2], device="cuda",
+                        world_size=2, protocol=QUICK)
+    assert [c.status for c in rec.cases] == ["pass", "pass"], [c.message for c in rec.cases]
+    assert all(c.runs == 5 and c.mean_ns > 0 for c in rec.cases)
+    assert_no_workers_left()

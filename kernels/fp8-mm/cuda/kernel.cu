@@ -53,10 +53,22 @@ void set_smem_attrs() {
                        GemmShape<BN>::kSmemBytes);
 }
 
+// Launched with programmatic stream serialization (PDL): its CTAs may start while the transpose pass drains;
+// the kernel executes griddepcontrol.wait before touching anything an earlier kernel wrote.
 template <int BN, bool kF16>
-void launch_gemm(int grid, cudaStream_t stream, const CUtensorMap& a, const CUtensorMap& b, const CUtensorMap& sa,
-                 const GemmParams& p) {
-  fp8_gemm_kernel<BN, kF16><<<grid, kThreads, GemmShape<BN>::kSmemBytes, stream>>>(a, b, sa, p);
+cudaError_t launch_gemm(int grid, cudaStream_t stream, const CUtensorMap& a, const CUtensorMap& b,
+                        const CUtensorMap& sa, const GemmParams& p) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(grid);
+  cfg.blockDim = dim3(kThreads);
+  cfg.dynamicSmemBytes = GemmShape<BN>::kSmemBytes;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  return cudaLaunchKernelEx(&cfg, fp8_gemm_kernel<BN, kF16>, a, b, sa, p);
 }
 
 struct DeviceInfo {
@@ -117,6 +129,13 @@ const char* fp8_gemm_run(const Fp8GemmArgs& g, Fp8GemmPlan plan, cudaStream_t st
   cudaGetDevice(&dev);
   const DeviceInfo& info = device_info(dev);
 
+  const int splits = ceil_div(k / kBK, ceil_div(k / kBK, plan.splits));
+  if (splits > 1) {
+    // Before the transpose pass, so that the GEMM directly follows the kernel it overlaps with (PDL).
+    if (!g.ws) return "fp8_gemm: split-K plan needs a workspace";
+    cudaMemsetAsync(g.ws, 0, (size_t)m * n * sizeof(float), stream);
+  }
+
   // 1) K-major copies of the operands that arrive column-major (one launch for both); the exact path also
   //    widens them to fp16 there.
   const void* a_km = g.a;
@@ -166,26 +185,23 @@ const char* fp8_gemm_run(const Fp8GemmArgs& g, Fp8GemmPlan plan, cudaStream_t st
   p.sb_s1 = g.sb_s1;
   p.c = reinterpret_cast<__nv_bfloat16*>(g.c);
   p.ws = g.ws;
-  if (p.splits > 1) {
-    if (!g.ws) return "fp8_gemm: split-K plan needs a workspace";
-    cudaMemsetAsync(g.ws, 0, (size_t)m * n * sizeof(float), stream);
-  }
 
   const int grid = p.num_units < info.sms ? p.num_units : info.sms;
+  cudaError_t err;
   if (plan.bn == 128 && plan.exact)
-    launch_gemm<128, true>(grid, stream, tm_a, tm_b, tm_sa, p);
+    err = launch_gemm<128, true>(grid, stream, tm_a, tm_b, tm_sa, p);
   else if (plan.bn == 128)
-    launch_gemm<128, false>(grid, stream, tm_a, tm_b, tm_sa, p);
+    err = launch_gemm<128, false>(grid, stream, tm_a, tm_b, tm_sa, p);
   else if (plan.exact)
-    launch_gemm<64, true>(grid, stream, tm_a, tm_b, tm_sa, p);
+    err = launch_gemm<64, true>(grid, stream, tm_a, tm_b, tm_sa, p);
   else
-    launch_gemm<64, false>(grid, stream, tm_a, tm_b, tm_sa, p);
+    err = launch_gemm<64, false>(grid, stream, tm_a, tm_b, tm_sa, p);
 
   if (p.splits > 1) {
     const long long count = (long long)m * n;
     f32_to_bf16_kernel<<<ceil_div(count / 8, 256), 256, 0, stream>>>(g.ws, p.c, count);
   }
-  const cudaError_t err = cudaGetLastError();
+  if (err == cudaSuccess) err = cudaGetLastError();
   if (err != cudaSuccess) {
     static thread_local char msg[256];
     snprintf(msg, sizeof(msg), "fp8_gemm: launch failed: %s", cudaGetErrorString(err));

@@ -107,6 +107,9 @@ __global__ void __launch_bounds__(kTrThreads) transpose_pair_kernel(TransposeJob
       *reinterpret_cast<uint4*>(dst + ((size_t)(r0 + row) * k + k0) * kElem + q * 16) =
           out_tile[row * kOutChunks + (q ^ ((row >> 2) & 7))];
   }
+  // Lets the GEMM (launched with PDL) start its prologue once every block got here; it still waits for our
+  // stores to be complete and visible (griddepcontrol.wait) before reading them.
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 }
 
 }  // namespace fp8mm

@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# One device-machine session: install kbench in place, run the GPU test tier, judge every single-GPU problem with
+# `kbench test`, then time them with `kbench perf` (official protocol) and the fp8-mm kernel benchmark.
+# Usage: bash benchmarks/gpu_session.sh [tests|perf|dist] ; logs go to $OUT (or ./gpu-out).
+set -uo pipefail
+export PYTHONUNBUFFERED=1
+OUT=${OUT:-$PWD/gpu-out}; mkdir -p "$OUT"
+part=${1:-tests}
+python3 -m pip install --no-build-isolation --no-deps -q -e . >"$OUT/pip.log" 2>&1 || cat "$OUT/pip.log"
+if ! command -v kbench >/dev/null; then  # no console script: a wrapper with the same name
+  mkdir -p /tmp/kbench-bin; printf '#!/bin/sh\nexec python3 %s/cli.py "$@"\n' "$PWD" >/tmp/kbench-bin/kbench
+  chmod +x /tmp/kbench-bin/kbench; export PATH=/tmp/kbench-bin:$PATH
+fi
+nvidia-smi -L; python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
+stamp() { echo "== $(date +%T) $*"; }
+
+case "$part" in
+tests)
+  stamp "GPU test tier"
+  timeout 420 python3 -m pytest -m gpu -s -q -rs -p no:cacheprovider --durations=25 tests 2>&1 | tee "$OUT/pytest_gpu.log" | tail -60
+  for p in fp8-mm moe mla-decode; do
+    stamp "kbench test $p"
+    start=$(date +%s.%N)
+    timeout 300 kbench test "$p" --json "$OUT/test_$p.json" 2>&1 | tail -25
+    echo "kbench test $p: rc=$? wall $(echo "$(date +%s.%N) - $start" | bc) s"
+  done ;;
+perf)
+  stamp "kbench device"; timeout 120 kbench device 2>&1 | tail -15
+  for b in torch triton cuda; do
+    stamp "kbench perf fp8-mm --backend $b"
+    timeout 150 kbench perf fp8-mm --backend "$b" --json "$OUT/perf_fp8-mm_$b.json" 2>&1 | tail -28
+  done
+  for p in moe mla-decode; do
+    stamp "kbench perf $p"; timeout 150 kbench perf "$p" --json "$OUT/perf_$p.json" 2>&1 | tail -12
+  done
+  stamp "kbench perf fp8-mm --backend cuda --mode leaderboard"
+  timeout 150 kbench perf fp8-mm --backend cuda --mode leaderboard --json "$OUT/lb_fp8-mm_cuda.json" 2>&1 | tail -6
+  stamp "benchmarks/fp8_mm.py"; timeout 240 python3 benchmarks/fp8_mm.py --no-sweep 2>&1 | tail -40 ;;
+dist)
+  export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+  n=$(nvidia-smi -L | wc -l)
+  stamp "GPU multi-rank tests"
+  timeout 240 python3 -m pytest -m "gpu" -q -rs -p no:cacheprovider tests/test_problems_distributed.py tests/test_torch_backends.py -k "distributed or nccl or gloo or collective" 2>&1 | tail -15
+  for p in all2all gemm-rs ag-gemm; do
+    stamp "kbench test $p --world-size $n"
+    timeout 200 kbench test "$p" --world-size "$n" --json "$OUT/test_$p.json" 2>&1 | tail -16
+    stamp "kbench perf $p --world-size $n"
+    timeout 200 kbench perf "$p" --world-size "$n" --json "$OUT/perf_$p.json" 2>&1 | tail -14
+  done ;;
+esac
+stamp done
