@@ -25,6 +25,7 @@ import signal
 import socket
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import asdict, replace
 from multiprocessing.connection import wait
@@ -125,11 +126,26 @@ def _sha256(path: Path) -> str:
 # ----------------------------------------------------------------------------------------------------------------
 # the worker side of the fence (runs in the spawned process before the staged harness takes over)
 
+def _follow_parent() -> None:
+    """End this worker's whole process group when the parent dies (killed, terminal closed): a worker in its own
+    session would otherwise outlive it, hanging on to a GPU."""
+    parent = mp.parent_process()
+    if parent is None:
+        return
+
+    def watch():
+        parent.join()
+        os.killpg(os.getpgrp(), signal.SIGKILL)
+
+    threading.Thread(target=watch, name="kbench-follow-parent", daemon=True).start()
+
+
 def _worker_entry(job: dict, conn, log: str) -> None:
     try:
         os.setsid()  # own process group: Ctrl-C stays with the parent; killpg ends whatever the submission started
     except OSError:
         pass
+    _follow_parent()
     fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     os.dup2(fd, 1)
     os.dup2(fd, 2)
@@ -176,14 +192,18 @@ class _Group:
         self.world_size = world_size
         self.procs, self.conns = [], []
         port = _free_port() if job["distributed"] else 0
-        for rank in range(world_size):
-            reader, writer = ctx.Pipe(duplex=False)
-            proc = ctx.Process(target=_worker_entry, name=f"kbench-rank{rank}",
-                               args=(dict(job, rank=rank, port=port), writer, str(log_path(run_dir, rank))))
-            proc.start()
-            writer.close()  # the child holds the only write end: EOF on the reader means the child is gone
-            self.procs.append(proc)
-            self.conns.append(reader)
+        try:
+            for rank in range(world_size):
+                reader, writer = ctx.Pipe(duplex=False)
+                self.conns.append(reader)
+                proc = ctx.Process(target=_worker_entry, name=f"kbench-rank{rank}",
+                                   args=(dict(job, rank=rank, port=port), writer, str(log_path(run_dir, rank))))
+                self.procs.append(proc)
+                proc.start()
+                writer.close()  # the child holds the only write end: EOF on the reader means the child is gone
+        except BaseException:  # Ctrl-C while starting: end the ranks already started
+            self.kill()
+            raise
 
     def dump_stacks(self, wait_s: float = 1.0) -> None:
         """Ask live workers to write every thread's stack into their logs (where a hang sits), before the kill."""
@@ -211,8 +231,8 @@ class _Group:
         for conn in self.conns:
             conn.close()
 
-    def finish(self, grace_s: float = 20.0) -> None:
-        """Every rank said done: let them leave on their own for a moment, then end the stragglers."""
+    def finish(self, grace_s: float = 5.0) -> None:
+        """Every case is in: let the ranks leave on their own for a moment, then end the stragglers."""
         end = time.monotonic() + grace_s
         for proc in self.procs:
             proc.join(timeout=max(0.0, end - time.monotonic()))
@@ -463,7 +483,7 @@ def run(problem: str | Path, submission: str | Path, *, mode: str, cases: Sequen
             try:
                 sup = _Batch(group, batch, timeout_s, results, progress, record.environment)
                 sup.supervise()
-                if sup.pos >= len(batch) and not sup.fatal and len(sup.done) == group.world_size:
+                if sup.pos >= len(batch) and not (sup.fatal or sup.ended or sup.broken):
                     group.finish()
             finally:
                 group.kill()
