@@ -26,6 +26,7 @@ HARNESS_FILES = ("harness.py", "timing.py")
 def stage(problem_dir: Path, submission: Path, cases: Iterable[Mapping], dest: Path) -> Path:
     """Fill ``dest`` (created if missing) with the run directory for one submission and problem; returns dest."""
     dest = Path(dest)
+    shutil.rmtree(dest / "logs", ignore_errors=True)  # a kept run directory reused: no logs of an earlier run
     (dest / "logs").mkdir(parents=True, exist_ok=True)
     shutil.copyfile(submission, dest / "submission.py")
     for name in ("task.py", "reference.py"):

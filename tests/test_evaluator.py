@@ -177,6 +177,15 @@ def test_wrong_outputs_fail_with_clear_messages_and_the_worker_goes_on():
     assert not rec.passed() and rec.score_s() is None
 
 
+def test_a_submission_that_does_not_import_fails_every_case(tmp_path):
+    broken = tmp_path / "submission.py"
+    broken.write_text("import torch\n\ndef custom_kernel(data)\n    return data[4]\n")
+    rec = evaluator.run("fp8-mm", broken, mode="test", cases=fp8_smoke(), device="cpu")
+    assert [c.status for c in rec.cases] == ["fail", "fail"]
+    assert all(c.message.startswith("importing submission.py raised SyntaxError") for c in rec.cases), rec.cases
+    assert_no_workers_left()
+
+
 def test_crash_and_hang_become_verdicts_and_the_next_case_still_runs(tmp_path):
     cases = [fp8_case(m=64), fp8_case(m=128), fp8_case(m=192)]   # abort, hang, right
     rec = judge("abort_or_hang.py", cases=cases, timeout_s=5, run_dir=tmp_path / "run")
@@ -188,6 +197,48 @@ def test_crash_and_hang_become_verdicts_and_the_next_case_still_runs(tmp_path):
     assert "Fatal Python error: Aborted" in log                 # the crash's stack
     assert log.count("in custom_kernel") >= 2                   # ... and the hang's, dumped before the kill
     assert_no_workers_left()
+
+
+def _processes_in(folder: Path) -> list[int]:
+    """Pids of processes whose working directory is ``folder`` (workers run in their run directory)."""
+    pids = []
+    for cwd in Path("/proc").glob("[0-9]*/cwd"):
+        try:
+            if Path(os.readlink(cwd)) == folder:
+                pids.append(int(cwd.parent.name))
+        except OSError:
+            continue
+    return pids
+
+
+def test_workers_end_when_the_parent_is_killed(tmp_path):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    run_dir = (tmp_path / "run").resolve()
+    script = (f"import sys; sys.path.insert(0, {str(Path(__file__).parents[1])!r})\n"
+              "import evaluator, problems\n"
+              "if __name__ == '__main__':\n"
+              f"    evaluator.run('fp8-mm', {str(FIX / 'abort_or_hang.py')!r}, mode='test', device='cpu',\n"
+              f"                  cases=[problems.official_case({fp8_case(m=128)!r})], run_dir={str(run_dir)!r})\n")
+    parent = subprocess.Popen([sys.executable, "-c", script], cwd=tmp_path)
+    try:
+        log, deadline = run_dir / "logs" / "rank0.log", time.monotonic() + 60
+        while not (log.is_file() and "hanging now" in log.read_text()):   # the worker sits in the hang
+            assert parent.poll() is None and time.monotonic() < deadline, "the worker never reached the hang"
+            time.sleep(0.2)
+        assert _processes_in(run_dir)
+        parent.send_signal(signal.SIGKILL)
+        parent.wait()
+        deadline = time.monotonic() + 20
+        while _processes_in(run_dir):
+            assert time.monotonic() < deadline, f"orphaned workers: {_processes_in(run_dir)}"
+            time.sleep(0.2)
+    finally:
+        if parent.poll() is None:
+            parent.kill()
 
 
 def test_benchmark_times_a_good_submission_with_official_statistics():
