@@ -351,7 +351,9 @@ def _run_by_world_size(evaluator, problem: str, submission: str, plan: RunPlan, 
     groups: dict[Any, list[int]] = {}
     for i, case in enumerate(plan.cases):
         groups.setdefault(case.get("world_size") if plan.spec.world_size else None, []).append(i)
-    common = dict(mode=plan.mode, device=plan.device, seed=opts["seed"], intended_bools=opts["intended_bools"])
+    # POPCORN_SEED is read (and removed) once here, so every per-world-size run gets the same seed.
+    seed = evaluator.popcorn_seed(opts["seed"])
+    common = dict(mode=plan.mode, device=plan.device, seed=seed, intended_bools=opts["intended_bools"])
     if len(groups) == 1:
         return evaluator.run(problem, submission, cases=plan.cases, world_size=plan.world_size, progress=progress,
                              **common)

@@ -25,6 +25,8 @@ tests)
     echo "kbench test $p: wall $(( ($(date +%s%N) - start) / 1000000 )) ms"
   done ;;
 perf)
+  stamp "GPU tests fixed since the last session"
+  timeout 120 python3 -m pytest -m gpu -q -rs -p no:cacheprovider tests/test_evaluator.py tests/test_cli.py 2>&1 | tail -8
   stamp "kbench device"; timeout 120 kbench device 2>&1 | tail -15
   for b in torch triton cuda; do
     stamp "kbench perf fp8-mm --backend $b"
