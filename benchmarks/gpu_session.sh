@@ -3,7 +3,7 @@
 # `kbench test`, then time them with `kbench perf` (official protocol) and the fp8-mm kernel benchmark.
 # Usage: bash benchmarks/gpu_session.sh [tests|perf|dist] ; logs go to $OUT (or ./gpu-out).
 set -uo pipefail
-export PYTHONUNBUFFERED=1
+export PYTHONUNBUFFERED=1 COLUMNS=150
 OUT=${OUT:-$PWD/gpu-out}; mkdir -p "$OUT"
 part=${1:-tests}
 python3 -m pip install --no-build-isolation --no-deps -q -e . >"$OUT/pip.log" 2>&1 || cat "$OUT/pip.log"
@@ -41,13 +41,14 @@ perf)
 dist)
   export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
   n=$(nvidia-smi -L | wc -l)
-  stamp "GPU multi-rank tests"
-  timeout 240 python3 -m pytest -m "gpu" -q -rs -p no:cacheprovider tests/test_problems_distributed.py tests/test_torch_backends.py -k "distributed or nccl or gloo or collective" 2>&1 | tail -15
+  stamp "GPU tests of the distributed problems, the evaluator and the CLI"
+  timeout 240 python3 -m pytest -m "gpu" -q -rs -p no:cacheprovider tests/test_problems_distributed.py \
+    tests/test_torch_backends.py tests/test_evaluator.py tests/test_cli.py -k "not official_tests" 2>&1 | tail -15
   for p in all2all gemm-rs ag-gemm; do
     stamp "kbench test $p --world-size $n"
-    timeout 200 kbench test "$p" --world-size "$n" --json "$OUT/test_$p.json" 2>&1 | tail -16
+    timeout 100 kbench test "$p" --world-size "$n" 2>&1 | tail -16
     stamp "kbench perf $p --world-size $n"
-    timeout 200 kbench perf "$p" --world-size "$n" --json "$OUT/perf_$p.json" 2>&1 | tail -14
+    timeout 100 kbench perf "$p" --world-size "$n" --json "$OUT/perf_$p.json" 2>&1 | tail -14
   done ;;
 esac
 stamp done
