@@ -42,13 +42,13 @@ dist)
   export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
   n=$(nvidia-smi -L | wc -l)
   stamp "GPU tests of the distributed problems, the evaluator and the CLI"
-  timeout 240 python3 -m pytest -m "gpu" -q -rs -p no:cacheprovider tests/test_problems_distributed.py \
+  timeout 120 python3 -m pytest -m "gpu" -q -rs -p no:cacheprovider tests/test_problems_distributed.py \
     tests/test_torch_backends.py tests/test_evaluator.py tests/test_cli.py -k "not official_tests" 2>&1 | tail -15
   for p in all2all gemm-rs ag-gemm; do
     stamp "kbench test $p --world-size $n"
-    timeout 100 kbench test "$p" --world-size "$n" 2>&1 | tail -16
+    timeout 70 kbench test "$p" --world-size "$n" 2>&1 | tail -16
     stamp "kbench perf $p --world-size $n"
-    timeout 100 kbench perf "$p" --world-size "$n" --json "$OUT/perf_$p.json" 2>&1 | tail -14
+    timeout 70 kbench perf "$p" --world-size "$n" --json "$OUT/perf_$p.json" 2>&1 | tail -14
   done ;;
 esac
 stamp done
