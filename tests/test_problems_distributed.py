@@ -414,6 +414,7 @@ def test_local_reference_largest_official_case_on_gpu(name):
     """The biggest official benchmark, world size 8, regenerated on one GPU: bounded memory, right output."""
     spec = problems.load_spec(name)
     case = official(max(spec.benchmarks, key=lambda c: spec.roofline.flops(c) + spec.roofline.bytes(c)))
+    torch.cuda.init()  # the memory-stat calls below reject the device while CUDA is not initialised yet
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats(0)
     base = torch.cuda.memory_allocated(0)
