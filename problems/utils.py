@@ -112,6 +112,21 @@ def check_outputs(output: Any, expected: Any, rtol: float, atol: float) -> tuple
     return True, ""
 
 
+def check_rank_output(output: Any, expected: torch.Tensor, rtol: float, atol: float) -> tuple[bool, str]:
+    """One rank's output of a distributed problem against its expected tensor: type, dtype and the exact device
+    (a rank must answer on its own GPU) first, then values; (ok, one-line message)."""
+    if not isinstance(output, torch.Tensor):
+        return False, f"output must be a torch.Tensor, got {type(output).__name__}"
+    if output.dtype != expected.dtype:
+        return False, f"output dtype is {output.dtype}; return {expected.dtype}"
+    if output.device != expected.device:
+        return False, f"output is on {output.device}; return it on this rank's device {expected.device}"
+    reasons = verbose_allclose(output, expected, rtol=rtol, atol=atol)
+    if reasons:
+        return False, "mismatch found! custom implementation doesn't match reference: " + " ".join(reasons)
+    return True, ""
+
+
 def match_reference(data: Any, output: Any, reference: Callable[[Any], Any], rtol: float = 1e-5,
                     atol: float = 1e-8) -> tuple[bool, str]:
     """Run ``reference(data)`` and compare ``output`` with it."""

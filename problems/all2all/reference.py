@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 
 from task import MoEConfig, RankTestData, input_t, output_t  # noqa: F401  (re-exported: official names)
-from utils import get_device, verbose_allclose
+from utils import check_rank_output, get_device
 
 RTOL = 1e-2
 ATOL = 5e-3
@@ -112,16 +112,7 @@ def ref_kernel_local(rank: int, num_experts: int, experts_per_token: int, hidden
 
 def compare(output: output_t, expected: output_t) -> tuple[bool, str]:
     """Official tolerance check of one rank's output (type, dtype and device first, then values)."""
-    if not isinstance(output, torch.Tensor):
-        return False, f"output must be a torch.Tensor, got {type(output).__name__}"
-    if output.dtype != expected.dtype:
-        return False, f"output dtype is {output.dtype}; return {expected.dtype}"
-    if output.device != expected.device:
-        return False, f"output is on {output.device}; return it on this rank's device {expected.device}"
-    reasons = verbose_allclose(output, expected, rtol=RTOL, atol=ATOL)
-    if reasons:
-        return False, "mismatch found! custom implementation doesn't match reference: " + " ".join(reasons)
-    return True, ""
+    return check_rank_output(output, expected, RTOL, ATOL)
 
 
 def check_implementation(data: input_t, output: output_t) -> tuple[bool, str]:
