@@ -6,11 +6,9 @@ with exit code 2. Heavy imports (torch, the evaluator) happen inside the command
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import shlex
 import sys
 import tempfile
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
@@ -21,7 +19,6 @@ EXIT_USAGE = 2           # bad input (click's own convention for usage errors)
 EXIT_INTERRUPTED = 130   # Ctrl-C, as a shell reports SIGINT
 
 TARGETS = ("h100", "h200", "mi300x")
-MODE_CASES = {"test": "tests", "benchmark": "benchmarks", "leaderboard": "benchmarks", "profile": "benchmarks"}
 
 
 class KbenchError(click.ClickException):
@@ -183,123 +180,16 @@ def _run_options(fn: Callable) -> Callable:
     return fn
 
 
-@dataclass
-class RunPlan:
-    """Everything a run needs, checked before any worker starts."""
-    spec: Any
-    mode: str
-    device: str
-    cases: list[dict]
-    world_size: int | None
-    notes: list[str] = field(default_factory=list)
+def _plan(problem: str, mode: str, opts: dict):
+    """The run's cases, device and world size (evaluator.plan), its errors as one line."""
+    from evaluator import plan
 
-
-def _resolve_device(requested: str) -> str:
-    import torch
-
-    has_gpu = torch.cuda.is_available()
-    if requested == "cuda" and not has_gpu:
-        raise KbenchError("--device cuda but no CUDA GPU is visible; use --device cpu (or auto)")
-    if requested == "auto":
-        return "cuda" if has_gpu else "cpu"
-    return requested
-
-
-def _read_case_file(path: str, intended_bools: bool) -> list[dict]:
-    import problems
-
-    file = Path(path)
-    if not file.is_file():
-        raise KbenchError(f"--cases {path}: no such file; use official, smoke, or a file with one "
-                          "'key: value; key: value' case a line")
-    cases = []
-    for number, line in enumerate(file.read_text().splitlines(), 1):
-        if not line.strip() or line.lstrip().startswith("#"):
-            continue
-        try:
-            cases.append(problems.parse_case(line, intended_bools=intended_bools))
-        except problems.BadCase as exc:
-            raise KbenchError(f"{path}:{number}: {exc}") from None
-    if not cases:
-        raise KbenchError(f"{path} holds no case; write one 'key: value; key: value' case a line")
-    return cases
-
-
-def _select_cases(spec, mode: str, device: str, case_strings: tuple[str, ...], cases_from: str | None,
-                  intended_bools: bool, notes: list[str]) -> list[dict]:
-    """The cases to run, as plain dicts (before the official text round trip)."""
-    import problems
-
-    if case_strings and cases_from:
-        raise KbenchError("give either --case or --cases, not both")
-    if case_strings:
-        try:
-            return [problems.parse_case(s, intended_bools=intended_bools) for s in case_strings]
-        except problems.BadCase as exc:
-            raise KbenchError(str(exc)) from None
-    official = MODE_CASES[mode]
-    if cases_from is None:
-        cases_from = "official" if device == "cuda" else "smoke"
-        if device == "cpu":
-            notes.append(f"running on the CPU with the {len(spec.smoke)} smoke cases (CPU timings; "
-                         "--cases official to run the official list)")
-    if cases_from == "official":
-        if device == "cpu":
-            notes.append(f"warning: the official {official} on the CPU can take very long and need much memory")
-        return [dict(c) for c in spec.cases(official)]
-    if cases_from == "smoke":
-        if not spec.smoke:
-            raise KbenchError(f"{spec.name} has no smoke cases; pass --case \"key: value; ...\" or --cases official")
-        return [dict(c) for c in spec.smoke]
-    return _read_case_file(cases_from, intended_bools)
-
-
-def _apply_world_size(spec, device: str, cases: list[dict], world_size: int | None) -> int | None:
-    """Check (and apply) the number of ranks; returns the world size passed to evaluator.run."""
-    if world_size is not None and world_size < 1:
-        raise KbenchError(f"--world-size {world_size}: a world size is a positive number of ranks")
-    if spec.world_size is None:
-        if world_size not in (None, 1):
-            raise KbenchError(f"{spec.name} runs on one GPU; drop --world-size")
-        return None
-    for case in cases:
-        if world_size is not None:
-            case["world_size"] = world_size
-        else:       # a hand-written --case may leave it out: the spec's official world size then
-            case.setdefault("world_size", spec.world_size)
-        if isinstance(case["world_size"], bool) or not isinstance(case["world_size"], int) or case["world_size"] < 1:
-            raise KbenchError(f"case world_size {case['world_size']!r} is not a positive integer; fix the case "
-                              "or pass --world-size N")
-    if device == "cuda":
-        import torch
-
-        visible = torch.cuda.device_count()
-        need = max(int(c["world_size"]) for c in cases)
-        if need > visible:
-            raise KbenchError(f"the cases need world_size {need} but {visible} GPU(s) are visible; "
-                              f"pass --world-size {visible} (or fewer)")
-    return world_size
-
-
-def _official_cases(spec, cases: list[dict], intended_bools: bool) -> list[dict]:
-    import problems
-
-    if spec.protocol.case_values != "text":
-        return cases
-    return [problems.official_case(c, intended_bools=intended_bools) for c in cases]
-
-
-def _plan(problem: str, mode: str, opts: dict) -> RunPlan:
-    spec = _spec(problem)
-    notes: list[str] = []
-    device = _resolve_device(opts["device"])
-    cases = _select_cases(spec, mode, device, opts["case_strings"], opts["cases_from"], opts["intended_bools"], notes)
-    world_size = _apply_world_size(spec, device, cases, opts["world_size"])
-    if opts["intended_bools"]:
-        notes.append("--intended-bools: True/False are real booleans here; the leaderboard passed the strings "
-                     "'True'/'False' (both truthy), so results can differ from it")
-    return RunPlan(spec=spec, mode=mode, device=device, cases=_official_cases(spec, cases, opts["intended_bools"]),
-                   world_size=world_size, notes=notes)
+    try:
+        return plan.make_plan(problem, mode, device=opts["device"], case_strings=opts["case_strings"],
+                              cases_from=opts["cases_from"], world_size=opts["world_size"],
+                              intended_bools=opts["intended_bools"])
+    except plan.PlanError as exc:
+        raise KbenchError(str(exc)) from None
 
 
 def _check_submission_options(opts: dict) -> None:
@@ -343,53 +233,6 @@ def _command_line() -> str:
     return " ".join(shlex.quote(a) for a in ["kbench", *sys.argv[1:]])
 
 
-def _run_by_world_size(evaluator, problem: str, submission: str, plan: RunPlan, opts: dict, progress) -> Any:
-    """evaluator.run over the plan's cases, one run per world size (a run has one process group), merged in order.
-
-    Smoke lists mix world sizes (2 and 4 ranks) to exercise both; the official lists use one, so one run.
-    """
-    groups: dict[Any, list[int]] = {}
-    for i, case in enumerate(plan.cases):
-        groups.setdefault(case.get("world_size") if plan.spec.world_size else None, []).append(i)
-    # POPCORN_SEED is read (and removed) once here, so every per-world-size run gets the same seed.
-    seed = evaluator.popcorn_seed(opts["seed"])
-    common = dict(mode=plan.mode, device=plan.device, seed=seed, intended_bools=opts["intended_bools"])
-    if len(groups) == 1:
-        return evaluator.run(problem, submission, cases=plan.cases, world_size=plan.world_size, progress=progress,
-                             **common)
-    merged, results = None, {}
-    for ws, indices in groups.items():
-        def local(event, i, result, indices=indices):
-            inside = 0 <= i < len(indices)
-            progress(event, indices[i] if inside else i,
-                     dataclasses.replace(result, index=indices[i]) if result is not None and inside else result)
-
-        try:
-            record = evaluator.run(problem, submission, cases=[plan.cases[i] for i in indices], world_size=ws,
-                                   progress=local, **common)
-        except KeyboardInterrupt:
-            if merged is None:
-                raise
-            merged.interrupted = True       # between two runs: keep what the earlier ones measured
-            break
-        for r in record.cases:
-            r.index = indices[r.index]
-            results[r.index] = r
-        if merged is None:
-            merged = record
-        else:
-            merged.environment.update(record.environment)
-        merged.world_size = max(merged.world_size or 0, record.world_size or 0) or None
-        if record.interrupted:
-            merged.interrupted = True
-            break
-    for i, case in enumerate(plan.cases):
-        if i not in results:
-            results[i] = type(merged.cases[0])(index=i, case=case, status="skipped", message="not run: interrupted")
-    merged.cases = [results[i] for i in range(len(plan.cases))]
-    return merged
-
-
 def _execute(problem: str, mode: str, opts: dict) -> None:
     """The flow shared by test/perf/profile: plan, run with progress, report, write records, exit code."""
     try:
@@ -426,7 +269,7 @@ def _execute_run(problem: str, mode: str, opts: dict) -> None:
         try:
             ceil = _load_ceilings() if plan.device == "cuda" and mode in ("benchmark", "leaderboard") else None
             with report.RunProgress(console, plan.cases, mode) as progress:
-                record = _run_by_world_size(evaluator, problem, submission, plan, opts, progress)
+                record = evaluator.run_plan(plan, submission, seed=opts["seed"], progress=progress)
         except evaluator.EvaluatorError as exc:
             raise KbenchError(str(exc)) from None
 

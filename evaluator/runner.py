@@ -83,7 +83,7 @@ def _world_size(spec, cases: list[dict], world_size: int | None, device: str) ->
         if world_size not in (None, 1):
             raise EvaluatorError(f"{spec.name} is a single-GPU problem: drop --world-size")
         return None
-    sizes = {int(world_size)} if world_size else {int(c.get("world_size", spec.world_size)) for c in cases}
+    sizes = {int(world_size)} if world_size else {_case_world_size(spec, c) for c in cases}
     if len(sizes) != 1:
         raise EvaluatorError(f"the cases ask for world sizes {sorted(sizes)}: pass one --world-size for the run")
     n = sizes.pop()
@@ -95,6 +95,92 @@ def _world_size(spec, cases: list[dict], world_size: int | None, device: str) ->
     for c in cases:
         c["world_size"] = n
     return n
+
+
+def _case_world_size(spec, case: Mapping) -> int:
+    value = case.get("world_size", spec.world_size)
+    try:
+        if isinstance(value, bool):
+            raise ValueError
+        return int(value)
+    except (TypeError, ValueError):
+        raise EvaluatorError(f"case '{problems.format_case(case)}': world_size {value!r} is not a whole number of "
+                             f"ranks; fix the case or pass --world-size N") from None
+
+
+def world_size_groups(spec, cases: Sequence[Mapping], world_size: int | None = None) -> dict[int | None, list[int]]:
+    """Positions of ``cases`` by the world size they run with, groups in order of first appearance.
+
+    A single-GPU problem, or a ``world_size`` override, gives one group (key None, resp. the override) holding every
+    case; otherwise each case runs with its own ``world_size`` key (the spec's world size where it has none).
+    """
+    if spec.world_size is None or world_size:
+        return {world_size if spec.world_size is not None else None: list(range(len(cases)))}
+    groups: dict[int | None, list[int]] = {}
+    for i, case in enumerate(cases):
+        groups.setdefault(_case_world_size(spec, case), []).append(i)
+    return groups
+
+
+RunGroup = Callable[[list, "int | None", "Progress | None"], RunRecord]
+
+
+def run_by_world_size(run_group: RunGroup, cases: Sequence[Mapping], groups: Mapping[int | None, list[int]],
+                      world_size: int | None = None, progress: Progress | None = None) -> RunRecord:
+    """One run per world size (one process group each), merged into one record in the order of ``cases``.
+
+    run_group(group_cases, world_size, progress) runs one group and returns its RunRecord (indices local to the
+    group). ``groups`` is world_size_groups(...). One group: a single call with ``world_size`` as given (None: the
+    cases' own). Several: one call per group with the group's world size; the merged record's case indices and the
+    progress callback's indices are positions in ``cases``; its world_size is the largest and its environment the
+    union. A run that comes back interrupted, or Ctrl-C between two runs, ends the merge there
+    (``interrupted=True``): what earlier runs measured is kept, cases never run are "skipped" (or "interrupted" for
+    the one Ctrl-C stopped). Ctrl-C before the first run returns anything propagates as KeyboardInterrupt, as from
+    one run's set-up. The caller reads the seed once (popcorn_seed) and gives every run the same one.
+    """
+    if len(groups) <= 1:
+        return run_group(list(cases), world_size, progress)
+    done: list[tuple[list[int], RunRecord]] = []
+    stopped: list[int] = []             # the positions of the run Ctrl-C stopped before it returned
+    try:
+        for ws, indices in groups.items():
+            stopped = indices
+
+            def local(event, i, result, indices=indices):
+                inside = 0 <= i < len(indices)
+                progress(event, indices[i] if inside else i,
+                         replace(result, index=indices[i]) if result is not None and inside else result)
+
+            record = run_group([cases[i] for i in indices], ws, local if progress else None)
+            done.append((indices, record))
+            stopped = []
+            if record.interrupted:
+                break
+    except KeyboardInterrupt:
+        if not done:
+            raise
+    merged = done[0][1]
+    results: dict[int, CaseResult] = {}
+    for indices, record in done:
+        for r in record.cases:
+            r.index = indices[r.index]
+            results[r.index] = r
+        if record is not merged:
+            merged.environment.update(record.environment)
+            merged.world_size = max(merged.world_size or 0, record.world_size or 0) or None
+        merged.interrupted = merged.interrupted or record.interrupted
+    if stopped or len(results) < len(cases):
+        merged.interrupted = True
+    cases_out = []
+    for i, case in enumerate(cases):
+        if i in results:
+            cases_out.append(results[i])
+        elif stopped and i == stopped[0]:
+            cases_out.append(CaseResult(index=i, case=dict(case), status="interrupted", message="stopped by Ctrl-C"))
+        else:
+            cases_out.append(CaseResult(index=i, case=dict(case), status="skipped", message="not run: interrupted"))
+    merged.cases = cases_out
+    return merged
 
 
 def popcorn_seed(seed: int | None = None) -> int | None:
@@ -412,7 +498,11 @@ def run(problem: str | Path, submission: str | Path, *, mode: str, cases: Sequen
     cases: case dicts already as the official text round trip gives them (``problems.official_case``; the caller
     applies ``intended_bools`` there). device: "cuda" | "cpu". seed: the secret seed (else POPCORN_SEED), combined
     with each case's seed when the problem's protocol says so. world_size: distributed problems only; overrides the
-    cases' world_size. progress(event, case_index, result): "start" when a case begins, "done" with its CaseResult.
+    cases' world_size. Without it the cases of a distributed problem may ask for different world sizes (smoke lists
+    mix 2 and 4 ranks): each world size then runs as its own process group, one after the other, and the results are
+    merged back in case order (see run_by_world_size; POPCORN_SEED is read once for all of them, and with ``run_dir``
+    each world size stages into ``run_dir/world_size_N``). progress(event, case_index, result): "start" when a case
+    begins, "done" with its CaseResult; indices are positions in ``cases``.
     timeout_s: per-case limit (default: the problem's limit for the mode). run_dir: stage there and keep it (logs
     included) instead of a temporary folder that is removed afterwards. protocol: overrides of the spec's protocol
     fields (e.g. {"max_runs": 10} for a quick look; such numbers are not the official protocol's).
@@ -433,6 +523,30 @@ def run(problem: str | Path, submission: str | Path, *, mode: str, cases: Sequen
         if not torch.cuda.is_available():
             raise EvaluatorError("no CUDA GPU is visible on this machine: run with --device cpu")
     spec, folder = resolve_problem(problem)
+    cases = list(cases)
+    groups = world_size_groups(spec, cases, world_size)
+    common = dict(mode=mode, device=device, intended_bools=intended_bools, timeout_s=timeout_s,
+                  worker_per_case=worker_per_case, protocol=protocol)
+    if len(groups) == 1:
+        return _run_group(spec, folder, submission, cases=cases, seed=seed, world_size=world_size,
+                          progress=progress, run_dir=run_dir, **common)
+    for ws, indices in groups.items():     # refuse a bad world size before any group starts
+        _world_size(spec, [dict(cases[i]) for i in indices], ws, device)
+    seed = popcorn_seed(seed)
+
+    def one(group_cases, ws, group_progress):
+        where = Path(run_dir) / f"world_size_{ws}" if run_dir is not None else None
+        return _run_group(spec, folder, submission, cases=group_cases, seed=seed, world_size=ws,
+                          progress=group_progress, run_dir=where, **common)
+
+    return run_by_world_size(one, cases, groups, progress=progress)
+
+
+def _run_group(spec, folder: Path, submission: Path, *, mode: str, cases: Sequence[Mapping[str, Any]], device: str,
+               seed: int | None, world_size: int | None, intended_bools: bool, progress: Progress | None,
+               timeout_s: float | None, worker_per_case: bool, run_dir: str | Path | None,
+               protocol: Mapping[str, Any] | None) -> RunRecord:
+    """run() for cases of one world size: one process group (fresh ones after failures) over a staged folder."""
     cases = [dict(c) for c in cases]
     ws = _world_size(spec, cases, world_size, device)
     seed = popcorn_seed(seed)

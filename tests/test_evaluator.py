@@ -119,6 +119,11 @@ def test_bad_requests_get_one_line_errors_naming_the_fix(tmp_path, monkeypatch):
         evaluator.check_world_size([case], 5, ("m", "k"), gpus=None)
     with pytest.raises(EvaluatorError, match="needs 4 GPUs .* this machine has 2: pass --world-size 2"):
         evaluator.check_world_size([case], 4, ("m", "k"), gpus=2)
+    # cases of several world sizes: every group is checked before the first one starts
+    mixed = [dict(case, world_size=2), dict(case, world_size=5)]
+    with pytest.raises(EvaluatorError, match=r"not divisible by world size 5"):
+        evaluator.run("gemm-rs", FIX / "rs_good.py", mode="test", cases=mixed, device="cpu", run_dir=tmp_path / "r")
+    assert not (tmp_path / "r").exists()
     monkeypatch.setenv("POPCORN_SEED", "abc")
     with pytest.raises(EvaluatorError, match="POPCORN_SEED='abc' is not an integer"):
         popcorn_seed(None)
@@ -310,6 +315,26 @@ def test_two_ranks_over_gloo_pass_test_and_leaderboard_modes():
                 protocol={"max_runs": 3})
     (case,) = rec.cases
     assert case.status == "pass" and case.runs == 3 and case.mean_ns > 0, case
+    assert_no_workers_left()
+
+
+def test_one_run_over_mixed_world_sizes(tmp_path, monkeypatch):
+    """Cases asking for 2 and 4 ranks in one evaluator.run: a process group per world size, merged in case order."""
+    smoke = rs_smoke()
+    assert sorted({c["world_size"] for c in smoke}) == [2, 4]
+    cases = sorted(smoke, key=lambda c: -c["world_size"])[:1] + [c for c in smoke if c["world_size"] == 2]
+    monkeypatch.setenv("POPCORN_SEED", "11")
+    events = []
+    rec = judge("rs_good.py", problem="gemm-rs", cases=cases, run_dir=tmp_path / "run",
+                progress=lambda e, i, r: events.append((e, i, r and r.index)))
+    assert [(c.index, c.case, c.status) for c in rec.cases] == [(i, c, "pass") for i, c in enumerate(cases)], \
+        [c.message for c in rec.cases]
+    assert rec.world_size == 4 and rec.seed == 11 and "POPCORN_SEED" not in os.environ and not rec.interrupted
+    assert sorted(i for e, i, r in events if e == "done") == [0, 1, 2]
+    assert all(i == r for e, i, r in events if e == "done")
+    assert (tmp_path / "run" / "world_size_4" / "logs" / "rank3.log").is_file()
+    assert (tmp_path / "run" / "world_size_2" / "logs" / "rank1.log").is_file()
+    assert not (tmp_path / "run" / "world_size_2" / "logs" / "rank2.log").exists()
     assert_no_workers_left()
 
 
