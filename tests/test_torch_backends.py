@@ -171,6 +171,16 @@ def test_backend_matches_reference_on_smoke_cases_cpu(problem, tmp_path):
     _judge(problem, _cases(problem, "smoke"), tmp_path, "cpu", timeout=300)
 
 
+def test_moe_grouped_path_matches_reference_on_smoke_cases_cpu(tmp_path, monkeypatch):
+    """The moe backend's torch._grouped_mm path, forced (auto picks the loop on the CPU): its sort/offsets (experts
+    with no token included), weight stacking and combine, in fp16 through _grouped_mm's CPU fallback."""
+    import torch
+    if not hasattr(torch, "_grouped_mm"):
+        pytest.skip("this torch has no torch._grouped_mm")
+    monkeypatch.setenv("KBENCH_MOE_PATH", "grouped")
+    _judge("moe", _cases("moe", "smoke"), tmp_path, "cpu", timeout=300)
+
+
 def test_backend_manifests_name_a_python_entry():
     import yaml
     for problem in SINGLE + DISTRIBUTED:
