@@ -37,9 +37,15 @@ RTOL, ATOL = 2e-2, 1e-3
 FP8_FLOPS, HBM_BPS = 1444e12, 2.99e12
 EXTRA_SHAPES = [(64, 64, 128), (96, 320, 384), (192, 576, 1152), (320, 704, 256), (1024, 192, 640),
                 (2048, 2560, 3072), (128, 4160, 512), (6144, 64, 128), (576, 1216, 2048)]
-# (tile width, k-splits, exact): exact=True is the fp16-MMA path that meets the tolerance, False the FP8-MMA path.
-CHECK_PLANS = [(128, 1, True), (64, 1, True), (128, 2, True), (64, 3, True), (128, 4, True), (128, 1, False),
-               (64, 2, False)]
+# (tile width, k-splits, exact, consumer schedule): exact=True is the fp16-MMA path that meets the tolerance, False
+# the FP8-MMA path; schedule (exact path only, gemm.cuh): 0 lock step, 1 ordered issue, 2 strict alternation,
+# 3 split chains with early promotion, 4 split chains; +8: C staged in halves, one more stage (bn 128 only).
+CHECK_PLANS = [(128, 1, True, 0), (64, 1, True, 0), (128, 2, True, 0), (64, 3, True, 0), (128, 4, True, 0),
+               (128, 1, False, 0), (64, 2, False, 0), (128, 1, True, 1), (128, 2, True, 2), (64, 1, True, 2),
+               (64, 3, True, 1), (128, 4, True, 1), (128, 1, True, 3), (128, 2, True, 4), (64, 1, True, 3),
+               (64, 3, True, 4), (128, 1, True, 8), (128, 4, True, 11), (128, 2, True, 8), (128, 1, True, 11)]
+# Candidate schedules checked with the automatic plan on every shape and timed next to the default.
+CAND_SCHEDS = (3, 4, 8, 11)
 SWEEP_PLANS = [(128, 1, True), (64, 1, True), (128, 2, True), (64, 2, True), (128, 4, True), (128, 1, False)]
 
 
@@ -164,6 +170,7 @@ def main():
     ap.add_argument("--quick", action="store_true", help="small shapes only, no timing (for compute-sanitizer)")
     ap.add_argument("--no-sweep", action="store_true")
     ap.add_argument("--no-triton", action="store_true")
+    ap.add_argument("--split-variants", action="store_true", help="also time split-K 1/2/4 with schedules 0/1")
     ap.add_argument("--runs", type=int, default=25)
     ap.add_argument("--profile", metavar="M,N,K", help="only run this shape (auto plan) 3 times, e.g. under ncu")
     ap.add_argument("--triton-budget-s", type=float, default=120.0, help="stop timing Triton after this long")
@@ -204,12 +211,18 @@ def main():
         if not ok:
             failures.append(msg)
         if args.quick or m * n * k <= 2**33:  # every plan on the smaller shapes
-            for bn, sp, ex in CHECK_PLANS:
-                fn = lambda d, bn=bn, sp=sp, ex=ex: ext.fp8_gemm_with_plan(*d, bn, sp, ex)  # noqa: E731
-                ok, msg = check(fn, data, expected, f"  plan ({bn},{sp},{int(ex)}) {m}x{n}x{k}", strict=ex)
+            for bn, sp, ex, sc in CHECK_PLANS:
+                fn = lambda d, bn=bn, sp=sp, ex=ex, sc=sc: ext.fp8_gemm_with_sched(*d, bn, sp, ex, sc)  # noqa: E731
+                ok, msg = check(fn, data, expected, f"  plan ({bn},{sp},{int(ex)},s{sc}) {m}x{n}x{k}", strict=ex)
                 print(msg, flush=True)
                 if not ok:
                     failures.append(msg)
+        for sc in CAND_SCHEDS:  # the automatic plan with each candidate schedule, on every shape
+            fn = lambda d, sc=sc: ext.fp8_gemm_with_sched(*d, 0, 1, True, sc)  # noqa: E731
+            ok, msg = check(fn, data, expected, f"  auto plan, schedule {sc} {m}x{n}x{k}")
+            print(msg, flush=True)
+            if not ok:
+                failures.append(msg)
         # K-major operands (normalised by the binding) must give the same result.
         a, b, sa, sb, c = data
         ok, msg = check(lambda d: ext.fp8_gemm(d[0].contiguous(), d[1].contiguous(), *d[2:]), data, expected,
@@ -255,6 +268,26 @@ def main():
             row["sweep_us"] = sweep
             best = min(exact_sweep, key=exact_sweep.get)
             row["best_plan"], row["best_us"] = best, exact_sweep[best]
+        # Candidates: each is checked (strict, NaN-poisoned) on this very shape before it is timed.
+        cand = {}
+        auto_sp, kb = row["plan"][1], k // 128
+        variants = {f"auto,s{sc}": (0, 1, sc) for sc in CAND_SCHEDS}
+        if args.split_variants:
+            for sp in (1, 2, 4):
+                if sp != auto_sp and (sp == 1 or kb >= 4 * sp):
+                    variants[f"128,{sp},s1"] = (128, sp, 1)
+                    variants[f"128,{sp},s0"] = (128, sp, 0)
+        for name, (bn, sp, sc) in variants.items():
+            fn = lambda d, bn=bn, sp=sp, sc=sc: ext.fp8_gemm_with_sched(*d, bn, sp, True, sc)  # noqa: E731
+            ok, msg = check(fn, data, expected, f"candidate {name} {m}x{n}x{k}")
+            if not ok:
+                print(msg, flush=True)
+                failures.append(msg)
+                cand[name] = None
+                continue
+            cand[name] = timer(lambda: fn(data), args.runs)
+        row["cand_us"] = cand
+        row["ours2_us"] = timer(lambda: custom_kernel(data), args.runs)  # same version again: the noise
         kern, e2e, why = cublas_fns(a, b, sa, sb, expected)
         row["cublas_note"] = why
         row["cublas_kernel_us"] = timer(kern, args.runs) if kern else None
@@ -332,6 +365,25 @@ def main():
     for msg in failures[:10]:
         print("  " + msg)
     print(table)
+    # Candidate table: default (timed twice) vs each checked candidate; best = fastest correct of all.
+    names = sorted({key for r in rows for key in r.get("cand_us", {})})
+    print("\n| m | n | k | default | again | " + " | ".join(names) + " | best |")
+    for r in rows:
+        cu = r.get("cand_us", {})
+        opts = {"default": r["ours_us"], **{key: v for key, v in cu.items() if v}}
+        best = min(opts, key=opts.get)
+        print(f"| {r['m']} | {r['n']} | {r['k']} | {f(r['ours_us'])} | {f(r.get('ours2_us'))} | "
+              + " | ".join(f(cu.get(key)) for key in names) + f" | {best} {f(opts[best])} |")
+    for name in names:
+        gm = geomean([r["cand_us"].get(name) for r in rows])
+        if gm:
+            print(f"geomean {name}: {gm:.1f} us (default {g['geomean_ours_us']:.1f}, "
+                  f"again {geomean([r['ours2_us'] for r in rows]):.1f})")
+    best_all = []
+    for r in rows:
+        cu = r.get("cand_us", {})
+        best_all.append(min([r["ours_us"]] + [v for v in cu.values() if v]))
+    print(f"geomean of per-shape best: {geomean(best_all):.1f} us")
     sys.exit(1 if failures else 0)
 
 

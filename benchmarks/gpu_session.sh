@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device-machine session: install kbench in place, run the GPU test tier, judge every single-GPU problem with
 # `kbench test`, then time them with `kbench perf` (official protocol) and the fp8-mm kernel benchmark.
-# Usage: bash benchmarks/gpu_session.sh [tests|perf|dist] ; logs go to $OUT (or ./gpu-out).
+# Usage: bash benchmarks/gpu_session.sh [tests|perf|verify|dist] ; logs go to $OUT (or ./gpu-out).
 set -uo pipefail
 export PYTHONUNBUFFERED=1 COLUMNS=150
 OUT=${OUT:-$PWD/gpu-out}; mkdir -p "$OUT"
@@ -38,12 +38,24 @@ perf)
   stamp "kbench perf fp8-mm --backend cuda --mode leaderboard"
   timeout 150 kbench perf fp8-mm --backend cuda --mode leaderboard --json "$OUT/lb_fp8-mm_cuda.json" 2>&1 | tail -6
   stamp "benchmarks/fp8_mm.py"; timeout 240 python3 benchmarks/fp8_mm.py --no-sweep 2>&1 | tail -40 ;;
+verify)
+  stamp "GPU test tier (full log in pytest_gpu.log)"
+  timeout 300 python3 -m pytest -m gpu -q -rs -p no:cacheprovider --durations=10 tests >"$OUT/pytest_gpu.log" 2>&1
+  tail -30 "$OUT/pytest_gpu.log"
+  stamp "moe torch paths"; timeout 120 python3 benchmarks/moe_torch.py 2>&1 | tail -25
+  for b in cuda triton; do
+    stamp "kbench test fp8-mm --backend $b"; timeout 120 kbench test fp8-mm --backend "$b" 2>&1 | tail -2
+  done
+  stamp "kbench perf fp8-mm --backend cuda"
+  timeout 120 kbench perf fp8-mm --backend cuda --json "$OUT/perf_fp8-mm_cuda.json" 2>&1 | tail -3
+  stamp "benchmarks/fp8_mm.py"; timeout 200 python3 benchmarks/fp8_mm.py --no-sweep 2>&1 | tail -24 ;;
 dist)
   export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
   n=$(nvidia-smi -L | wc -l)
   stamp "GPU tests of the distributed problems, the evaluator and the CLI"
   timeout 120 python3 -m pytest -m "gpu" -q -rs -p no:cacheprovider tests/test_problems_distributed.py \
-    tests/test_torch_backends.py tests/test_evaluator.py tests/test_cli.py -k "not official_tests" 2>&1 | tail -15
+    tests/test_torch_backends.py tests/test_evaluator.py tests/test_cli.py -k "not official_tests" >"$OUT/pytest_gpu.log" 2>&1
+  tail -15 "$OUT/pytest_gpu.log"
   for p in all2all gemm-rs ag-gemm; do
     stamp "kbench test $p --world-size $n"
     timeout 70 kbench test "$p" --world-size "$n" 2>&1 | tail -16

@@ -13,7 +13,7 @@ bool is_colmajor(const torch::Tensor& t) { return t.stride(0) == 1 && t.stride(1
 
 // a [m,k], b [n,k] fp8 e4m3fnuz; a_scale [m,k/128], b_scale [ceil(n/128),k/128] fp32; c [m,n] bf16 (written).
 torch::Tensor run(torch::Tensor a, torch::Tensor b, torch::Tensor a_scale, torch::Tensor b_scale, torch::Tensor c,
-                  int bn, int splits, bool exact) {
+                  int bn, int splits, bool exact, int sched = -1) {
   TORCH_CHECK(a.is_cuda() && b.is_cuda() && a_scale.is_cuda() && b_scale.is_cuda() && c.is_cuda(),
               "fp8_gemm: all inputs must be CUDA tensors (move them with .cuda())");
   TORCH_CHECK(a.scalar_type() == at::kFloat8_e4m3fnuz && b.scalar_type() == at::kFloat8_e4m3fnuz,
@@ -34,7 +34,8 @@ torch::Tensor run(torch::Tensor a, torch::Tensor b, torch::Tensor a_scale, torch
   const c10::cuda::CUDAGuard guard(a.device());
 
   Fp8GemmPlan plan = fp8_gemm_plan(m, n, k, fp8_gemm_num_sms());
-  if (bn > 0) plan = Fp8GemmPlan{bn, splits, exact};
+  if (bn > 0) plan = Fp8GemmPlan{bn, splits, exact, 0};
+  if (sched >= 0) plan.sched = sched;
 
   // The transpose pass reads column-major operands (what the problem hands over); other layouts are normalised
   // to that, except that the FP8 path takes K-major operands as they are.
@@ -89,9 +90,22 @@ torch::Tensor fp8_gemm_with_plan(torch::Tensor a, torch::Tensor b, torch::Tensor
   return run(a, b, a_scale, b_scale, c, static_cast<int>(bn), static_cast<int>(splits), exact);
 }
 
-// The plan fp8_gemm would use for a shape on the current device: (bn, splits, exact).
+// Like fp8_gemm_with_plan, plus the exact path's consumer schedule (gemm.cuh: 0 lock step, 1 ordered issue,
+// 2 strict alternation, 3 split chains with early promotion, 4 split chains; + 8: C staged in halves and one
+// more pipeline stage, bn 128 only); bn = 0 keeps the automatic plan.
+torch::Tensor fp8_gemm_with_sched(torch::Tensor a, torch::Tensor b, torch::Tensor a_scale, torch::Tensor b_scale,
+                                  torch::Tensor c, int64_t bn, int64_t splits, bool exact, int64_t sched) {
+  TORCH_CHECK(bn == 0 || bn == 64 || bn == 128, "fp8_gemm_with_sched: bn must be 0 (automatic), 64 or 128");
+  TORCH_CHECK(splits >= 1, "fp8_gemm_with_sched: splits must be >= 1");
+  TORCH_CHECK((sched >= 0 && sched <= 4) || sched == 8 || sched == 11,
+              "fp8_gemm_with_sched: sched must be 0 to 4, 8 or 11");
+  return run(a, b, a_scale, b_scale, c, static_cast<int>(bn), static_cast<int>(splits), exact,
+             static_cast<int>(sched));
+}
+
+// The plan fp8_gemm would use for a shape on the current device: (bn, splits, exact, sched).
 std::vector<int64_t> fp8_gemm_plan_for(int64_t m, int64_t n, int64_t k) {
   const Fp8GemmPlan p = fp8_gemm_plan(static_cast<int>(m), static_cast<int>(n), static_cast<int>(k),
                                       fp8_gemm_num_sms());
-  return {p.bn, p.splits, p.exact ? 1 : 0};
+  return {p.bn, p.splits, p.exact ? 1 : 0, p.sched};
 }

@@ -24,6 +24,7 @@ struct Fp8GemmPlan {
   int splits;  // k-splits (1 = no split-K)
   bool exact;  // true: widen to fp16 and use FP16 wgmma (meets the official tolerance; needs column-major A, B);
                // false: FP8 wgmma on the bytes (faster, misses atol on nearly cancelling outputs; gemm.cuh)
+  int sched = 0;  // exact path: consumer schedule (gemm.cuh: 0 lock step, 1 ordered, 2 alternating, 3/4 split chains)
 };
 
 // Configuration for a shape on a GPU with `sms` multiprocessors.

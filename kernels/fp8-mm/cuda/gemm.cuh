@@ -31,7 +31,9 @@ constexpr int kThreads = 384;        // warpgroup 0 produces, 1 and 2 consume
 constexpr int kGroupM = 8;           // rasterization: consecutive tiles sweep 8 m-tiles before moving along n
 constexpr int kSmemLimit = 232448;   // sm_90 opt-in dynamic shared memory per block
 
-template <int BN>
+// kHalfC: the bf16 output is staged in two column halves (half the staging buffer), which frees room for one more
+// pipeline stage at BN = 128 (6 instead of 5).
+template <int BN, bool kHalfC = false>
 struct GemmShape {
   static constexpr int kABytes = kBM * kRowBytes;
   static constexpr int kBBytes = BN * kRowBytes;
@@ -40,7 +42,7 @@ struct GemmShape {
   // bf16 output staging (rows padded so fragment stores hit distinct banks); the direct-store fallback in
   // store_tile serves tiles too wide to stage.
   static constexpr bool kStageC = BN <= 128;
-  static constexpr int kCPitch = BN * 2 + 16;
+  static constexpr int kCPitch = (kHalfC ? BN : BN * 2) + 16;
   static constexpr int kCBytes = kStageC ? 2 * 64 * kCPitch : 0;
   static constexpr int kStages = (kSmemLimit - 1024 - kCBytes - 256) / kStageBytes;
   static constexpr int kSmemBytes = 1024 + kStages * kStageBytes + kCBytes + 2 * kStages * 8;
@@ -95,7 +97,7 @@ __device__ __forceinline__ void wgmma_tile(float* d, uint64_t da, uint64_t db, i
 
 // Writes one warpgroup's 64 x BN fp32 results v (wgmma fragment layout) as bf16 to c, or adds them to the fp32
 // split-K workspace. kStageC: go through shared memory so global stores are 16-byte row segments.
-template <int BN, bool kStageC>
+template <int BN, bool kStageC, bool kHalfC = false>
 __device__ __forceinline__ void store_tile(const GemmParams& p, const float (&v)[BN / 2], uint8_t* my_c, int cw,
                                            int t, int frag_row, int frag_col, int row0, int col0) {
   if (p.splits > 1) {
@@ -112,6 +114,33 @@ __device__ __forceinline__ void store_tile(const GemmParams& p, const float (&v)
                        "f"(v[4 * c + 2 * h + 1])
                        : "memory");
         }
+      }
+    }
+  } else if constexpr (kStageC && kHalfC) {
+    // Two passes over column halves [h BN/2, (h+1) BN/2) through a 64 x (BN/2) bf16 buffer.
+    constexpr int kPitch = GemmShape<BN, true>::kCPitch;
+    constexpr int kHalfFrags = BN / 16;  // 8-column fragments per half
+    constexpr int kChunks = BN / 16;     // 16-byte chunks per half row
+#pragma unroll
+    for (int h2 = 0; h2 < 2; ++h2) {
+      named_bar_sync(1 + cw, 128);  // the previous pass's readers are done with my_c
+#pragma unroll
+      for (int c = 0; c < kHalfFrags; ++c) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int cc = h2 * kHalfFrags + c;
+          const __nv_bfloat162 x = __floats2bfloat162_rn(v[4 * cc + 2 * h], v[4 * cc + 2 * h + 1]);
+          *reinterpret_cast<__nv_bfloat162*>(my_c + (frag_row + 8 * h) * kPitch + (8 * c + frag_col) * 2) = x;
+        }
+      }
+      named_bar_sync(1 + cw, 128);
+#pragma unroll 4
+      for (int idx = t; idx < 64 * kChunks; idx += 128) {
+        const int r = idx / kChunks, ch = idx % kChunks;
+        const int gr = row0 + r, gc = col0 + h2 * (BN / 2) + ch * 8;
+        if (gr < p.m && gc < p.n)
+          *reinterpret_cast<uint4*>(p.c + (long long)gr * p.n + gc) =
+              *reinterpret_cast<const uint4*>(my_c + r * kPitch + ch * 16);
       }
     }
   } else if constexpr (kStageC) {
@@ -156,11 +185,28 @@ struct BlockInFlight {
   int s_first, s_last;  // its pipeline stages (equal for the FP8 path)
 };
 
-template <int BN, bool kF16>
+// Consumer schedules of the fp16 (exact) path, per k-block (kSched template parameter):
+//   0: both consumer warpgroups issue as soon as the stage is full (lock step: both promote at the same time,
+//      leaving the tensor cores idle meanwhile).
+//   1: ordered issue: consumer 1 issues block kb after consumer 0 has issued it, consumer 0 issues kb+1 after
+//      consumer 1 has issued kb. If the tensor pipe runs each SMSP's wgmmas in issue order, consumer 0's MMAs
+//      finish half a block earlier and its promotion overlaps consumer 1's MMAs (and vice versa).
+//   2: strict alternation: a consumer issues block kb only after the other one's MMAs for the previous turn have
+//      completed (ping-pong at k-block granularity; pays a short issue gap per turn).
+//   3: split chains with early promotion: the block's two stages (64 k each) go to two register arrays committed
+//      as two groups; the first is promoted and its stage freed while the second one's MMAs run.
+//   4: split chains, one commit group (two independent accumulator chains, promoted together).
+// Flag 8 (kDeep): stage C in column halves, one more pipeline stage (GemmShape<BN, true>).
+// Named barriers 3 (consumer 0 may go) and 4 (consumer 1 may go), 256 threads each; 1 and 2 are the epilogue's.
+constexpr int kBarTurn0 = 3, kBarTurn1 = 4;
+
+template <int BN, bool kF16, int kSchedFlags = 0>
 __global__ void __launch_bounds__(kThreads, 1)
     fp8_gemm_kernel(const __grid_constant__ CUtensorMap tm_a, const __grid_constant__ CUtensorMap tm_b,
                     const __grid_constant__ CUtensorMap tm_sa, const GemmParams p) {
-  using S = GemmShape<BN>;
+  constexpr int kSched = kSchedFlags & 7;             // consumer schedule (above)
+  constexpr bool kDeep = (kSchedFlags & 8) != 0;      // half-size C staging, one more pipeline stage
+  using S = GemmShape<BN, kDeep>;
   constexpr int kStages = S::kStages;
   constexpr int kAcc = BN / 2;  // fp32 accumulators per thread for a 64 x BN warpgroup tile
   constexpr int kSPB = kF16 ? 2 : 1;      // pipeline stages per 128-k scale block
@@ -168,6 +214,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   // Pairs of k-blocks in flight per consumer: +10% on the FP8 path; on the fp16 path a pair holds 4 of the 5
   // stages and starves the producer (measured 15% slower), so it promotes block by block.
   constexpr bool kPairs = kSPB == 1;
+  static_assert(kSched == 0 || kF16, "consumer schedules other than 0 are for the fp16 (exact) path");
 
   extern __shared__ uint8_t smem_raw[];
   // 128B-swizzled TMA tiles and wgmma descriptors both assume 1024-byte aligned tiles.
@@ -226,6 +273,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int frag_col = 2 * (lane % 4);        // accumulator columns 8c + frag_col + {0, 1}
   int s = 0;
   uint32_t phase = 0;
+  constexpr bool kOrdered = (kSched == 1 || kSched == 2) && !(kSPB == 1);  // the FP8 path keeps its pairs
+  bool issued_any = false;                               // consumer 0: the first turn needs no permission
 
   for (int u = blockIdx.x; u < p.num_units; u += gridDim.x) {
     const Unit w = decode_unit(p, u);
@@ -294,16 +343,99 @@ __global__ void __launch_bounds__(kThreads, 1)
           retire(acc0, b0);
         }
       }
+    } else if constexpr (kSched >= 3) {
+      // Split chains (fp16 path): each of the block's two stages accumulates into its own register array (same
+      // scales, so total += (acc0 + acc1) f). Schedule 3 commits them as two groups and promotes/frees the first
+      // stage while the second one's MMAs run; schedule 4 commits once (two independent chains, no early promote).
+      for (int kb = w.kb0; kb < w.kb1; ++kb) {
+        float acc0[kAcc], acc1[kAcc];
+        const float sbv = __ldg(sb_col + kb * p.sb_s1);
+        const int s0 = s;
+        mbar_wait(&full[s], phase);
+        const float sa0 = s_sa[s * kBM + cw * 64 + frag_row];
+        const float sa1 = s_sa[s * kBM + cw * 64 + frag_row + 8];
+        {
+          const uint64_t da = make_desc_k128_sw128(s_a + s * S::kABytes + cw * 64 * kRowBytes);
+          const uint64_t db = make_desc_k128_sw128(s_b + s * S::kBBytes);
+          wgmma_fence();
+#pragma unroll
+          for (int q = 0; q < kRowBytes / 32; ++q) wgmma_tile<BN, kF16>(acc0, da + 2 * q, db + 2 * q, q > 0);
+          if constexpr (kSched == 3) wgmma_commit();
+        }
+        if (++s == kStages) {
+          s = 0;
+          phase ^= 1;
+        }
+        const int s1 = s;
+        mbar_wait(&full[s], phase);
+        {
+          const uint64_t da = make_desc_k128_sw128(s_a + s * S::kABytes + cw * 64 * kRowBytes);
+          const uint64_t db = make_desc_k128_sw128(s_b + s * S::kBBytes);
+          wgmma_fence();
+#pragma unroll
+          for (int q = 0; q < kRowBytes / 32; ++q) wgmma_tile<BN, kF16>(acc1, da + 2 * q, db + 2 * q, q > 0);
+          wgmma_commit();
+        }
+        if (++s == kStages) {
+          s = 0;
+          phase ^= 1;
+        }
+        const float f0 = sa0 * sbv * 0.25f, f1 = sa1 * sbv * 0.25f;  // 0.25: both operands read 2x
+        if constexpr (kSched == 3) {
+          wgmma_wait<1>();
+#pragma unroll
+          for (int i = 0; i < kAcc; ++i) reg_fence(acc0[i]);
+          __syncwarp();
+          if (lane == 0) mbar_arrive(&empty[s0]);
+#pragma unroll
+          for (int i = 0; i < kAcc; ++i) total[i] += acc0[i] * ((i & 2) ? f1 : f0);
+          wgmma_wait<0>();
+#pragma unroll
+          for (int i = 0; i < kAcc; ++i) reg_fence(acc1[i]);
+          __syncwarp();
+          if (lane == 0) mbar_arrive(&empty[s1]);
+#pragma unroll
+          for (int i = 0; i < kAcc; ++i) total[i] += acc1[i] * ((i & 2) ? f1 : f0);
+        } else {
+          wgmma_wait<0>();
+#pragma unroll
+          for (int i = 0; i < kAcc; ++i) {
+            reg_fence(acc0[i]);
+            reg_fence(acc1[i]);
+          }
+          __syncwarp();
+          if (lane == 0) {
+            mbar_arrive(&empty[s0]);
+            mbar_arrive(&empty[s1]);
+          }
+#pragma unroll
+          for (int i = 0; i < kAcc; ++i) total[i] += (acc0[i] + acc1[i]) * ((i & 2) ? f1 : f0);
+        }
+      }
     } else {
       for (int kb = w.kb0; kb < w.kb1; ++kb) {
         float acc[kAcc];
         BlockInFlight b;
+        if constexpr (kOrdered) {
+          if (cw == 0) {
+            if (issued_any) named_bar_sync(kBarTurn0, 256);
+          } else {
+            named_bar_sync(kBarTurn1, 256);
+          }
+        }
         issue(acc, kb, b);
+        if constexpr (kOrdered && kSched == 1) named_bar_arrive(cw == 0 ? kBarTurn1 : kBarTurn0, 256);
         wgmma_wait<0>();
+        if constexpr (kOrdered && kSched == 2) named_bar_arrive(cw == 0 ? kBarTurn1 : kBarTurn0, 256);
+        issued_any = true;
         retire(acc, b);
       }
     }
-    store_tile<BN, S::kStageC>(p, total, s_c + cw * 64 * S::kCPitch, cw, t, frag_row, frag_col, row0, col0);
+    store_tile<BN, S::kStageC, kDeep>(p, total, s_c + cw * 64 * S::kCPitch, cw, t, frag_row, frag_col, row0, col0);
+  }
+  // Consumer 1 arrived once per turn it took; consume its last arrival so the counts balance at exit.
+  if constexpr (kOrdered) {
+    if (cw == 0 && issued_any) named_bar_sync(kBarTurn0, 256);
   }
 }
 

@@ -47,28 +47,28 @@ bool make_map(CUtensorMap* map, CUtensorMapDataType type, const void* ptr, uint6
             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
-template <int BN, bool kF16>
+template <int BN, bool kF16, int kSched = 0>
 void set_smem_attrs() {
-  cudaFuncSetAttribute(fp8_gemm_kernel<BN, kF16>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                       GemmShape<BN>::kSmemBytes);
+  cudaFuncSetAttribute(fp8_gemm_kernel<BN, kF16, kSched>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                       GemmShape<BN, (kSched & 8) != 0>::kSmemBytes);
 }
 
 // Launched with programmatic stream serialization (PDL): its CTAs may start while the transpose pass drains;
 // the kernel executes griddepcontrol.wait before touching anything an earlier kernel wrote.
-template <int BN, bool kF16>
+template <int BN, bool kF16, int kSched = 0>
 cudaError_t launch_gemm(int grid, cudaStream_t stream, const CUtensorMap& a, const CUtensorMap& b,
                         const CUtensorMap& sa, const GemmParams& p) {
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(grid);
   cfg.blockDim = dim3(kThreads);
-  cfg.dynamicSmemBytes = GemmShape<BN>::kSmemBytes;
+  cfg.dynamicSmemBytes = GemmShape<BN, (kSched & 8) != 0>::kSmemBytes;
   cfg.stream = stream;
   cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
   cfg.numAttrs = 1;
-  return cudaLaunchKernelEx(&cfg, fp8_gemm_kernel<BN, kF16>, a, b, sa, p);
+  return cudaLaunchKernelEx(&cfg, fp8_gemm_kernel<BN, kF16, kSched>, a, b, sa, p);
 }
 
 struct DeviceInfo {
@@ -87,6 +87,16 @@ DeviceInfo& device_info(int dev) {
     set_smem_attrs<128, false>();
     set_smem_attrs<64, true>();
     set_smem_attrs<64, false>();
+    set_smem_attrs<128, true, 1>();
+    set_smem_attrs<128, true, 2>();
+    set_smem_attrs<64, true, 1>();
+    set_smem_attrs<64, true, 2>();
+    set_smem_attrs<128, true, 3>();
+    set_smem_attrs<128, true, 4>();
+    set_smem_attrs<64, true, 3>();
+    set_smem_attrs<64, true, 4>();
+    set_smem_attrs<128, true, 8>();
+    set_smem_attrs<128, true, 11>();
   }
   return d;
 }
@@ -119,6 +129,9 @@ const char* fp8_gemm_run(const Fp8GemmArgs& g, Fp8GemmPlan plan, cudaStream_t st
   if (m <= 0 || n <= 0 || k <= 0 || m % 16 || n % 16 || k % 128)
     return "fp8_gemm: need m, n multiples of 16 and k a multiple of 128";
   if (plan.bn != 128 && plan.bn != 64) return "fp8_gemm: plan.bn must be 64 or 128";
+  if (!(plan.sched >= 0 && plan.sched <= 4) && !(plan.bn == 128 && (plan.sched == 8 || plan.sched == 11)))
+    return "fp8_gemm: plan.sched must be 0 to 4, or 8 / 11 with bn 128";
+  if (plan.sched != 0 && !plan.exact) return "fp8_gemm: consumer schedules other than 0 need the exact path";
   if (!g.a_kmajor && !g.a_t) return "fp8_gemm: column-major A needs the a_t scratch buffer";
   if (!g.b_kmajor && !g.b_t) return "fp8_gemm: column-major B needs the b_t scratch buffer";
   if (plan.exact && (g.a_kmajor || g.b_kmajor))
@@ -188,10 +201,30 @@ const char* fp8_gemm_run(const Fp8GemmArgs& g, Fp8GemmPlan plan, cudaStream_t st
 
   const int grid = p.num_units < info.sms ? p.num_units : info.sms;
   cudaError_t err;
-  if (plan.bn == 128 && plan.exact)
+  if (plan.bn == 128 && plan.exact && plan.sched == 8)
+    err = launch_gemm<128, true, 8>(grid, stream, tm_a, tm_b, tm_sa, p);
+  else if (plan.bn == 128 && plan.exact && plan.sched == 11)
+    err = launch_gemm<128, true, 11>(grid, stream, tm_a, tm_b, tm_sa, p);
+  else if (plan.bn == 128 && plan.exact && plan.sched == 3)
+    err = launch_gemm<128, true, 3>(grid, stream, tm_a, tm_b, tm_sa, p);
+  else if (plan.bn == 128 && plan.exact && plan.sched == 4)
+    err = launch_gemm<128, true, 4>(grid, stream, tm_a, tm_b, tm_sa, p);
+  else if (plan.exact && plan.bn == 64 && plan.sched == 3)
+    err = launch_gemm<64, true, 3>(grid, stream, tm_a, tm_b, tm_sa, p);
+  else if (plan.exact && plan.bn == 64 && plan.sched == 4)
+    err = launch_gemm<64, true, 4>(grid, stream, tm_a, tm_b, tm_sa, p);
+  else if (plan.bn == 128 && plan.exact && plan.sched == 1)
+    err = launch_gemm<128, true, 1>(grid, stream, tm_a, tm_b, tm_sa, p);
+  else if (plan.bn == 128 && plan.exact && plan.sched == 2)
+    err = launch_gemm<128, true, 2>(grid, stream, tm_a, tm_b, tm_sa, p);
+  else if (plan.bn == 128 && plan.exact)
     err = launch_gemm<128, true>(grid, stream, tm_a, tm_b, tm_sa, p);
   else if (plan.bn == 128)
     err = launch_gemm<128, false>(grid, stream, tm_a, tm_b, tm_sa, p);
+  else if (plan.exact && plan.sched == 1)
+    err = launch_gemm<64, true, 1>(grid, stream, tm_a, tm_b, tm_sa, p);
+  else if (plan.exact && plan.sched == 2)
+    err = launch_gemm<64, true, 2>(grid, stream, tm_a, tm_b, tm_sa, p);
   else if (plan.exact)
     err = launch_gemm<64, true>(grid, stream, tm_a, tm_b, tm_sa, p);
   else
