@@ -46,6 +46,8 @@ verify)
   for b in cuda triton; do
     stamp "kbench test fp8-mm --backend $b"; timeout 120 kbench test fp8-mm --backend "$b" 2>&1 | tail -2
   done
+  stamp "kbench profile fp8-mm --backend cuda (one case)"
+  timeout 120 kbench profile fp8-mm --backend cuda --case "m: 1024; n: 1536; k: 7168; seed: 8135" 2>&1 | tail -14
   stamp "kbench perf fp8-mm --backend cuda"
   timeout 120 kbench perf fp8-mm --backend cuda --json "$OUT/perf_fp8-mm_cuda.json" 2>&1 | tail -3
   stamp "benchmarks/fp8_mm.py"; timeout 200 python3 benchmarks/fp8_mm.py --no-sweep 2>&1 | tail -24 ;;
