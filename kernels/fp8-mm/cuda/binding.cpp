@@ -49,7 +49,10 @@ torch::Tensor run(torch::Tensor a, torch::Tensor b, torch::Tensor a_scale, torch
   const auto op_opts = a.options().dtype(plan.exact ? torch::kHalf : torch::kUInt8);
   torch::Tensor a_t = a_km ? torch::Tensor() : torch::empty({m, k}, op_opts);
   torch::Tensor b_t = b_km ? torch::Tensor() : torch::empty({n, k}, op_opts);
-  torch::Tensor ws = plan.splits > 1 ? torch::empty({m, n}, a.options().dtype(torch::kFloat)) : torch::Tensor();
+  // Split-K workspace: one zeroed [m][n] slice for atomics, or one slice per split (plan.sched flag 16).
+  const int64_t ws_slices = (plan.sched & 16) ? plan.splits : 1;
+  torch::Tensor ws =
+      plan.splits > 1 ? torch::empty({ws_slices, m, n}, a.options().dtype(torch::kFloat)) : torch::Tensor();
 
   Fp8GemmArgs g{};
   g.a = static_cast<const uint8_t*>(a.data_ptr());
@@ -92,13 +95,15 @@ torch::Tensor fp8_gemm_with_plan(torch::Tensor a, torch::Tensor b, torch::Tensor
 
 // Like fp8_gemm_with_plan, plus the exact path's consumer schedule (gemm.cuh: 0 lock step, 1 ordered issue,
 // 2 strict alternation, 3 split chains with early promotion, 4 split chains; + 8: C staged in halves and one
-// more pipeline stage, bn 128 only); bn = 0 keeps the automatic plan.
+// more pipeline stage, bn 128 only; + 16: split-K partials in per-split slices, plain stores); bn = 0 keeps the
+// automatic plan.
 torch::Tensor fp8_gemm_with_sched(torch::Tensor a, torch::Tensor b, torch::Tensor a_scale, torch::Tensor b_scale,
                                   torch::Tensor c, int64_t bn, int64_t splits, bool exact, int64_t sched) {
   TORCH_CHECK(bn == 0 || bn == 64 || bn == 128, "fp8_gemm_with_sched: bn must be 0 (automatic), 64 or 128");
   TORCH_CHECK(splits >= 1, "fp8_gemm_with_sched: splits must be >= 1");
-  TORCH_CHECK((sched >= 0 && sched <= 4) || sched == 8 || sched == 11,
-              "fp8_gemm_with_sched: sched must be 0 to 4, 8 or 11");
+  const int64_t base = sched & ~int64_t(16);
+  TORCH_CHECK(sched >= 0 && ((base >= 0 && base <= 4) || base == 8 || base == 11),
+              "fp8_gemm_with_sched: sched must be 0 to 4, 8 or 11, optionally + 16");
   return run(a, b, a_scale, b_scale, c, static_cast<int>(bn), static_cast<int>(splits), exact,
              static_cast<int>(sched));
 }

@@ -12,7 +12,8 @@
 //   B  [n][k]
 //   SA fp32, a_scale[i, kb] at sa[kb * ld + i] (M-major), read by TMA (tensor map dims {m, k/128})
 //   SB fp32, b_scale[nb, kb] at sb[nb * s0 + kb * s1]
-//   C  [m][n]  bf16 row-major (splits == 1), or WS [m][n] fp32 accumulated with atomics (splits > 1)
+//   C  [m][n]  bf16 row-major (splits == 1), or (splits > 1) WS fp32: one [m][n] slice accumulated with atomics,
+//              or [splits][m][n] slices written with plain stores (ws_split_stride != 0; the default plans)
 // c[i,j] = sum_kb (sum_{k in kb} A[i,k] B[j,k]) * SA[i,kb] * SB[j/128,kb] * 0.25  (0.25 undoes the 2x per operand)
 #pragma once
 #include <cstdint>
@@ -60,6 +61,8 @@ struct GemmParams {
   long long sb_s0, sb_s1;
   __nv_bfloat16* c;  // used when splits == 1
   float* ws;         // used when splits > 1
+  long long ws_split_stride;  // 0: partial sums red.add-ed into one zeroed [m][n] slice; else plain stores into
+                              // slice `split` of [splits][m][n] (summed by f32_sum_to_bf16_kernel)
 };
 
 struct Unit {
@@ -99,8 +102,22 @@ __device__ __forceinline__ void wgmma_tile(float* d, uint64_t da, uint64_t db, i
 // split-K workspace. kStageC: go through shared memory so global stores are 16-byte row segments.
 template <int BN, bool kStageC, bool kHalfC = false>
 __device__ __forceinline__ void store_tile(const GemmParams& p, const float (&v)[BN / 2], uint8_t* my_c, int cw,
-                                           int t, int frag_row, int frag_col, int row0, int col0) {
-  if (p.splits > 1) {
+                                           int t, int frag_row, int frag_col, int row0, int col0, int split) {
+  if (p.splits > 1 && p.ws_split_stride != 0) {
+    // Partial sums of a k-range into this split's own fp32 slice: plain 8-byte stores, every element written once.
+    float* slice = p.ws + (long long)split * p.ws_split_stride;
+#pragma unroll
+    for (int c = 0; c < BN / 8; ++c) {
+      const int gc = col0 + 8 * c + frag_col;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int gr = row0 + frag_row + 8 * h;
+        if (gr < p.m && gc < p.n)
+          *reinterpret_cast<float2*>(slice + (long long)gr * p.n + gc) =
+              make_float2(v[4 * c + 2 * h], v[4 * c + 2 * h + 1]);
+      }
+    }
+  } else if (p.splits > 1) {
     // Partial sums of a k-range: add into the fp32 workspace; a separate pass converts to bf16.
 #pragma unroll
     for (int c = 0; c < BN / 8; ++c) {
@@ -431,12 +448,31 @@ __global__ void __launch_bounds__(kThreads, 1)
         retire(acc, b);
       }
     }
-    store_tile<BN, S::kStageC, kDeep>(p, total, s_c + cw * 64 * S::kCPitch, cw, t, frag_row, frag_col, row0, col0);
+    store_tile<BN, S::kStageC, kDeep>(p, total, s_c + cw * 64 * S::kCPitch, cw, t, frag_row, frag_col, row0, col0,
+                                      w.kb0 / p.kb_per_split);
   }
   // Consumer 1 arrived once per turn it took; consume its last arrival so the counts balance at exit.
   if constexpr (kOrdered) {
     if (cw == 0 && issued_any) named_bar_sync(kBarTurn0, 256);
   }
+}
+
+// Split-K finish for plain partial slices: c = bf16(sum of the `splits` fp32 slices), 8 elements per thread.
+__global__ void f32_sum_to_bf16_kernel(const float* __restrict__ ws, __nv_bfloat16* __restrict__ c, long long count,
+                                       int splits) {
+  const long long i = ((long long)blockIdx.x * blockDim.x + threadIdx.x) * 8;
+  if (i >= count) return;
+  float4 x = *reinterpret_cast<const float4*>(ws + i);
+  float4 y = *reinterpret_cast<const float4*>(ws + i + 4);
+  for (int sp = 1; sp < splits; ++sp) {
+    const float4 x2 = *reinterpret_cast<const float4*>(ws + sp * count + i);
+    const float4 y2 = *reinterpret_cast<const float4*>(ws + sp * count + i + 4);
+    x.x += x2.x; x.y += x2.y; x.z += x2.z; x.w += x2.w;
+    y.x += y2.x; y.y += y2.y; y.z += y2.z; y.w += y2.w;
+  }
+  __nv_bfloat162 o[4] = {__floats2bfloat162_rn(x.x, x.y), __floats2bfloat162_rn(x.z, x.w),
+                         __floats2bfloat162_rn(y.x, y.y), __floats2bfloat162_rn(y.z, y.w)};
+  *reinterpret_cast<uint4*>(c + i) = *reinterpret_cast<const uint4*>(o);
 }
 
 // Split-K finish: fp32 workspace -> bf16 output, 8 elements per thread. count % 8 == 0.

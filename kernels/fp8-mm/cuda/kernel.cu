@@ -110,12 +110,24 @@ using namespace fp8mm;
 
 Fp8GemmPlan fp8_gemm_plan(int m, int n, int k, int sms) {
   // 128 x 128 tiles everywhere: 64-wide tiles re-read A from shared memory and lost on every shape measured
-  // (docs/fp8-mm-notes.md). Split K only when the tiles fill less than half the GPU, since the zero-fill,
-  // fp32 atomics and conversion pass cost about as much as a wave of tiles on larger outputs.
+  // (docs/fp8-mm-notes.md, v1-v10 with the measurements behind each rule).
   const int tiles = ceil_div(m, kBM) * ceil_div(n, 128);
+  const int kb = k / 128;
   int splits = 1;
-  if (2 * tiles <= sms) splits = std::max(1, std::min({4, sms / tiles, (k / 128) / 8}));
-  return Fp8GemmPlan{128, splits, true};
+  // Split K when the tiles fill less than half the GPU ...
+  if (2 * tiles <= sms) splits = std::max(1, std::min({4, sms / tiles, kb / 8}));
+  // ... or when a second wave would be less than half full and k is long (6144x512x7168: 192 tiles = 1.45 waves
+  // -> 2.9 waves of half-length units, -3.6% measured; at 1.8 and 2.2 waves the slice traffic ate the gain).
+  else if (tiles > sms && 2 * tiles <= 3 * sms && kb >= 32)
+    splits = 2;
+  int sched = 0;
+  // Split-K partials in per-split fp32 slices with plain stores, summed by the finishing pass: no memset and no
+  // L2 atomics (-9% / -8% on 1024x576x7168 / 1024x512x7168 against the red.add version).
+  if (ceil_div(kb, ceil_div(kb, splits)) > 1) sched |= 16;
+  // Short k (<= 4 blocks per tile): C staged in column halves for a 6th pipeline stage, so the next tile's loads
+  // run under the epilogue (-1.5 to -3.5% on 6144x7168x256 / 6144x4096x512; even or slower on long k).
+  if (kb <= 4) sched |= 8;
+  return Fp8GemmPlan{128, splits, true, sched};
 }
 
 int fp8_gemm_num_sms() {
@@ -129,8 +141,11 @@ const char* fp8_gemm_run(const Fp8GemmArgs& g, Fp8GemmPlan plan, cudaStream_t st
   if (m <= 0 || n <= 0 || k <= 0 || m % 16 || n % 16 || k % 128)
     return "fp8_gemm: need m, n multiples of 16 and k a multiple of 128";
   if (plan.bn != 128 && plan.bn != 64) return "fp8_gemm: plan.bn must be 64 or 128";
+  // Flag 16 of plan.sched: split-K partials go to per-split slices with plain stores (no memset, no atomics).
+  const bool plain_ws = (plan.sched & 16) != 0;
+  plan.sched &= ~16;
   if (!(plan.sched >= 0 && plan.sched <= 4) && !(plan.bn == 128 && (plan.sched == 8 || plan.sched == 11)))
-    return "fp8_gemm: plan.sched must be 0 to 4, or 8 / 11 with bn 128";
+    return "fp8_gemm: plan.sched must be 0 to 4, or 8 / 11 with bn 128 (+16 for plain split-K slices)";
   if (plan.sched != 0 && !plan.exact) return "fp8_gemm: consumer schedules other than 0 need the exact path";
   if (!g.a_kmajor && !g.a_t) return "fp8_gemm: column-major A needs the a_t scratch buffer";
   if (!g.b_kmajor && !g.b_t) return "fp8_gemm: column-major B needs the b_t scratch buffer";
@@ -146,7 +161,7 @@ const char* fp8_gemm_run(const Fp8GemmArgs& g, Fp8GemmPlan plan, cudaStream_t st
   if (splits > 1) {
     // Before the transpose pass, so that the GEMM directly follows the kernel it overlaps with (PDL).
     if (!g.ws) return "fp8_gemm: split-K plan needs a workspace";
-    cudaMemsetAsync(g.ws, 0, (size_t)m * n * sizeof(float), stream);
+    if (!plain_ws) cudaMemsetAsync(g.ws, 0, (size_t)m * n * sizeof(float), stream);
   }
 
   // 1) K-major copies of the operands that arrive column-major (one launch for both); the exact path also
@@ -198,6 +213,7 @@ const char* fp8_gemm_run(const Fp8GemmArgs& g, Fp8GemmPlan plan, cudaStream_t st
   p.sb_s1 = g.sb_s1;
   p.c = reinterpret_cast<__nv_bfloat16*>(g.c);
   p.ws = g.ws;
+  p.ws_split_stride = plain_ws ? (long long)m * n : 0;  // g.ws holds plan.splits >= p.splits slices then
 
   const int grid = p.num_units < info.sms ? p.num_units : info.sms;
   cudaError_t err;
@@ -232,7 +248,10 @@ const char* fp8_gemm_run(const Fp8GemmArgs& g, Fp8GemmPlan plan, cudaStream_t st
 
   if (p.splits > 1) {
     const long long count = (long long)m * n;
-    f32_to_bf16_kernel<<<ceil_div(count / 8, 256), 256, 0, stream>>>(g.ws, p.c, count);
+    if (plain_ws)
+      f32_sum_to_bf16_kernel<<<ceil_div(count / 8, 256), 256, 0, stream>>>(g.ws, p.c, count, p.splits);
+    else
+      f32_to_bf16_kernel<<<ceil_div(count / 8, 256), 256, 0, stream>>>(g.ws, p.c, count);
   }
   if (err == cudaSuccess) err = cudaGetLastError();
   if (err != cudaSuccess) {
