@@ -56,7 +56,7 @@ dist)
   n=$(nvidia-smi -L | wc -l)
   stamp "GPU tests of the distributed problems, the evaluator and the CLI"
   timeout 120 python3 -m pytest -m "gpu" -q -rs -p no:cacheprovider tests/test_problems_distributed.py \
-    tests/test_torch_backends.py tests/test_evaluator.py tests/test_cli.py -k "not official_tests" >"$OUT/pytest_gpu.log" 2>&1
+    tests/test_torch_backends.py tests/test_evaluator.py tests/test_cli.py tests/test_generator.py -k "not official_tests" >"$OUT/pytest_gpu.log" 2>&1
   tail -15 "$OUT/pytest_gpu.log"
   for p in all2all gemm-rs ag-gemm; do
     stamp "kbench test $p --world-size $n"

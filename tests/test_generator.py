@@ -418,7 +418,8 @@ def test_load_inline_submission_runs_on_gpu(tree, tmp_path):
             "x = torch.randn(1000, device='cuda')\n"
             "y = submission.custom_kernel(x.clone())\n"
             "torch.cuda.synchronize()\n"
-            "assert torch.allclose(y, x * 3 + 1), (y - x * 3 - 1).abs().max()\n"
+            # the kernel's fused multiply-add rounds once, torch's x * 3 + 1 twice: allow one fp32 rounding step
+            "assert torch.allclose(y, x * 3 + 1, rtol=1e-6, atol=1e-6), (y - x * 3 - 1).abs().max()\n"
             "print('ok')\n")
     r = subprocess.run([sys.executable, "-c", code], cwd=out.parent, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0 and "ok" in r.stdout, r.stderr[-3000:]
