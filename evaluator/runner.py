@@ -251,6 +251,10 @@ def _worker_entry(job: dict, conn, log: str) -> None:
     os.chdir(job["run_dir"])
     sys.path.insert(0, job["run_dir"])
     os.environ["KBENCH_DEVICE"] = job["device"]
+    if job["device"] == "cpu":
+        # Triton kernels have no CPU driver: on the CPU they run under Triton's interpreter, which must be chosen
+        # before triton is first imported (by the submission, after this).
+        os.environ.setdefault("TRITON_INTERPRET", "1")
     for name in ("POPCORN_FD", "POPCORN_SEED"):
         os.environ.pop(name, None)
     import importlib

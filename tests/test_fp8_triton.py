@@ -132,6 +132,18 @@ print(json.dumps(out))
 """
 
 
+def test_evaluator_runs_the_triton_submission_on_the_cpu(submission, monkeypatch):
+    """`kbench test fp8-mm --backend triton --device cpu`: the evaluator's CPU workers pick Triton's interpreter
+    themselves (no TRITON_INTERPRET needed in the caller's environment)."""
+    import evaluator
+    import problems
+
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    cases = [problems.official_case(c) for c in problems.load_spec("fp8-mm").smoke]
+    record = evaluator.run("fp8-mm", submission, mode="test", cases=cases, device="cpu")
+    assert [c.status for c in record.cases] == ["pass"] * len(cases), [c.message for c in record.cases]
+
+
 def test_native_path_compiles_to_widened_fp16_wgmma_for_sm90(submission):
     """Without a GPU, Triton can still lower the H100 path to PTX: every tile config must convert the e4m3 tiles and
     multiply them with fp16 wgmma accumulating in fp32 (FP8 wgmma misses the official tolerance on Hopper)."""
