@@ -98,6 +98,23 @@ __device__ __forceinline__ void wgmma_tile(float* d, uint64_t da, uint64_t db, i
     wgmma_m64n64k32(d, da, db, accumulate);
 }
 
+// Calls store(i, x, y) for each pair of horizontally adjacent fp32 results this thread holds in the wgmma fragment
+// layout of a 64 x BN tile at (row0, col0); i is the pair's flat index in the row-major m x n output. Pairs outside
+// m x n are skipped.
+template <int BN, class Store>
+__device__ __forceinline__ void for_each_output_pair(const GemmParams& p, const float (&v)[BN / 2], int frag_row,
+                                                     int frag_col, int row0, int col0, Store store) {
+#pragma unroll
+  for (int c = 0; c < BN / 8; ++c) {
+    const int gc = col0 + 8 * c + frag_col;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int gr = row0 + frag_row + 8 * h;
+      if (gr < p.m && gc < p.n) store((long long)gr * p.n + gc, v[4 * c + 2 * h], v[4 * c + 2 * h + 1]);
+    }
+  }
+}
+
 // Writes one warpgroup's 64 x BN fp32 results v (wgmma fragment layout) as bf16 to c, or adds them to the fp32
 // split-K workspace. kStageC: go through shared memory so global stores are 16-byte row segments.
 template <int BN, bool kStageC, bool kHalfC = false>
@@ -106,33 +123,14 @@ __device__ __forceinline__ void store_tile(const GemmParams& p, const float (&v)
   if (p.splits > 1 && p.ws_split_stride != 0) {
     // Partial sums of a k-range into this split's own fp32 slice: plain 8-byte stores, every element written once.
     float* slice = p.ws + (long long)split * p.ws_split_stride;
-#pragma unroll
-    for (int c = 0; c < BN / 8; ++c) {
-      const int gc = col0 + 8 * c + frag_col;
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int gr = row0 + frag_row + 8 * h;
-        if (gr < p.m && gc < p.n)
-          *reinterpret_cast<float2*>(slice + (long long)gr * p.n + gc) =
-              make_float2(v[4 * c + 2 * h], v[4 * c + 2 * h + 1]);
-      }
-    }
+    for_each_output_pair<BN>(p, v, frag_row, frag_col, row0, col0, [&](long long i, float x, float y) {
+      *reinterpret_cast<float2*>(slice + i) = make_float2(x, y);
+    });
   } else if (p.splits > 1) {
     // Partial sums of a k-range: add into the fp32 workspace; a separate pass converts to bf16.
-#pragma unroll
-    for (int c = 0; c < BN / 8; ++c) {
-      const int gc = col0 + 8 * c + frag_col;
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int gr = row0 + frag_row + 8 * h;
-        if (gr < p.m && gc < p.n) {
-          float* dst = p.ws + (long long)gr * p.n + gc;
-          asm volatile("red.global.add.v2.f32 [%0], {%1, %2};" ::"l"(dst), "f"(v[4 * c + 2 * h]),
-                       "f"(v[4 * c + 2 * h + 1])
-                       : "memory");
-        }
-      }
-    }
+    for_each_output_pair<BN>(p, v, frag_row, frag_col, row0, col0, [&](long long i, float x, float y) {
+      asm volatile("red.global.add.v2.f32 [%0], {%1, %2};" ::"l"(p.ws + i), "f"(x), "f"(y) : "memory");
+    });
   } else if constexpr (kStageC && kHalfC) {
     // Two passes over column halves [h BN/2, (h+1) BN/2) through a 64 x (BN/2) bf16 buffer.
     constexpr int kPitch = GemmShape<BN, true>::kCPitch;
@@ -182,17 +180,9 @@ __device__ __forceinline__ void store_tile(const GemmParams& p, const float (&v)
             *reinterpret_cast<const uint4*>(my_c + r * kPitch + ch * 16);
     }
   } else {
-#pragma unroll
-    for (int c = 0; c < BN / 8; ++c) {
-      const int gc = col0 + 8 * c + frag_col;
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int gr = row0 + frag_row + 8 * h;
-        if (gr < p.m && gc < p.n)
-          *reinterpret_cast<__nv_bfloat162*>(p.c + (long long)gr * p.n + gc) =
-              __floats2bfloat162_rn(v[4 * c + 2 * h], v[4 * c + 2 * h + 1]);
-      }
-    }
+    for_each_output_pair<BN>(p, v, frag_row, frag_col, row0, col0, [&](long long i, float x, float y) {
+      *reinterpret_cast<__nv_bfloat162*>(p.c + i) = __floats2bfloat162_rn(x, y);
+    });
   }
 }
 
