@@ -77,6 +77,17 @@ def read_case_file(path: str | Path, intended_bools: bool = False) -> list[dict]
     return cases
 
 
+def check_case_keys(spec, cases: Sequence[dict]) -> None:
+    """Every hand-written case must name each key of the official cases (world_size may be left out: the spec's or
+    --world-size fills it in); a PlanError names the missing keys and the full set."""
+    keys = [k for k in spec.tests[0] if k != "world_size"]
+    for case in cases:
+        missing = [k for k in keys if k not in case]
+        if missing:
+            raise PlanError(f"case '{problems.format_case(case)}' lacks {', '.join(missing)}: "
+                            f"{spec.name} cases have keys {', '.join(spec.tests[0])}")
+
+
 def select_cases(spec, mode: str, device: str, case_strings: Sequence[str] = (), cases_from: str | None = None,
                  intended_bools: bool = False, notes: list[str] | None = None) -> list[dict]:
     """The cases to run, as plain dicts (before the official text round trip, see official_cases).
@@ -91,9 +102,11 @@ def select_cases(spec, mode: str, device: str, case_strings: Sequence[str] = (),
         raise PlanError("give either --case or --cases, not both")
     if case_strings:
         try:
-            return [problems.parse_case(s, intended_bools=intended_bools) for s in case_strings]
+            cases = [problems.parse_case(s, intended_bools=intended_bools) for s in case_strings]
         except problems.BadCase as exc:
             raise PlanError(str(exc)) from None
+        check_case_keys(spec, cases)
+        return cases
     official = MODE_CASES[mode]
     if cases_from is None:
         cases_from = "official" if device == "cuda" else "smoke"
@@ -108,7 +121,9 @@ def select_cases(spec, mode: str, device: str, case_strings: Sequence[str] = (),
         if not spec.smoke:
             raise PlanError(f"{spec.name} has no smoke cases; pass --case \"key: value; ...\" or --cases official")
         return [dict(c) for c in spec.smoke]
-    return read_case_file(cases_from, intended_bools)
+    cases = read_case_file(cases_from, intended_bools)
+    check_case_keys(spec, cases)
+    return cases
 
 
 def apply_world_size(spec, device: str, cases: list[dict], world_size: int | None = None) -> int | None:

@@ -39,6 +39,7 @@ def test_select_cases_from_strings_lists_and_the_device_default():
 @pytest.mark.parametrize("kwargs,fragment", [
     (dict(case_strings=("m: 1; seed: 1",), cases_from="smoke"), "either --case or --cases"),
     (dict(case_strings=("m=64",)), "key: value; key: value"),
+    (dict(case_strings=("m: 64; n: 64",)), "lacks k, seed: fp8-mm cases have keys m, n, k, seed"),
 ])
 def test_select_cases_refuses_bad_choices(kwargs, fragment):
     with pytest.raises(PlanError, match=fragment):
@@ -60,6 +61,9 @@ def test_case_files(tmp_path):
     path.write_text("m: 64; seed: 1\nm 64\n")
     with pytest.raises(PlanError, match=r"cases.txt:2: "):
         plan.read_case_file(path)
+    path.write_text("m: 64; n: 64; seed: 1\n")
+    with pytest.raises(PlanError, match="lacks k"):
+        plan.select_cases(FP8, "test", "cpu", cases_from=str(path))
     path.write_text("# only a comment\n")
     with pytest.raises(PlanError, match="holds no case"):
         plan.read_case_file(path)
