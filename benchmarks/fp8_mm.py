@@ -47,18 +47,9 @@ CHECK_PLANS = [(128, 1, True, 0), (64, 1, True, 0), (128, 2, True, 0), (64, 3, T
                (128, 1, False, 0), (64, 2, False, 0), (128, 1, True, 1), (128, 2, True, 2), (64, 1, True, 2),
                (64, 3, True, 1), (128, 4, True, 1), (128, 1, True, 3), (128, 2, True, 4), (64, 1, True, 3),
                (64, 3, True, 4), (128, 1, True, 8), (128, 4, True, 11), (128, 2, True, 8), (128, 1, True, 11),
-               (128, 2, True, 16), (64, 3, True, 16), (128, 4, True, 24), (128, 3, True, 24), (64, 2, False, 16),
-               (128, 1, True, 32), (128, 1, True, 40), (128, 3, True, 48), (128, 4, True, 56), (128, 1, True, 64),
-               (128, 2, True, 80), (128, 4, True, 88), (128, 1, True, 128), (128, 1, True, 136),
-               (128, 3, True, 144), (128, 2, True, 256), (128, 4, True, 280), (128, 1, True, 544),
-               (128, 3, True, 568), (128, 1, True, 576), (128, 2, True, 640), (128, 4, True, 664)]
-# Candidate flags OR-ed into the automatic plan's schedule, checked on every shape and timed next to the default:
-# 32 / 64 = fp16 widening fused into the GEMM with 2 / 3 fp8 stages (v11, fused.cuh); 128 / 256: the same with A
-# widened in the consumers' registers and only B through the converters, 4 / 3 fp8 stages (v11b); +512: integer-ALU
-# conversion instead of cvt (v11c).
-CAND_FLAGS = (32, 32 | 512, 64 | 512, 128 | 512)
-# v8-v10 candidates (plain schedule values replacing the automatic one), with --old-candidates.
-OLD_CAND_SCHEDS = (8, 16, 24)
+               (128, 2, True, 16), (64, 3, True, 16), (128, 4, True, 24), (128, 3, True, 24), (64, 2, False, 16)]
+# Candidate schedules checked with the automatic plan on every shape and timed next to the default.
+CAND_SCHEDS = (8, 16, 24)
 SWEEP_PLANS = [(128, 1, True), (64, 1, True), (128, 2, True), (64, 2, True), (128, 4, True), (128, 1, False)]
 
 
@@ -184,7 +175,6 @@ def main():
     ap.add_argument("--no-sweep", action="store_true")
     ap.add_argument("--no-triton", action="store_true")
     ap.add_argument("--split-variants", action="store_true", help="also time split-K 1/2/4 with schedules 0/1")
-    ap.add_argument("--old-candidates", action="store_true", help="also check/time the v8-v10 candidates")
     ap.add_argument("--runs", type=int, default=25)
     ap.add_argument("--profile", metavar="M,N,K", help="only run this shape (auto plan) 3 times, e.g. under ncu")
     ap.add_argument("--triton-budget-s", type=float, default=120.0, help="stop timing Triton after this long")
@@ -231,9 +221,7 @@ def main():
                 print(msg, flush=True)
                 if not ok:
                     failures.append(msg)
-        auto_sched = ext.fp8_gemm_plan_for(m, n, k)[3]
-        cands = [auto_sched | fl for fl in CAND_FLAGS] + (list(OLD_CAND_SCHEDS) if args.old_candidates else [])
-        for sc in cands:  # the automatic plan with each candidate schedule, on every shape
+        for sc in CAND_SCHEDS:  # the automatic plan with each candidate schedule, on every shape
             fn = lambda d, sc=sc: ext.fp8_gemm_with_sched(*d, 0, 1, True, sc)  # noqa: E731
             ok, msg = check(fn, data, expected, f"  auto plan, schedule {sc} {m}x{n}x{k}")
             print(msg, flush=True)
@@ -287,10 +275,8 @@ def main():
         # Candidates: each is checked (strict, NaN-poisoned) on this very shape before it is timed.
         cand = {}
         auto_sp, kb = row["plan"][1], k // 128
-        variants = {f"auto+{fl}": (0, 1, row["plan"][3] | fl) for fl in CAND_FLAGS}
-        if args.old_candidates:
-            variants["auto,s8"] = (0, 1, 8)
-        for sp in (2, 3, 4) if args.old_candidates else ():  # split-K, per-split slices (+16), 5 or 6 (+8) stages
+        variants = {"auto,s8": (0, 1, 8)}
+        for sp in (2, 3, 4):  # split-K with per-split slices (+16), lock step with 5 or 6 (+8) stages
             if kb >= 4 * sp:
                 variants[f"128,{sp},s16"] = (128, sp, 16)
                 variants[f"128,{sp},s24"] = (128, sp, 24)

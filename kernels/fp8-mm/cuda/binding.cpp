@@ -46,9 +46,7 @@ torch::Tensor run(torch::Tensor a, torch::Tensor b, torch::Tensor a_scale, torch
     a_scale = a_scale.t().contiguous().t();  // M-major, leading dimension m (a multiple of 16)
   torch::Tensor out = c.is_contiguous() ? c : torch::empty({m, n}, c.options());
 
-  // fp16 scratch for the exact path, fp8 bytes for the FP8 path and the fused-widening plans (sched 32/64/128/256).
-  const bool f16_scratch = plan.exact && !(plan.sched & (32 | 64 | 128 | 256));  // (512 needs one of them)
-  const auto op_opts = a.options().dtype(f16_scratch ? torch::kHalf : torch::kUInt8);
+  const auto op_opts = a.options().dtype(plan.exact ? torch::kHalf : torch::kUInt8);
   torch::Tensor a_t = a_km ? torch::Tensor() : torch::empty({m, k}, op_opts);
   torch::Tensor b_t = b_km ? torch::Tensor() : torch::empty({n, k}, op_opts);
   // Split-K workspace: one zeroed [m][n] slice for atomics, or one slice per split (plan.sched flag 16).
@@ -97,18 +95,15 @@ torch::Tensor fp8_gemm_with_plan(torch::Tensor a, torch::Tensor b, torch::Tensor
 
 // Like fp8_gemm_with_plan, plus the exact path's consumer schedule (gemm.cuh: 0 lock step, 1 ordered issue,
 // 2 strict alternation, 3 split chains with early promotion, 4 split chains; + 8: C staged in halves and one
-// more pipeline stage, bn 128 only; + 16: split-K partials in per-split slices, plain stores; + 32 / + 64: fp16
-// widening fused into the GEMM with 2 / 3 fp8 stages; + 128 / + 256: the same with A widened in registers, 4 / 3
-// fp8 stages; + 512 with 32 / 64 / 128: integer-ALU instead of cvt conversion; fused.cuh, schedule 0 or 8 only);
-// bn = 0 keeps the
+// more pipeline stage, bn 128 only; + 16: split-K partials in per-split slices, plain stores); bn = 0 keeps the
 // automatic plan.
 torch::Tensor fp8_gemm_with_sched(torch::Tensor a, torch::Tensor b, torch::Tensor a_scale, torch::Tensor b_scale,
                                   torch::Tensor c, int64_t bn, int64_t splits, bool exact, int64_t sched) {
   TORCH_CHECK(bn == 0 || bn == 64 || bn == 128, "fp8_gemm_with_sched: bn must be 0 (automatic), 64 or 128");
   TORCH_CHECK(splits >= 1, "fp8_gemm_with_sched: splits must be >= 1");
-  const int64_t base = sched & ~int64_t(16 | 32 | 64 | 128 | 256 | 512);
-  TORCH_CHECK(sched >= 0 && sched < 1024 && ((base >= 0 && base <= 4) || base == 8 || base == 11),
-              "fp8_gemm_with_sched: sched must be 0 to 4, 8 or 11, optionally + 16; + 32/64/128/256: fused widening");
+  const int64_t base = sched & ~int64_t(16);
+  TORCH_CHECK(sched >= 0 && ((base >= 0 && base <= 4) || base == 8 || base == 11),
+              "fp8_gemm_with_sched: sched must be 0 to 4, 8 or 11, optionally + 16");
   return run(a, b, a_scale, b_scale, c, static_cast<int>(bn), static_cast<int>(splits), exact,
              static_cast<int>(sched));
 }

@@ -10,7 +10,6 @@
 
 #include "fp8_gemm_api.h"
 #include "gemm.cuh"
-#include "fused.cuh"
 #include "transpose.cuh"
 
 namespace fp8mm {
@@ -72,40 +71,6 @@ cudaError_t launch_gemm(int grid, cudaStream_t stream, const CUtensorMap& a, con
   return cudaLaunchKernelEx(&cfg, fp8_gemm_kernel<BN, kF16, kSched>, a, b, sa, p);
 }
 
-// v11 candidate: fp8 K-major operands widened on chip (fused.cuh); K8 fp8 stages + (6 - K8) fp16 stages.
-template <int K8, bool kAlu = false>
-cudaError_t launch_fused(int grid, cudaStream_t stream, const CUtensorMap& a, const CUtensorMap& b,
-                         const CUtensorMap& sa, const GemmParams& p) {
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(grid);
-  cfg.blockDim = dim3(kThreads);
-  cfg.dynamicSmemBytes = FusedShape<K8>::kSmemBytes;
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  return cudaLaunchKernelEx(&cfg, fp8_gemm_fused_kernel<K8, kAlu>, a, b, sa, p);
-}
-
-// v11b candidate: A widened in registers, B through the converters (fused.cuh).
-template <int K8, bool kAlu = false>
-cudaError_t launch_fused_ra(int grid, cudaStream_t stream, const CUtensorMap& a, const CUtensorMap& b,
-                            const CUtensorMap& sa, const GemmParams& p) {
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(grid);
-  cfg.blockDim = dim3(kThreads);
-  cfg.dynamicSmemBytes = FusedRaShape<K8>::kSmemBytes;
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  return cudaLaunchKernelEx(&cfg, fp8_gemm_fused_ra_kernel<K8, kAlu>, a, b, sa, p);
-}
-
 struct DeviceInfo {
   int sms = 0;
   bool attrs_set = false;
@@ -132,20 +97,6 @@ DeviceInfo& device_info(int dev) {
     set_smem_attrs<64, true, 4>();
     set_smem_attrs<128, true, 8>();
     set_smem_attrs<128, true, 11>();
-    cudaFuncSetAttribute(fp8_gemm_fused_kernel<2>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                         FusedShape<2>::kSmemBytes);
-    cudaFuncSetAttribute(fp8_gemm_fused_kernel<3>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                         FusedShape<3>::kSmemBytes);
-    cudaFuncSetAttribute(fp8_gemm_fused_ra_kernel<4>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                         FusedRaShape<4>::kSmemBytes);
-    cudaFuncSetAttribute(fp8_gemm_fused_ra_kernel<3>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                         FusedRaShape<3>::kSmemBytes);
-    cudaFuncSetAttribute(fp8_gemm_fused_kernel<2, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                         FusedShape<2>::kSmemBytes);
-    cudaFuncSetAttribute(fp8_gemm_fused_kernel<3, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                         FusedShape<3>::kSmemBytes);
-    cudaFuncSetAttribute(fp8_gemm_fused_ra_kernel<4, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                         FusedRaShape<4>::kSmemBytes);
   }
   return d;
 }
@@ -192,21 +143,7 @@ const char* fp8_gemm_run(const Fp8GemmArgs& g, Fp8GemmPlan plan, cudaStream_t st
   if (plan.bn != 128 && plan.bn != 64) return "fp8_gemm: plan.bn must be 64 or 128";
   // Flag 16 of plan.sched: split-K partials go to per-split slices with plain stores (no memset, no atomics).
   const bool plain_ws = (plan.sched & 16) != 0;
-  // Flags 32 / 64 (v11 candidate): widening fused into the GEMM (fused.cuh) with 2 / 3 fp8 stages; the transpose
-  // pass then writes fp8 bytes. Exact path, bn 128, lock-step consumers, C staged in halves (flag 8 implied).
-  // Flags 128 / 256 (v11b): the same with A widened in the consumers' registers, 4 / 3 fp8 stages.
-  const int fused_k8 = (plan.sched & 32) ? 2 : (plan.sched & 64) ? 3 : (plan.sched & 128) ? 4 : (plan.sched & 256) ? 3 : 0;
-  const bool fused_ra = (plan.sched & (128 | 256)) != 0;
-  // Flag 512: the fused kernels convert with integer ALU ops instead of cvt (fused.cuh, conv4).
-  const bool fused_alu = (plan.sched & 512) != 0;
-  if (fused_alu && (!fused_k8 || (plan.sched & 256)))
-    return "fp8_gemm: plan.sched flag 512 (ALU conversion) needs flag 32, 64 or 128";
-  if (__builtin_popcount(plan.sched & (32 | 64 | 128 | 256)) > 1)
-    return "fp8_gemm: plan.sched flags 32, 64, 128 and 256 exclude each other";
-  if (fused_k8 && (!plan.exact || plan.bn != 128 || ((plan.sched & 15) != 0 && (plan.sched & 15) != 8)))
-    return "fp8_gemm: fused widening (sched 32 / 64) needs the exact path, bn 128 and schedule 0 or 8";
-  plan.sched &= ~(16 | 32 | 64 | 128 | 256 | 512);
-  if (fused_k8) plan.sched = 0;
+  plan.sched &= ~16;
   if (!(plan.sched >= 0 && plan.sched <= 4) && !(plan.bn == 128 && (plan.sched == 8 || plan.sched == 11)))
     return "fp8_gemm: plan.sched must be 0 to 4, or 8 / 11 with bn 128 (+16 for plain split-K slices)";
   if (plan.sched != 0 && !plan.exact) return "fp8_gemm: consumer schedules other than 0 need the exact path";
@@ -241,16 +178,15 @@ const char* fp8_gemm_run(const Fp8GemmArgs& g, Fp8GemmPlan plan, cudaStream_t st
     b_km = g.b_t;
   }
   if (ja.tiles + jb.tiles > 0) {
-    if (plan.exact && !fused_k8)
+    if (plan.exact)
       transpose_pair_kernel<true><<<ja.tiles + jb.tiles, kTrThreads, 0, stream>>>(ja, jb);
     else
       transpose_pair_kernel<false><<<ja.tiles + jb.tiles, kTrThreads, 0, stream>>>(ja, jb);
   }
 
   // 2) Tensor maps: operand tiles are 128 bytes of k wide (one swizzle span), scales one k-block tall.
-  const bool f16_operands = plan.exact && !fused_k8;
-  const CUtensorMapDataType op_type = f16_operands ? CU_TENSOR_MAP_DATA_TYPE_UINT16 : CU_TENSOR_MAP_DATA_TYPE_UINT8;
-  const int elem = f16_operands ? 2 : 1;
+  const CUtensorMapDataType op_type = plan.exact ? CU_TENSOR_MAP_DATA_TYPE_UINT16 : CU_TENSOR_MAP_DATA_TYPE_UINT8;
+  const int elem = plan.exact ? 2 : 1;
   CUtensorMap tm_a, tm_b, tm_sa;
   bool ok = make_map(&tm_a, op_type, a_km, k, m, (uint64_t)k * elem, kRowBytes / elem, kBM,
                      CU_TENSOR_MAP_SWIZZLE_128B);
@@ -281,21 +217,7 @@ const char* fp8_gemm_run(const Fp8GemmArgs& g, Fp8GemmPlan plan, cudaStream_t st
 
   const int grid = p.num_units < info.sms ? p.num_units : info.sms;
   cudaError_t err;
-  if (fused_alu && fused_ra)
-    err = launch_fused_ra<4, true>(grid, stream, tm_a, tm_b, tm_sa, p);
-  else if (fused_alu && fused_k8 == 2)
-    err = launch_fused<2, true>(grid, stream, tm_a, tm_b, tm_sa, p);
-  else if (fused_alu)
-    err = launch_fused<3, true>(grid, stream, tm_a, tm_b, tm_sa, p);
-  else if (fused_ra && fused_k8 == 4)
-    err = launch_fused_ra<4>(grid, stream, tm_a, tm_b, tm_sa, p);
-  else if (fused_ra)
-    err = launch_fused_ra<3>(grid, stream, tm_a, tm_b, tm_sa, p);
-  else if (fused_k8 == 2)
-    err = launch_fused<2>(grid, stream, tm_a, tm_b, tm_sa, p);
-  else if (fused_k8 == 3)
-    err = launch_fused<3>(grid, stream, tm_a, tm_b, tm_sa, p);
-  else if (plan.bn == 128 && plan.exact && plan.sched == 8)
+  if (plan.bn == 128 && plan.exact && plan.sched == 8)
     err = launch_gemm<128, true, 8>(grid, stream, tm_a, tm_b, tm_sa, p);
   else if (plan.bn == 128 && plan.exact && plan.sched == 11)
     err = launch_gemm<128, true, 11>(grid, stream, tm_a, tm_b, tm_sa, p);
