@@ -1,5 +1,6 @@
 """The spec loader and case parsing: every spec loads, malformed specs are rejected naming file, case and fault."""
 import copy
+from pathlib import Path
 
 import pytest
 import yaml
@@ -65,6 +66,31 @@ def test_every_registered_spec_loads():
         assert spec.name == name and spec.tests and spec.benchmarks and spec.smoke
         for case in spec.tests + spec.benchmarks + spec.smoke:
             assert spec.roofline.flops(case) > 0 and spec.roofline.bytes(case) > 0
+
+
+SHARED_SPECS = Path(__file__).resolve().parents[1].parent / "shared" / "specs"
+
+
+@pytest.mark.parametrize("name", problems.list_problems())
+def test_spec_equals_the_official_copy(name):
+    """Every number in a spec matches ../shared/specs; case lists are exact copies, key order included."""
+    path = SHARED_SPECS / f"{name}.yml"
+    if not path.is_file():
+        pytest.skip(f"official spec copy {path} is absent (expected beside the checkout in ../shared/specs)")
+    official = yaml.safe_load(path.read_text())
+    spec = problems.load_spec(name)
+    assert spec.name == official["name"]
+    assert spec.leaderboard == official["official_leaderboard"]
+    assert spec.official_gpu == official["official_gpu"]
+    assert spec.ranking == official["ranking"]
+    assert spec.world_size == official.get("official_world_size")  # None: a single-GPU problem
+    assert (spec.tolerance.rtol, spec.tolerance.atol) == (official["tolerance"]["rtol"], official["tolerance"]["atol"])
+    # The official runner's limits default to 180 s per mode when the task file names none (fp8-mm).
+    assert (spec.timeouts.test, spec.timeouts.benchmark, spec.timeouts.leaderboard) == (
+        official.get("test_timeout", 180), official.get("benchmark_timeout", 180), official.get("ranked_timeout", 180))
+    assert [list(c.items()) for c in spec.tests] == [list(c.items()) for c in official["tests"]]
+    assert [list(c.items()) for c in spec.benchmarks] == [list(c.items()) for c in official["benchmarks"]]
+    assert spec.smoke, "a problem needs smoke cases for CPU runs"
 
 
 def test_unknown_problem_lists_known_ones():

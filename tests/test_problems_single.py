@@ -5,17 +5,14 @@ statement (../shared/PROBLEMS.md), independently of reference.py, and the draw-o
 fresh generator in the official order.
 """
 import math
-from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
-import yaml
 
 import problems
 
 SINGLE = ("fp8-mm", "moe", "mla-decode")
-SHARED_SPECS = Path(__file__).resolve().parents[1].parent / "shared" / "specs"
 
 
 @pytest.fixture(autouse=True)
@@ -81,24 +78,6 @@ def same_bits(a, b):
 
 # ----------------------------------------------------------------------------------------------------------------
 # spec.yml against the published facts
-
-@pytest.mark.parametrize("name", SINGLE)
-def test_spec_matches_official(name):
-    path = SHARED_SPECS / f"{name}.yml"
-    if not path.is_file():
-        pytest.skip(f"official spec copy {path} is absent (expected beside the checkout in ../shared/specs)")
-    official = yaml.safe_load(path.read_text())
-    spec = problems.load_spec(name)
-    assert spec.leaderboard == official["official_leaderboard"]
-    assert list(spec.tests) == official["tests"]
-    assert list(spec.benchmarks) == official["benchmarks"]
-    assert (spec.tolerance.rtol, spec.tolerance.atol) == (official["tolerance"]["rtol"], official["tolerance"]["atol"])
-    # The official runner's limits default to 180 s per mode when the task file names none (fp8-mm).
-    assert (spec.timeouts.test, spec.timeouts.benchmark, spec.timeouts.leaderboard) == (
-        official.get("test_timeout", 180), official.get("benchmark_timeout", 180), official.get("ranked_timeout", 180))
-    assert spec.world_size is None
-    assert spec.smoke, "a problem needs smoke cases for CPU runs"
-
 
 def test_protocol_differences():
     """mla-decode's harness is the odd one out (EVAL_PROTOCOL.md); the other two share the common rules."""
@@ -302,7 +281,7 @@ def mla_f64(data):
 
 @pytest.mark.parametrize("name,case", all_smoke())
 def test_reference_equals_float64(name, case):
-    ref, utils = mods(name).reference, mods(name).utils
+    utils = mods(name).utils
     tol = problems.load_spec(name).tolerance
     data, got = fresh_data(name, case)
     if name == "fp8-mm":
