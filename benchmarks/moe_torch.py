@@ -33,26 +33,18 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from problems import load_modules, load_spec, official_case  # noqa: E402
+from problems import leaderboard_imports, load_modules, load_spec, official_case  # noqa: E402
 
 WARMUP, RUNS = 3, 10
 
 
 def load_entry(mods):
     """kernels/moe/torch/entry.py as a module, importing this problem's `task` as a submission would."""
-    saved = {name: sys.modules.get(name) for name in ("task", "utils")}
-    sys.modules["task"], sys.modules["utils"] = mods.task, mods.utils
-    try:
-        path = ROOT / "kernels" / "moe" / "torch" / "entry.py"
+    path = ROOT / "kernels" / "moe" / "torch" / "entry.py"
+    with leaderboard_imports({"task": mods.task, "utils": mods.utils}):
         spec = importlib.util.spec_from_file_location("moe_torch_entry", path)
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
-    finally:
-        for name, module_before in saved.items():
-            if module_before is None:
-                sys.modules.pop(name, None)
-            else:
-                sys.modules[name] = module_before
     return module
 
 
@@ -207,7 +199,7 @@ def main() -> None:
     print(f"probe: {probe}; auto picks: {auto_pick}")
     for note in notes:
         print(note)
-    print(f"\n| case | what | check (ratio) | CUDA events median ms | host median ms | host mean ms |")
+    print("\n| case | what | check (ratio) | CUDA events median ms | host median ms | host mean ms |")
     print("|---|---|---|---|---|---|")
     for row in rows:
         check = "" if row["ok"] is None else f"{'pass' if row['ok'] else 'FAIL'} ({row['ratio']:.3f})"

@@ -12,6 +12,7 @@ replays that round trip; ``intended_bools=True`` gives the intended meaning inst
 from __future__ import annotations
 
 import ast
+import contextlib
 import functools
 import importlib.util
 import math
@@ -417,6 +418,23 @@ def _exec_module(module_name: str, path: Path) -> ModuleType:
 
 
 _MODULE_CACHE: dict[str, SimpleNamespace] = {}
+_LEADERBOARD_MODULES = ("task", "utils", "reference")
+
+
+@contextlib.contextmanager
+def leaderboard_imports(modules: Mapping[str, ModuleType] | None = None):
+    """Inside the block, ``import task`` / ``utils`` / ``reference`` resolve to the given modules (as they do in a
+    staged run directory); on leaving, those sys.modules entries are put back as they were."""
+    saved = {k: sys.modules.get(k) for k in _LEADERBOARD_MODULES}
+    sys.modules.update(modules or {})
+    try:
+        yield
+    finally:
+        for key, module in saved.items():
+            if module is None:
+                sys.modules.pop(key, None)
+            else:
+                sys.modules[key] = module
 
 
 def load_modules(name: str) -> SimpleNamespace:
@@ -429,17 +447,10 @@ def load_modules(name: str) -> SimpleNamespace:
     if name in _MODULE_CACHE:
         return _MODULE_CACHE[name]
     folder = problem_dir(name)
-    saved = {k: sys.modules.get(k) for k in ("task", "utils", "reference")}
-    try:
+    with leaderboard_imports():
         utils = _exec_module("utils", UTILS_PATH)
         task = _exec_module("task", folder / "task.py")
         reference = _exec_module("reference", folder / "reference.py")
-    finally:
-        for key, module in saved.items():
-            if module is None:
-                sys.modules.pop(key, None)
-            else:
-                sys.modules[key] = module
     mods = SimpleNamespace(task=task, reference=reference, utils=utils)
     _MODULE_CACHE[name] = mods
     return mods
