@@ -500,7 +500,8 @@ def run(problem: str | Path, submission: str | Path, *, mode: str, cases: Sequen
     """Judge ``submission`` (a leaderboard submission.py) on ``problem`` (a registered name or a problem folder).
 
     cases: case dicts already as the official text round trip gives them (``problems.official_case``; the caller
-    applies ``intended_bools`` there). device: "cuda" | "cpu". seed: the secret seed (else POPCORN_SEED), combined
+    applies ``intended_bools`` there; run() only records it in the environment, so a record says it deviated from
+    the leaderboard's reading of the cases). device: "cuda" | "cpu". seed: the secret seed (else POPCORN_SEED), combined
     with each case's seed when the problem's protocol says so. world_size: distributed problems only; overrides the
     cases' world_size. Without it the cases of a distributed problem may ask for different world sizes (smoke lists
     mix 2 and 4 ranks): each world size then runs as its own process group, one after the other, and the results are
@@ -579,7 +580,7 @@ def _run_group(spec, folder: Path, submission: Path, *, mode: str, cases: Sequen
     record = RunRecord(problem=spec.name, mode=mode, submission=str(submission), submission_sha256=_sha256(submission),
                        device=device, world_size=ws, seed=seed, cases=[],
                        environment={"python": platform.python_version(), "platform": platform.platform(),
-                                    "hostname": socket.gethostname()})
+                                    "hostname": socket.gethostname(), "intended_bools": intended_bools})
     keep = run_dir is not None
     rdir = Path(run_dir) if keep else Path(tempfile.mkdtemp(prefix="kbench-run-"))
     stage(folder, submission, cases, rdir)

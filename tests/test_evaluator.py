@@ -159,7 +159,7 @@ def test_good_submission_passes_and_megabytes_of_output_go_to_the_log(tmp_path):
                 progress=lambda event, index, result: events.append((event, index, result and result.status)))
     assert [c.status for c in rec.cases] == ["pass", "pass"], [c.message for c in rec.cases]
     assert rec.passed() and rec.device == "cpu" and rec.world_size is None
-    assert rec.environment["torch"] and rec.environment["python"]
+    assert rec.environment["torch"] and rec.environment["python"] and rec.environment["intended_bools"] is False
     assert events == [("start", 0, None), ("done", 0, "pass"), ("start", 1, None), ("done", 1, "pass")]
     log = tmp_path / "run" / "logs" / "rank0.log"
     assert log.stat().st_size >= 2 * 5 * 2**20                  # both workers' 5 MiB each, nothing lost to a pipe
