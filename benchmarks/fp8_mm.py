@@ -36,26 +36,37 @@ from dev_build import load_backend  # noqa: E402
 from problems import load_modules, load_spec  # noqa: E402
 
 RTOL, ATOL = 2e-2, 1e-3
-FP8_FLOPS, HBM_BPS = 1444e12, 2.99e12
+FP8_FLOPS, F16_FLOPS, HBM_BPS = 1444e12, 795e12, 2.99e12
 EXTRA_SHAPES = [(64, 64, 128), (96, 320, 384), (192, 576, 1152), (320, 704, 256), (1024, 192, 640),
                 (2048, 2560, 3072), (128, 4160, 512), (6144, 64, 128), (576, 1216, 2048)]
 # (tile width, k-splits, exact, consumer schedule): exact=True is the fp16-MMA path that meets the tolerance, False
 # the FP8-MMA path; schedule (exact path only, gemm.cuh): 0 lock step, 1 ordered issue, 2 strict alternation,
 # 3 split chains with early promotion, 4 split chains; +8: C staged in halves, one more stage (bn 128 only);
-# +16: split-K partials stored into per-split fp32 slices (no memset, no atomics), summed by the finishing pass.
+# +16: split-K partials stored into per-split fp32 slices (no memset, no atomics), summed by the finishing pass;
+# +32: stream-K for the tiles past the last full wave (splits 1; a tile split between CTAs is finished by the CTA
+# holding its first k-block).
 CHECK_PLANS = [(128, 1, True, 0), (64, 1, True, 0), (128, 2, True, 0), (64, 3, True, 0), (128, 4, True, 0),
                (128, 1, False, 0), (64, 2, False, 0), (128, 1, True, 1), (128, 2, True, 2), (64, 1, True, 2),
                (64, 3, True, 1), (128, 4, True, 1), (128, 1, True, 3), (128, 2, True, 4), (64, 1, True, 3),
                (64, 3, True, 4), (128, 1, True, 8), (128, 4, True, 11), (128, 2, True, 8), (128, 1, True, 11),
-               (128, 2, True, 16), (64, 3, True, 16), (128, 4, True, 24), (128, 3, True, 24), (64, 2, False, 16)]
-# Candidate schedules checked with the automatic plan on every shape and timed next to the default.
-CAND_SCHEDS = (8, 16, 24)
+               (128, 2, True, 16), (64, 3, True, 16), (128, 4, True, 24), (128, 3, True, 24), (64, 2, False, 16),
+               (128, 1, True, 32), (64, 1, True, 32), (128, 1, True, 40)]
+# Candidate schedules checked with the automatic plan on every shape and timed next to the default
+# (name: (bn, splits, schedule); bn 0 keeps the automatic plan, +32 forces splits 1).
+CAND_SCHEDS = (32, 40)
+CAND_VARIANTS = {"stream-K": (0, 1, 32), "stream-K,s8": (0, 1, 40)}
 SWEEP_PLANS = [(128, 1, True), (64, 1, True), (128, 2, True), (64, 2, True), (128, 4, True), (128, 1, False)]
 
 
 def floor_us(m, n, k):
     bytes_ = m * k + n * k + 4 * (m * (k // 128) + -(-n // 128) * (k // 128)) + 2 * m * n
     return 1e6 * max(2.0 * m * n * k / FP8_FLOPS, bytes_ / HBM_BPS)
+
+
+def fp16_path_floor_us(m, n, k):
+    """Floor of any exact (fp16-MMA) path: the GEMM at the measured fp16 MMA ceiling plus one widening pass (read
+    the fp8 operands once, write them as fp16 once)."""
+    return 1e6 * (2.0 * m * n * k / F16_FLOPS + 3 * (m + n) * k / HBM_BPS)
 
 
 def reference_f32(a, b, sa, sb):
@@ -203,7 +214,7 @@ def main():
     # ---------------- correctness ----------------
     failures = []
     if args.quick:
-        cases = [(64, 64, 128, 1), (96, 576, 384, 2), (256, 320, 1024, 3)]
+        cases = [(64, 64, 128, 1), (96, 576, 384, 2), (256, 320, 1024, 3), (576, 1216, 2048, 4)]
     else:
         cases = [(c["m"], c["n"], c["k"], c["seed"]) for c in list(spec.tests) + list(spec.benchmarks)]
         cases += [(m, n, k, 1000 + i) for i, (m, n, k) in enumerate(EXTRA_SHAPES)]
@@ -275,12 +286,12 @@ def main():
         # Candidates: each is checked (strict, NaN-poisoned) on this very shape before it is timed.
         cand = {}
         auto_sp, kb = row["plan"][1], k // 128
-        variants = {"auto,s8": (0, 1, 8)}
-        for sp in (2, 3, 4):  # split-K with per-split slices (+16), lock step with 5 or 6 (+8) stages
-            if kb >= 4 * sp:
-                variants[f"128,{sp},s16"] = (128, sp, 16)
-                variants[f"128,{sp},s24"] = (128, sp, 24)
+        variants = dict(CAND_VARIANTS)
         if args.split_variants:
+            for sp in (2, 3, 4):  # split-K with per-split slices (+16), lock step with 5 or 6 (+8) stages
+                if kb >= 4 * sp:
+                    variants[f"128,{sp},s16"] = (128, sp, 16)
+                    variants[f"128,{sp},s24"] = (128, sp, 24)
             for sp in (1, 2, 4):
                 if sp != auto_sp and (sp == 1 or kb >= 4 * sp):
                     variants[f"128,{sp},s1"] = (128, sp, 1)
@@ -296,6 +307,12 @@ def main():
             cand[name] = timer(lambda: fn(data), args.runs)
         row["cand_us"] = cand
         row["ours2_us"] = timer(lambda: custom_kernel(data), args.runs)  # same version again: the noise
+        # The fp16 MMA peer: cuBLAS fp16 GEMM on operands already widened and K-major, without the blockwise
+        # scales (so not a solution, a bound on what the exact path's GEMM part could reach with vendor code).
+        a16, b16 = ak.float().half(), bk.float().half()
+        row["cublas_f16_us"] = timer(lambda: torch.mm(a16, b16.T), args.runs)
+        row["f16_floor_us"] = fp16_path_floor_us(m, n, k)
+        del a16, b16
         kern, e2e, why = cublas_fns(a, b, sa, sb, expected)
         row["cublas_note"] = why
         row["cublas_kernel_us"] = timer(kern, args.runs) if kern else None
@@ -324,6 +341,8 @@ def main():
         "device": torch.cuda.get_device_name(),
         "torch": torch.__version__,
         "geomean_floor_us": geomean([r["floor_us"] for r in rows]),
+        "geomean_f16_floor_us": geomean([r["f16_floor_us"] for r in rows]),
+        "geomean_cublas_f16_us": geomean([r["cublas_f16_us"] for r in rows]),
         "geomean_ours_us": geomean([r["ours_us"] for r in rows]),
         "geomean_gemm_only_us": geomean([r["gemm_only_us"] for r in rows]),
         "geomean_fp8_us": geomean([r["fp8_us"] for r in rows]),
@@ -343,24 +362,26 @@ def main():
     def f(x):
         return "-" if x is None else f"{x:.1f}"
 
-    head = ("| m | n | k | floor | ours | %SOL | plan | best plan | fp8-MMA e2e | fp8-MMA kern | cuBLAS kern | "
-            "cuBLAS e2e | triton | flag |")
-    lines = [head, "|" + "---|" * 14]
+    head = ("| m | n | k | floor | fp16 floor | ours | %SOL | % fp16 floor | plan | best plan | cuBLAS fp16 GEMM | "
+            "fp8-MMA e2e | fp8-MMA kern | cuBLAS kern | cuBLAS e2e | triton | flag |")
+    lines = [head, "|" + "---|" * 17]
     for r in rows:
         best = f"{r.get('best_plan', '-')} {f(r.get('best_us'))}"
         flag = "SLOWER than cuBLAS" if r["slower_than_cublas"] else ""
-        lines.append(f"| {r['m']} | {r['n']} | {r['k']} | {f(r['floor_us'])} | {f(r['ours_us'])} | "
-                     f"{r['sol_pct']:.0f}% | {','.join(map(str, r['plan']))} | {best} | {f(r['fp8_us'])} | "
+        lines.append(f"| {r['m']} | {r['n']} | {r['k']} | {f(r['floor_us'])} | {f(r['f16_floor_us'])} | "
+                     f"{f(r['ours_us'])} | {r['sol_pct']:.0f}% | {100 * r['f16_floor_us'] / r['ours_us']:.0f}% | "
+                     f"{','.join(map(str, r['plan']))} | {best} | {f(r['cublas_f16_us'])} | {f(r['fp8_us'])} | "
                      f"{f(r['gemm_only_us'])} | {f(r['cublas_kernel_us'])} | {f(r['cublas_e2e_us'])} | "
                      f"{f(r['triton_us'])} | {flag} |")
     g = summary
-    lines.append(f"| geomean | | | {f(g['geomean_floor_us'])} | {f(g['geomean_ours_us'])} | | | "
-                 f"{f(g['geomean_best_plan_us'])} | {f(g['geomean_fp8_us'])} | {f(g['geomean_gemm_only_us'])} | "
+    lines.append(f"| geomean | | | {f(g['geomean_floor_us'])} | {f(g['geomean_f16_floor_us'])} | "
+                 f"{f(g['geomean_ours_us'])} | | | | {f(g['geomean_best_plan_us'])} | {f(g['geomean_cublas_f16_us'])} | "
+                 f"{f(g['geomean_fp8_us'])} | {f(g['geomean_gemm_only_us'])} | "
                  f"{f(g['geomean_cublas_kernel_us'])} | {f(g['geomean_cublas_e2e_us'])} | "
                  f"{f(g['geomean_triton_us'])} | |")
     if g["cublas_shapes"] < len(rows):
-        lines.append(f"| geomean over the {g['cublas_shapes']} shapes cuBLAS ran | | | | "
-                     f"{f(g['geomean_ours_where_cublas_us'])} | | | | | | "
+        lines.append(f"| geomean over the {g['cublas_shapes']} shapes cuBLAS ran | | | | | "
+                     f"{f(g['geomean_ours_where_cublas_us'])} | | | | | | | | "
                      f"{f(g['geomean_cublas_kernel_where_cublas_us'])} | | | |")
     table = "\n".join(lines)
     (out_dir / "fp8_mm_bench.md").write_text(f"# fp8-mm on {g['device']} (us, median, L2 flushed)\n\n{table}\n")

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device-machine session: install kbench in place, run the GPU test tier, judge every single-GPU problem with
 # `kbench test`, then time them with `kbench perf` (official protocol) and the fp8-mm kernel benchmark.
-# Usage: bash benchmarks/gpu_session.sh [tests|perf|verify|dist] ; logs go to $OUT (or ./gpu-out).
+# Usage: bash benchmarks/gpu_session.sh [tests|perf|verify|fp8-check|fp8-perf|dist] ; logs go to $OUT (or ./gpu-out).
 set -uo pipefail
 export PYTHONUNBUFFERED=1 COLUMNS=150
 OUT=${OUT:-$PWD/gpu-out}; mkdir -p "$OUT"
@@ -51,6 +51,20 @@ verify)
   stamp "kbench perf fp8-mm --backend cuda"
   timeout 120 kbench perf fp8-mm --backend cuda --json "$OUT/perf_fp8-mm_cuda.json" 2>&1 | tail -3
   stamp "benchmarks/fp8_mm.py"; timeout 200 python3 benchmarks/fp8_mm.py --no-sweep 2>&1 | tail -24 ;;
+fp8-check)
+  stamp "fp8-mm quick check, then under compute-sanitizer memcheck"
+  timeout 150 python3 benchmarks/fp8_mm.py --quick >"$OUT/fp8_quick.log" 2>&1; echo "rc=$?"; tail -3 "$OUT/fp8_quick.log"
+  timeout 240 compute-sanitizer --tool memcheck python3 benchmarks/fp8_mm.py --quick >"$OUT/fp8_memcheck.log" 2>&1
+  echo "rc=$?"; tail -4 "$OUT/fp8_memcheck.log"
+  stamp "GPU tests of the fp8-mm CUDA backend"
+  timeout 150 python3 -m pytest -q -rs -p no:cacheprovider tests/test_fp8_cuda_plans_gpu.py \
+    tests/test_fp8_backends_gpu.py -k "not triton" 2>&1 | tail -8 ;;
+fp8-perf)
+  stamp "benchmarks/fp8_mm.py (no sweep, no triton)"
+  timeout 330 python3 benchmarks/fp8_mm.py --no-sweep --no-triton >"$OUT/fp8_bench.log" 2>&1; echo "rc=$?"
+  grep -E "correctness|failures" "$OUT/fp8_bench.log" | tail -3; tail -48 "$OUT/fp8_bench.log"
+  stamp "kbench perf fp8-mm --backend cuda"
+  timeout 150 kbench perf fp8-mm --backend cuda --json "$OUT/perf_fp8-mm_cuda.json" 2>&1 | tail -24 ;;
 dist)
   export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
   n=$(nvidia-smi -L | wc -l)

@@ -130,6 +130,8 @@ Fp8GemmPlan fp8_gemm_plan(int m, int n, int k, int sms) {
   return Fp8GemmPlan{128, splits, true, sched};
 }
 
+int fp8_gemm_sk_slot_floats() { return kSkSlotFloats; }
+
 int fp8_gemm_num_sms() {
   int dev = 0;
   cudaGetDevice(&dev);
@@ -142,8 +144,14 @@ const char* fp8_gemm_run(const Fp8GemmArgs& g, Fp8GemmPlan plan, cudaStream_t st
     return "fp8_gemm: need m, n multiples of 16 and k a multiple of 128";
   if (plan.bn != 128 && plan.bn != 64) return "fp8_gemm: plan.bn must be 64 or 128";
   // Flag 16 of plan.sched: split-K partials go to per-split slices with plain stores (no memset, no atomics).
+  // Flag 32: stream-K for the tiles past the last full wave (gemm.cuh, WorkIter).
   const bool plain_ws = (plan.sched & 16) != 0;
-  plan.sched &= ~16;
+  const bool stream_k = (plan.sched & 32) != 0;
+  plan.sched &= ~(16 | 32);
+  if (stream_k && (plan.splits != 1 || !(plan.sched == 0 || plan.sched == 8)))
+    return "fp8_gemm: stream-K (flag 32) replaces split-K and runs with schedule 0 or 8: pass splits = 1";
+  if (stream_k && (!g.sk_ws || !g.sk_flags || g.epoch == 0))
+    return "fp8_gemm: stream-K needs its partial-tile workspace, flags and a nonzero epoch";
   if (!(plan.sched >= 0 && plan.sched <= 4) && !(plan.bn == 128 && (plan.sched == 8 || plan.sched == 11)))
     return "fp8_gemm: plan.sched must be 0 to 4, or 8 / 11 with bn 128 (+16 for plain split-K slices)";
   if (plan.sched != 0 && !plan.exact) return "fp8_gemm: consumer schedules other than 0 need the exact path";
@@ -158,13 +166,12 @@ const char* fp8_gemm_run(const Fp8GemmArgs& g, Fp8GemmPlan plan, cudaStream_t st
   const DeviceInfo& info = device_info(dev);
 
   const int splits = ceil_div(k / kBK, ceil_div(k / kBK, plan.splits));
-  if (splits > 1) {
-    // Before the transpose pass, so that the GEMM directly follows the kernel it overlaps with (PDL).
-    if (!g.ws) return "fp8_gemm: split-K plan needs a workspace";
-    if (!plain_ws) cudaMemsetAsync(g.ws, 0, (size_t)m * n * sizeof(float), stream);
-  }
+  if (splits > 1 && !g.ws) return "fp8_gemm: split-K plan needs a workspace";
 
-  // 1) K-major copies of the operands that arrive column-major (one launch for both); the exact path also
+  // Host work (tensor maps, parameters) comes first and the launches last, back to back, so the GPU does not
+  // wait for the host between the transpose pass and the GEMM (it matters on the small shapes, where the pass
+  // takes a few microseconds).
+  // 1) K-major copies of the operands that arrive column-major (one launch for both, below); the exact path also
   //    widens them to fp16 there.
   const void* a_km = g.a;
   const void* b_km = g.b;
@@ -176,12 +183,6 @@ const char* fp8_gemm_run(const Fp8GemmArgs& g, Fp8GemmPlan plan, cudaStream_t st
   if (!g.b_kmajor) {
     jb.tiles = ceil_div(n, kTrTile) * (k / kTrTile);
     b_km = g.b_t;
-  }
-  if (ja.tiles + jb.tiles > 0) {
-    if (plan.exact)
-      transpose_pair_kernel<true><<<ja.tiles + jb.tiles, kTrThreads, 0, stream>>>(ja, jb);
-    else
-      transpose_pair_kernel<false><<<ja.tiles + jb.tiles, kTrThreads, 0, stream>>>(ja, jb);
   }
 
   // 2) Tensor maps: operand tiles are 128 bytes of k wide (one swizzle span), scales one k-block tall.
@@ -208,6 +209,22 @@ const char* fp8_gemm_run(const Fp8GemmArgs& g, Fp8GemmPlan plan, cudaStream_t st
   p.splits = ceil_div(p.num_kb, p.kb_per_split);
   p.sb_blocks = ceil_div(n, 128);
   p.num_units = p.num_tiles * p.splits;
+  p.dp_units = p.num_units;
+  // Stream-K: all tiles but the last full wave and the partial one go round-robin; those (G + rem tiles, or all
+  // of them when there is less than one wave) are cut into equal k-ranges over the G CTAs. Every range must hold
+  // at least one k-block (a CTA with an empty range publishes no partial), hence sk_iters >= G.
+  if (stream_k && p.num_tiles % info.sms != 0) {
+    const int waves = p.num_tiles / info.sms;
+    const int dp_tiles = waves >= 1 ? (waves - 1) * info.sms : 0;
+    const long long sk_iters = (long long)(p.num_tiles - dp_tiles) * p.num_kb;
+    if (sk_iters >= info.sms) {
+      p.dp_units = dp_tiles;
+      p.sk_iters = sk_iters;
+      p.sk_ws = g.sk_ws;
+      p.sk_flags = g.sk_flags;
+      p.epoch = g.epoch;
+    }
+  }
   p.sb = g.sb;
   p.sb_s0 = g.sb_s0;
   p.sb_s1 = g.sb_s1;
@@ -215,7 +232,15 @@ const char* fp8_gemm_run(const Fp8GemmArgs& g, Fp8GemmPlan plan, cudaStream_t st
   p.ws = g.ws;
   p.ws_split_stride = plain_ws ? (long long)m * n : 0;  // g.ws holds plan.splits >= p.splits slices then
 
-  const int grid = p.num_units < info.sms ? p.num_units : info.sms;
+  const int grid = p.sk_iters > 0 || p.num_units >= info.sms ? info.sms : p.num_units;
+  // The memset goes before the transpose pass, so that the GEMM directly follows the kernel it overlaps (PDL).
+  if (splits > 1 && !plain_ws) cudaMemsetAsync(g.ws, 0, (size_t)m * n * sizeof(float), stream);
+  if (ja.tiles + jb.tiles > 0) {
+    if (plan.exact)
+      transpose_pair_kernel<true><<<ja.tiles + jb.tiles, kTrThreads, 0, stream>>>(ja, jb);
+    else
+      transpose_pair_kernel<false><<<ja.tiles + jb.tiles, kTrThreads, 0, stream>>>(ja, jb);
+  }
   cudaError_t err;
   if (plan.bn == 128 && plan.exact && plan.sched == 8)
     err = launch_gemm<128, true, 8>(grid, stream, tm_a, tm_b, tm_sa, p);
