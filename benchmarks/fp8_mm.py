@@ -187,7 +187,10 @@ def main():
     ap.add_argument("--no-triton", action="store_true")
     ap.add_argument("--split-variants", action="store_true", help="also time split-K 1/2/4 with schedules 0/1")
     ap.add_argument("--runs", type=int, default=25)
-    ap.add_argument("--profile", metavar="M,N,K", help="only run this shape (auto plan) 3 times, e.g. under ncu")
+    ap.add_argument("--profile", metavar="M,N,K[;M,N,K...]",
+                    help="only run these shapes 3 times each (auto plan, or --sched), e.g. under ncu")
+    ap.add_argument("--sched", type=int, action="append",
+                    help="with --profile: also run fp8_gemm_with_sched(bn 0, splits 1, exact, SCHED) (repeatable)")
     ap.add_argument("--triton-budget-s", type=float, default=120.0, help="stop timing Triton after this long")
     args = ap.parse_args()
     out_dir = Path(os.environ.get("OUT", ROOT / ".device-out"))
@@ -203,12 +206,16 @@ def main():
         return mods.reference.generate_input(m=m, n=n, k=k, seed=seed)
 
     if args.profile:
-        m, n, k = (int(x) for x in args.profile.split(","))
-        data = gen(m, n, k, 1)
-        for _ in range(3):
-            custom_kernel(data)
-        torch.cuda.synchronize()
-        print(f"profiled {m}x{n}x{k} plan={ext.fp8_gemm_plan_for(m, n, k)}")
+        for shape in args.profile.split(";"):
+            m, n, k = (int(x) for x in shape.split(","))
+            data = gen(m, n, k, 1)
+            for _ in range(3):
+                custom_kernel(data)
+            for sc in args.sched or []:
+                for _ in range(3):
+                    ext.fp8_gemm_with_sched(*data, 0, 1, True, sc)
+            torch.cuda.synchronize()
+            print(f"profiled {m}x{n}x{k} plan={ext.fp8_gemm_plan_for(m, n, k)}, then schedules {args.sched or []}")
         return
 
     # ---------------- correctness ----------------
