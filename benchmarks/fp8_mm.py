@@ -50,11 +50,19 @@ CHECK_PLANS = [(128, 1, True, 0), (64, 1, True, 0), (128, 2, True, 0), (64, 3, T
                (64, 3, True, 1), (128, 4, True, 1), (128, 1, True, 3), (128, 2, True, 4), (64, 1, True, 3),
                (64, 3, True, 4), (128, 1, True, 8), (128, 4, True, 11), (128, 2, True, 8), (128, 1, True, 11),
                (128, 2, True, 16), (64, 3, True, 16), (128, 4, True, 24), (128, 3, True, 24), (64, 2, False, 16),
-               (128, 1, True, 32), (64, 1, True, 32), (128, 1, True, 40)]
-# Candidate schedules checked with the automatic plan on every shape and timed next to the default
-# (name: (bn, splits, schedule); bn 0 keeps the automatic plan, +32 forces splits 1).
-CAND_SCHEDS = (32, 40)
-CAND_VARIANTS = {"stream-K": (0, 1, 32), "stream-K,s8": (0, 1, 40)}
+               (128, 1, True, 32), (64, 1, True, 32), (128, 1, True, 40), (128, 1, True, 5), (128, 3, True, 6),
+               (128, 1, True, 13), (128, 2, True, 14 + 16), (128, 1, True, 38)]
+# Candidates, checked on every shape and timed next to the default: name -> schedule made from the automatic
+# plan's schedule flags (8: 6 stages, 16: split-K slices), passed with bn 0 (keep the automatic tile and split;
+# +32, stream-K, forces one split and drops 16).
+CAND_VARIANTS = {
+    "roll2": lambda auto: auto | 6,
+    "roll2,6st": lambda auto: auto | 6 | 8,
+    "roll4": lambda auto: auto | 5,
+    "roll4,6st": lambda auto: auto | 5 | 8,
+    "stream-K": lambda auto: (auto & 8) | 32,
+    "stream-K,roll2": lambda auto: (auto & 8) | 32 | 6,
+}
 SWEEP_PLANS = [(128, 1, True), (64, 1, True), (128, 2, True), (64, 2, True), (128, 4, True), (128, 1, False)]
 
 
@@ -239,9 +247,11 @@ def main():
                 print(msg, flush=True)
                 if not ok:
                     failures.append(msg)
-        for sc in CAND_SCHEDS:  # the automatic plan with each candidate schedule, on every shape
+        auto_sched = ext.fp8_gemm_plan_for(m, n, k)[3]
+        for name, make in CAND_VARIANTS.items():  # every candidate on every shape
+            sc = make(auto_sched)
             fn = lambda d, sc=sc: ext.fp8_gemm_with_sched(*d, 0, 1, True, sc)  # noqa: E731
-            ok, msg = check(fn, data, expected, f"  auto plan, schedule {sc} {m}x{n}x{k}")
+            ok, msg = check(fn, data, expected, f"  candidate {name} (schedule {sc}) {m}x{n}x{k}")
             print(msg, flush=True)
             if not ok:
                 failures.append(msg)
@@ -293,7 +303,7 @@ def main():
         # Candidates: each is checked (strict, NaN-poisoned) on this very shape before it is timed.
         cand = {}
         auto_sp, kb = row["plan"][1], k // 128
-        variants = dict(CAND_VARIANTS)
+        variants = {name: (0, 1, make(row["plan"][3])) for name, make in CAND_VARIANTS.items()}
         if args.split_variants:
             for sp in (2, 3, 4):  # split-K with per-split slices (+16), lock step with 5 or 6 (+8) stages
                 if kb >= 4 * sp:

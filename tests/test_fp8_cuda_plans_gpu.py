@@ -19,8 +19,10 @@ SHAPES = [
     (256, 4160, 1024),   # n % 128 != 0: the last tile column is partly outside
     (96, 8192, 1024),    # m < one tile
 ]
-# (bn, splits, schedule): stream-K with 5 / 6 stages, 64-wide tiles, and the automatic plan for comparison
-PLANS = [(128, 1, 32), (128, 1, 40), (64, 1, 32), (0, 1, -1)]
+# (bn, splits, schedule): stream-K with 5 / 6 stages, 64-wide tiles; rolling schedules (5: groups of 4, 6: of 2,
+# +8 six stages), alone, with split-K slices and with stream-K; the automatic plan for comparison
+PLANS = [(128, 1, 32), (128, 1, 40), (64, 1, 32), (128, 1, 5), (128, 1, 14), (128, 3, 6 + 16), (128, 1, 6 + 32),
+         (0, 1, -1)]
 
 
 @pytest.fixture(scope="module")

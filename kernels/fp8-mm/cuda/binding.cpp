@@ -123,7 +123,8 @@ torch::Tensor fp8_gemm_with_plan(torch::Tensor a, torch::Tensor b, torch::Tensor
 }
 
 // Like fp8_gemm_with_plan, plus the exact path's consumer schedule (gemm.cuh: 0 lock step, 1 ordered issue,
-// 2 strict alternation, 3 split chains with early promotion, 4 split chains; + 8: C staged in halves and one
+// 2 strict alternation, 3 split chains with early promotion, 4 split chains, 5 / 6 rolling in groups of 4 / 2
+// k-blocks (bn 128); + 8: C staged in halves and one
 // more pipeline stage, bn 128 only; + 16: split-K partials in per-split slices, plain stores; + 32: stream-K for
 // the tiles past the last full wave, with splits = 1 and schedule 0 or 8); bn = 0 keeps the automatic plan.
 torch::Tensor fp8_gemm_with_sched(torch::Tensor a, torch::Tensor b, torch::Tensor a_scale, torch::Tensor b_scale,
@@ -131,10 +132,11 @@ torch::Tensor fp8_gemm_with_sched(torch::Tensor a, torch::Tensor b, torch::Tenso
   TORCH_CHECK(bn == 0 || bn == 64 || bn == 128, "fp8_gemm_with_sched: bn must be 0 (automatic), 64 or 128");
   TORCH_CHECK(splits >= 1, "fp8_gemm_with_sched: splits must be >= 1");
   const int64_t base = sched & ~int64_t(16 | 32);
-  TORCH_CHECK(sched >= 0 && ((base >= 0 && base <= 4) || base == 8 || base == 11),
-              "fp8_gemm_with_sched: sched must be 0 to 4, 8 or 11, optionally + 16 and/or + 32");
-  TORCH_CHECK(!(sched & 32) || ((base == 0 || base == 8) && (bn == 0 || splits == 1)),
-              "fp8_gemm_with_sched: stream-K (+32) runs with schedule 0 or 8 and splits = 1");
+  TORCH_CHECK(sched >= 0 && ((base >= 0 && base <= 6) || base == 8 || base == 11 || base == 13 || base == 14),
+              "fp8_gemm_with_sched: sched must be 0 to 6, 8, 11, 13 or 14, optionally + 16 and/or + 32");
+  TORCH_CHECK(!(sched & 32) || ((base == 0 || base == 8 || base == 5 || base == 6 || base == 13 || base == 14) &&
+                                (bn == 0 || splits == 1)),
+              "fp8_gemm_with_sched: stream-K (+32) runs with schedule 0, 5 or 6 (+8) and splits = 1");
   return run(a, b, a_scale, b_scale, c, static_cast<int>(bn), static_cast<int>(splits), exact,
              static_cast<int>(sched));
 }

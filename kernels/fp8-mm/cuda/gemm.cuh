@@ -260,6 +260,10 @@ struct BlockInFlight {
 //   3: split chains with early promotion: the block's two stages (64 k each) go to two register arrays committed
 //      as two groups; the first is promoted and its stage freed while the second one's MMAs run.
 //   4: split chains, one commit group (two independent accumulator chains, promoted together).
+//   5: rolling, groups of 4 k-blocks: two accumulator sets alternate, block kb+1's MMAs are issued before block kb
+//      is promoted (wgmma.wait_group 1), so each warpgroup keeps MMAs in flight while it promotes; only the last
+//      block of a group is promoted with nothing in flight. Nothing in flight crosses the loop's back edge (which
+//      would make ptxas serialize every wgmma, C7514). 6: the same with groups of 2.
 // Flag 8 (kDeep): stage C in column halves, one more pipeline stage (GemmShape<BN, true>).
 // Named barriers 3 (consumer 0 may go) and 4 (consumer 1 may go), 256 threads each; 1 and 2 are the epilogue's;
 // 5 (both consumers, 256 threads) orders a stream-K partial tile's stores before its flag.
@@ -442,6 +446,27 @@ __global__ void __launch_bounds__(kThreads, 1)
         } else {
           wgmma_wait<0>();
           retire(acc0, b0);
+        }
+      }
+    } else if constexpr (kSched >= 5) {
+      constexpr int kRoll = kSched == 5 ? 4 : 2;
+      for (int kb = w.kb0; kb < w.kb1; kb += kRoll) {
+        const int nb = min(kRoll, w.kb1 - kb);
+        float acc[2][kAcc];
+        BlockInFlight bf[2];
+#pragma unroll
+        for (int j = 0; j < kRoll; ++j) {
+          if (j < nb) {
+            issue(acc[j & 1], kb + j, bf[j & 1]);
+            if (j > 0) {
+              wgmma_wait<1>();
+              retire(acc[(j - 1) & 1], bf[(j - 1) & 1]);
+            }
+            if (j == nb - 1) {
+              wgmma_wait<0>();
+              retire(acc[j & 1], bf[j & 1]);
+            }
+          }
         }
       }
     } else if constexpr (kSched >= 3) {

@@ -97,6 +97,10 @@ DeviceInfo& device_info(int dev) {
     set_smem_attrs<64, true, 4>();
     set_smem_attrs<128, true, 8>();
     set_smem_attrs<128, true, 11>();
+    set_smem_attrs<128, true, 5>();
+    set_smem_attrs<128, true, 6>();
+    set_smem_attrs<128, true, 13>();
+    set_smem_attrs<128, true, 14>();
   }
   return d;
 }
@@ -148,12 +152,15 @@ const char* fp8_gemm_run(const Fp8GemmArgs& g, Fp8GemmPlan plan, cudaStream_t st
   const bool plain_ws = (plan.sched & 16) != 0;
   const bool stream_k = (plan.sched & 32) != 0;
   plan.sched &= ~(16 | 32);
-  if (stream_k && (plan.splits != 1 || !(plan.sched == 0 || plan.sched == 8)))
-    return "fp8_gemm: stream-K (flag 32) replaces split-K and runs with schedule 0 or 8: pass splits = 1";
+  if (stream_k && (plan.splits != 1 || !(plan.sched == 0 || (plan.sched >= 5 && plan.sched != 11))))
+    return "fp8_gemm: stream-K (flag 32) replaces split-K and runs with schedule 0, 5 or 6 (+8): pass splits = 1";
   if (stream_k && (!g.sk_ws || !g.sk_flags || g.epoch == 0))
     return "fp8_gemm: stream-K needs its partial-tile workspace, flags and a nonzero epoch";
-  if (!(plan.sched >= 0 && plan.sched <= 4) && !(plan.bn == 128 && (plan.sched == 8 || plan.sched == 11)))
-    return "fp8_gemm: plan.sched must be 0 to 4, or 8 / 11 with bn 128 (+16 for plain split-K slices)";
+  if (!(plan.sched >= 0 && plan.sched <= 4) &&
+      !(plan.bn == 128 && (plan.sched == 5 || plan.sched == 6 || plan.sched == 8 || plan.sched == 11 ||
+                           plan.sched == 13 || plan.sched == 14)))
+    return "fp8_gemm: plan.sched must be 0 to 4, or 5, 6, 8, 11, 13, 14 with bn 128 (+16 split-K slices, +32 "
+           "stream-K)";
   if (plan.sched != 0 && !plan.exact) return "fp8_gemm: consumer schedules other than 0 need the exact path";
   if (!g.a_kmajor && !g.a_t) return "fp8_gemm: column-major A needs the a_t scratch buffer";
   if (!g.b_kmajor && !g.b_t) return "fp8_gemm: column-major B needs the b_t scratch buffer";
@@ -244,6 +251,14 @@ const char* fp8_gemm_run(const Fp8GemmArgs& g, Fp8GemmPlan plan, cudaStream_t st
   cudaError_t err;
   if (plan.bn == 128 && plan.exact && plan.sched == 8)
     err = launch_gemm<128, true, 8>(grid, stream, tm_a, tm_b, tm_sa, p);
+  else if (plan.bn == 128 && plan.exact && plan.sched == 5)
+    err = launch_gemm<128, true, 5>(grid, stream, tm_a, tm_b, tm_sa, p);
+  else if (plan.bn == 128 && plan.exact && plan.sched == 6)
+    err = launch_gemm<128, true, 6>(grid, stream, tm_a, tm_b, tm_sa, p);
+  else if (plan.bn == 128 && plan.exact && plan.sched == 13)
+    err = launch_gemm<128, true, 13>(grid, stream, tm_a, tm_b, tm_sa, p);
+  else if (plan.bn == 128 && plan.exact && plan.sched == 14)
+    err = launch_gemm<128, true, 14>(grid, stream, tm_a, tm_b, tm_sa, p);
   else if (plan.bn == 128 && plan.exact && plan.sched == 11)
     err = launch_gemm<128, true, 11>(grid, stream, tm_a, tm_b, tm_sa, p);
   else if (plan.bn == 128 && plan.exact && plan.sched == 3)
