@@ -42,27 +42,16 @@ EXTRA_SHAPES = [(64, 64, 128), (96, 320, 384), (192, 576, 1152), (320, 704, 256)
 # (tile width, k-splits, exact, consumer schedule): exact=True is the fp16-MMA path that meets the tolerance, False
 # the FP8-MMA path; schedule (exact path only, gemm.cuh): 0 lock step, 1 ordered issue, 2 strict alternation,
 # 3 split chains with early promotion, 4 split chains; +8: C staged in halves, one more stage (bn 128 only);
-# +16: split-K partials stored into per-split fp32 slices (no memset, no atomics), summed by the finishing pass;
-# +32: stream-K for the tiles past the last full wave (splits 1; a tile split between CTAs is finished by the CTA
-# holding its first k-block).
+# +16: split-K partials stored into per-split fp32 slices (no memset, no atomics), summed by the finishing pass.
 CHECK_PLANS = [(128, 1, True, 0), (64, 1, True, 0), (128, 2, True, 0), (64, 3, True, 0), (128, 4, True, 0),
                (128, 1, False, 0), (64, 2, False, 0), (128, 1, True, 1), (128, 2, True, 2), (64, 1, True, 2),
                (64, 3, True, 1), (128, 4, True, 1), (128, 1, True, 3), (128, 2, True, 4), (64, 1, True, 3),
                (64, 3, True, 4), (128, 1, True, 8), (128, 4, True, 11), (128, 2, True, 8), (128, 1, True, 11),
-               (128, 2, True, 16), (64, 3, True, 16), (128, 4, True, 24), (128, 3, True, 24), (64, 2, False, 16),
-               (128, 1, True, 32), (64, 1, True, 32), (128, 1, True, 40), (128, 1, True, 5), (128, 3, True, 6),
-               (128, 1, True, 13), (128, 2, True, 14 + 16), (128, 1, True, 38)]
+               (128, 2, True, 16), (64, 3, True, 16), (128, 4, True, 24), (128, 3, True, 24), (64, 2, False, 16)]
 # Candidates, checked on every shape and timed next to the default: name -> schedule made from the automatic
-# plan's schedule flags (8: 6 stages, 16: split-K slices), passed with bn 0 (keep the automatic tile and split;
-# +32, stream-K, forces one split and drops 16).
-CAND_VARIANTS = {
-    "roll2": lambda auto: auto | 6,
-    "roll2,6st": lambda auto: auto | 6 | 8,
-    "roll4": lambda auto: auto | 5,
-    "roll4,6st": lambda auto: auto | 5 | 8,
-    "stream-K": lambda auto: (auto & 8) | 32,
-    "stream-K,roll2": lambda auto: (auto & 8) | 32 | 6,
-}
+# plan's schedule flags (8: 6 stages, 16: split-K slices), passed with bn 0 (keep the automatic tile and split).
+# Empty now: the last ones (stream-K, rolling promotion) lost and were removed (docs/fp8-mm-notes.md, v12-v13).
+CAND_VARIANTS = {}
 SWEEP_PLANS = [(128, 1, True), (64, 1, True), (128, 2, True), (64, 2, True), (128, 4, True), (128, 1, False)]
 
 

@@ -8,26 +8,6 @@
 
 namespace {
 
-// Stream-K partial tiles and flags of one device, kept for the life of the process (leaked on purpose: a
-// static tensor would be freed after the CUDA context at exit). The flags start at zero and only ever hold past
-// epochs, so a stale flag can never look like the current call's. One stream at a time per device.
-struct StreamKBuffers {
-  torch::Tensor* ws = nullptr;
-  torch::Tensor* flags = nullptr;
-  unsigned epoch = 0;
-};
-
-StreamKBuffers& stream_k_buffers(const torch::Tensor& like) {
-  static StreamKBuffers per_device[64];
-  StreamKBuffers& b = per_device[like.get_device() & 63];
-  if (!b.ws) {
-    const int64_t sms = fp8_gemm_num_sms();
-    b.ws = new torch::Tensor(torch::empty({sms * fp8_gemm_sk_slot_floats()}, like.options().dtype(torch::kFloat)));
-    b.flags = new torch::Tensor(torch::zeros({sms}, like.options().dtype(torch::kInt)));
-  }
-  return b;
-}
-
 bool is_kmajor(const torch::Tensor& t) { return t.stride(1) == 1 && t.stride(0) == t.size(1); }
 bool is_colmajor(const torch::Tensor& t) { return t.stride(0) == 1 && t.stride(1) == t.size(0); }
 
@@ -55,10 +35,7 @@ torch::Tensor run(torch::Tensor a, torch::Tensor b, torch::Tensor a_scale, torch
 
   Fp8GemmPlan plan = fp8_gemm_plan(m, n, k, fp8_gemm_num_sms());
   if (bn > 0) plan = Fp8GemmPlan{bn, splits, exact, 0};
-  if (sched >= 0) {
-    plan.sched = sched;
-    if (sched & 32) plan.splits = 1;  // stream-K replaces split-K
-  }
+  if (sched >= 0) plan.sched = sched;
 
   // The transpose pass reads column-major operands (what the problem hands over); other layouts are normalised
   // to that, except that the FP8 path takes K-major operands as they are.
@@ -94,12 +71,6 @@ torch::Tensor run(torch::Tensor a, torch::Tensor b, torch::Tensor a_scale, torch
   g.m = static_cast<int>(m);
   g.n = static_cast<int>(n);
   g.k = static_cast<int>(k);
-  if (plan.sched & 32) {
-    StreamKBuffers& sk = stream_k_buffers(a);
-    g.sk_ws = sk.ws->data_ptr<float>();
-    g.sk_flags = reinterpret_cast<unsigned*>(sk.flags->data_ptr<int>());
-    g.epoch = ++sk.epoch;
-  }
   const char* err = fp8_gemm_run(g, plan, c10::cuda::getCurrentCUDAStream().stream());
   TORCH_CHECK(err == nullptr, err ? err : "");
   if (!out.is_same(c)) c.copy_(out);
@@ -123,20 +94,16 @@ torch::Tensor fp8_gemm_with_plan(torch::Tensor a, torch::Tensor b, torch::Tensor
 }
 
 // Like fp8_gemm_with_plan, plus the exact path's consumer schedule (gemm.cuh: 0 lock step, 1 ordered issue,
-// 2 strict alternation, 3 split chains with early promotion, 4 split chains, 5 / 6 rolling in groups of 4 / 2
-// k-blocks (bn 128); + 8: C staged in halves and one
-// more pipeline stage, bn 128 only; + 16: split-K partials in per-split slices, plain stores; + 32: stream-K for
-// the tiles past the last full wave, with splits = 1 and schedule 0 or 8); bn = 0 keeps the automatic plan.
+// 2 strict alternation, 3 split chains with early promotion, 4 split chains; + 8: C staged in halves and one
+// more pipeline stage, bn 128 only; + 16: split-K partials in per-split slices, plain stores); bn = 0 keeps the
+// automatic plan.
 torch::Tensor fp8_gemm_with_sched(torch::Tensor a, torch::Tensor b, torch::Tensor a_scale, torch::Tensor b_scale,
                                   torch::Tensor c, int64_t bn, int64_t splits, bool exact, int64_t sched) {
   TORCH_CHECK(bn == 0 || bn == 64 || bn == 128, "fp8_gemm_with_sched: bn must be 0 (automatic), 64 or 128");
   TORCH_CHECK(splits >= 1, "fp8_gemm_with_sched: splits must be >= 1");
-  const int64_t base = sched & ~int64_t(16 | 32);
-  TORCH_CHECK(sched >= 0 && ((base >= 0 && base <= 6) || base == 8 || base == 11 || base == 13 || base == 14),
-              "fp8_gemm_with_sched: sched must be 0 to 6, 8, 11, 13 or 14, optionally + 16 and/or + 32");
-  TORCH_CHECK(!(sched & 32) || ((base == 0 || base == 8 || base == 5 || base == 6 || base == 13 || base == 14) &&
-                                (bn == 0 || splits == 1)),
-              "fp8_gemm_with_sched: stream-K (+32) runs with schedule 0, 5 or 6 (+8) and splits = 1");
+  const int64_t base = sched & ~int64_t(16);
+  TORCH_CHECK(sched >= 0 && ((base >= 0 && base <= 4) || base == 8 || base == 11),
+              "fp8_gemm_with_sched: sched must be 0 to 4, 8 or 11, optionally + 16");
   return run(a, b, a_scale, b_scale, c, static_cast<int>(bn), static_cast<int>(splits), exact,
              static_cast<int>(sched));
 }

@@ -16,12 +16,6 @@ struct Fp8GemmArgs {
   long long sb_s0, sb_s1;  // b_scale[nb, kb] = sb[nb * sb_s0 + kb * sb_s1]
   uint16_t* c;  // bf16 [m][n] row-major, written
   float* ws;    // fp32 [m][n] scratch when plan.splits > 1
-  // Stream-K (plan.sched flag 32): fp32 [#SMs][fp8_gemm_sk_slot_floats()] partial tiles and [#SMs] uint32 flags,
-  // both kept across calls (the flags must never hold a value >= a later call's epoch: zero them once), and a
-  // per-call epoch that increases strictly from 1.
-  float* sk_ws = nullptr;
-  unsigned* sk_flags = nullptr;
-  unsigned epoch = 0;
   int m, n, k;  // m, n multiples of 16; k multiple of 128
 };
 
@@ -31,13 +25,10 @@ struct Fp8GemmPlan {
   bool exact;  // true: widen to fp16 and use FP16 wgmma (meets the official tolerance; needs column-major A, B);
                // false: FP8 wgmma on the bytes (faster, misses atol on nearly cancelling outputs; gemm.cuh)
   int sched = 0;  // exact path: consumer schedule (gemm.cuh: 0 lock step, 1 ordered, 2 alternating, 3/4 split chains)
-                  // + flags: 8 C staged in halves (one more stage), 16 split-K slices, 32 stream-K (splits == 1)
 };
 
 // Configuration for a shape on a GPU with `sms` multiprocessors.
 Fp8GemmPlan fp8_gemm_plan(int m, int n, int k, int sms);
 int fp8_gemm_num_sms();
-// fp32 per SM in Fp8GemmArgs::sk_ws.
-int fp8_gemm_sk_slot_floats();
 // Enqueues the whole computation on `stream`; returns nullptr or a one-line error.
 const char* fp8_gemm_run(const Fp8GemmArgs& args, Fp8GemmPlan plan, cudaStream_t stream);

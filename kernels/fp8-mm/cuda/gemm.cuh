@@ -13,10 +13,7 @@
 //   SA fp32, a_scale[i, kb] at sa[kb * ld + i] (M-major), read by TMA (tensor map dims {m, k/128})
 //   SB fp32, b_scale[nb, kb] at sb[nb * s0 + kb * s1]
 //   C  [m][n]  bf16 row-major (splits == 1), or (splits > 1) WS fp32: one [m][n] slice accumulated with atomics,
-//              or [splits][m][n] slices written with plain stores (ws_split_stride != 0)
-// Work decomposition: persistent CTAs take (tile, k-split) units round-robin; with stream-K (sk_iters > 0) the
-// last tiles are instead cut into equal ranges of k-blocks, one range per CTA, and a tile split between CTAs is
-// finished by the CTA holding its first k-block, which adds the others' fp32 partial tiles (SK_WS) to its own.
+//              or [splits][m][n] slices written with plain stores (ws_split_stride != 0; the default plans)
 // c[i,j] = sum_kb (sum_{k in kb} A[i,k] B[j,k]) * SA[i,kb] * SB[j/128,kb] * 0.25  (0.25 undoes the 2x per operand)
 #pragma once
 #include <cstdint>
@@ -59,11 +56,6 @@ struct GemmParams {
   int num_m_tiles, num_n_tiles, num_tiles;
   int num_kb, kb_per_split, num_units;  // units = tiles x splits
   int splits;
-  int dp_units;        // units [0, dp_units) go round-robin to the CTAs (all of them when stream-K is off)
-  long long sk_iters;  // stream-K: k-blocks of tiles [dp_units, num_tiles), split evenly over the CTAs; 0 = off
-  float* sk_ws;        // stream-K partial tiles: per CTA kSkSlotFloats fp32 (wgmma fragment order, see below)
-  unsigned* sk_flags;  // per CTA: == epoch once its partial tile of this call is in sk_ws
-  unsigned epoch;      // strictly increasing per call, so flags left by earlier calls never match
   int sb_blocks;  // ceil(n / 128): b_scale column blocks
   const float* sb;
   long long sb_s0, sb_s1;
@@ -73,22 +65,9 @@ struct GemmParams {
                               // slice `split` of [splits][m][n] (summed by f32_sum_to_bf16_kernel)
 };
 
-// What a CTA does with the tile of a unit once its k-range is done.
-enum UnitRole : int {
-  kWholeTile = 0,   // the unit covers its tile's k-range (or its split): store it
-  kContribute = 1,  // stream-K, a later part of the tile's k-range: hand the fp32 partial to the finishing CTA
-  kFinish = 2,      // stream-K, the first part: add the partials of CTAs blockIdx.x+1 .. last_cta, then store
-};
-
 struct Unit {
   int mt, nt, kb0, kb1;
-  int role = kWholeTile;
-  int last_cta = 0;  // kFinish: the last CTA holding part of this tile
 };
-
-// fp32 per CTA in GemmParams::sk_ws: 2 consumer warpgroups x 128 threads x 64 accumulators (BN = 128; BN = 64
-// uses the first half of each warpgroup's part), stored as float4 [warpgroup][q][thread] so stores coalesce.
-constexpr int kSkSlotFloats = 2 * 128 * 64;
 
 __device__ __forceinline__ Unit decode_unit(const GemmParams& p, int u) {
   // Tile-major within a split so one wave of CTAs works on neighbouring tiles (shared A rows / B columns in L2).
@@ -105,42 +84,6 @@ __device__ __forceinline__ Unit decode_unit(const GemmParams& p, int u) {
   r.kb1 = min(p.num_kb, r.kb0 + p.kb_per_split);
   return r;
 }
-
-// The sequence of units one CTA works on; producer and consumers walk the same sequence.
-struct WorkIter {
-  int u;
-  long long it, end;  // this CTA's stream-K range of k-blocks, [it, end)
-
-  __device__ explicit WorkIter(const GemmParams& p) : u(blockIdx.x) {
-    it = p.sk_iters * blockIdx.x / gridDim.x;
-    end = p.sk_iters * (blockIdx.x + 1) / gridDim.x;
-  }
-
-  __device__ bool next(const GemmParams& p, Unit& w) {
-    if (u < p.dp_units) {
-      w = decode_unit(p, u);
-      u += gridDim.x;
-      return true;
-    }
-    if (it >= end) return false;
-    const int tile = static_cast<int>(it / p.num_kb);  // among the stream-K tiles
-    const long long tile_it = (long long)tile * p.num_kb;
-    w = decode_unit(p, p.dp_units + tile);  // stream-K plans have one split: unit index = tile index
-    w.kb0 = static_cast<int>(it - tile_it);
-    w.kb1 = static_cast<int>(min((long long)p.num_kb, end - tile_it));
-    it = tile_it + w.kb1;
-    if (w.kb0 > 0) {
-      w.role = kContribute;  // a CTA's range starts inside a tile only at its first unit: one partial per CTA
-    } else if (w.kb1 < p.num_kb) {
-      // CTA j's range starts at floor(j T / G); it holds part of this tile iff that is below the tile's end.
-      const long long tile_end = tile_it + p.num_kb;
-      w.role = kFinish;
-      w.last_cta = static_cast<int>(min((long long)gridDim.x - 1,
-                                        (tile_end * gridDim.x + p.sk_iters - 1) / p.sk_iters - 1));
-    }
-    return true;
-  }
-};
 
 // One 64 x BN x (32 bytes of k) MMA step: k32 for e4m3, k16 for fp16.
 template <int BN, bool kF16>
@@ -260,48 +203,9 @@ struct BlockInFlight {
 //   3: split chains with early promotion: the block's two stages (64 k each) go to two register arrays committed
 //      as two groups; the first is promoted and its stage freed while the second one's MMAs run.
 //   4: split chains, one commit group (two independent accumulator chains, promoted together).
-//   5: rolling, groups of 4 k-blocks: two accumulator sets alternate, block kb+1's MMAs are issued before block kb
-//      is promoted (wgmma.wait_group 1), so each warpgroup keeps MMAs in flight while it promotes; only the last
-//      block of a group is promoted with nothing in flight. Nothing in flight crosses the loop's back edge (which
-//      would make ptxas serialize every wgmma, C7514). 6: the same with groups of 2.
 // Flag 8 (kDeep): stage C in column halves, one more pipeline stage (GemmShape<BN, true>).
-// Named barriers 3 (consumer 0 may go) and 4 (consumer 1 may go), 256 threads each; 1 and 2 are the epilogue's;
-// 5 (both consumers, 256 threads) orders a stream-K partial tile's stores before its flag.
-constexpr int kBarTurn0 = 3, kBarTurn1 = 4, kBarSkDone = 5;
-
-// Stream-K hand-over. Contributor: every consumer thread stores its accumulators into this CTA's slot, then one
-// thread publishes the epoch (release, after a barrier over both consumer warpgroups). Finisher: every thread
-// waits (acquire) for each later CTA holding part of the tile and adds its slot. Slots are read through L2 only.
-template <int kAcc>
-__device__ __forceinline__ void sk_publish(const GemmParams& p, const float (&total)[kAcc], int cw, int t) {
-  float4* slot = reinterpret_cast<float4*>(p.sk_ws + (long long)blockIdx.x * kSkSlotFloats) + cw * 16 * 128;
-#pragma unroll
-  for (int q = 0; q < kAcc / 4; ++q)
-    __stcg(slot + q * 128 + t, make_float4(total[4 * q], total[4 * q + 1], total[4 * q + 2], total[4 * q + 3]));
-  named_bar_sync(kBarSkDone, 256);
-  if (cw == 0 && t == 0) {
-    __threadfence();
-    st_release_gpu(p.sk_flags + blockIdx.x, p.epoch);
-  }
-}
-
-template <int kAcc>
-__device__ __forceinline__ void sk_gather(const GemmParams& p, float (&total)[kAcc], int last_cta, int cw, int t) {
-  for (int j = blockIdx.x + 1; j <= last_cta; ++j) {
-    if (p.sk_iters * (j + 1) / gridDim.x == p.sk_iters * j / gridDim.x) continue;  // empty range: no partial
-    while (ld_acquire_gpu(p.sk_flags + j) != p.epoch) {
-    }
-    const float4* slot = reinterpret_cast<const float4*>(p.sk_ws + (long long)j * kSkSlotFloats) + cw * 16 * 128;
-#pragma unroll
-    for (int q = 0; q < kAcc / 4; ++q) {
-      const float4 x = __ldcg(slot + q * 128 + t);
-      total[4 * q] += x.x;
-      total[4 * q + 1] += x.y;
-      total[4 * q + 2] += x.z;
-      total[4 * q + 3] += x.w;
-    }
-  }
-}
+// Named barriers 3 (consumer 0 may go) and 4 (consumer 1 may go), 256 threads each; 1 and 2 are the epilogue's.
+constexpr int kBarTurn0 = 3, kBarTurn1 = 4;
 
 template <int BN, bool kF16, int kSchedFlags = 0>
 __global__ void __launch_bounds__(kThreads, 1)
@@ -350,9 +254,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (threadIdx.x == 0) {
       int s = 0;
       uint32_t phase = 0;
-      WorkIter work(p);
-      Unit w;
-      while (work.next(p, w)) {
+      for (int u = blockIdx.x; u < p.num_units; u += gridDim.x) {
+        const Unit w = decode_unit(p, u);
         for (int st = w.kb0 * kSPB; st < w.kb1 * kSPB; ++st) {
           mbar_wait(&empty[s], phase ^ 1);
           mbar_arrive_expect_tx(&full[s], S::kStageBytes);
@@ -380,9 +283,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   constexpr bool kOrdered = (kSched == 1 || kSched == 2) && !(kSPB == 1);  // the FP8 path keeps its pairs
   bool issued_any = false;                               // consumer 0: the first turn needs no permission
 
-  WorkIter work(p);
-  Unit w;
-  while (work.next(p, w)) {
+  for (int u = blockIdx.x; u < p.num_units; u += gridDim.x) {
+    const Unit w = decode_unit(p, u);
     const int row0 = w.mt * kBM + cw * 64;
     const int col0 = w.nt * BN;
     const float* sb_col = p.sb + (long long)(col0 / 128) * p.sb_s0;  // BN divides 128: one b_scale column
@@ -446,27 +348,6 @@ __global__ void __launch_bounds__(kThreads, 1)
         } else {
           wgmma_wait<0>();
           retire(acc0, b0);
-        }
-      }
-    } else if constexpr (kSched >= 5) {
-      constexpr int kRoll = kSched == 5 ? 4 : 2;
-      for (int kb = w.kb0; kb < w.kb1; kb += kRoll) {
-        const int nb = min(kRoll, w.kb1 - kb);
-        float acc[2][kAcc];
-        BlockInFlight bf[2];
-#pragma unroll
-        for (int j = 0; j < kRoll; ++j) {
-          if (j < nb) {
-            issue(acc[j & 1], kb + j, bf[j & 1]);
-            if (j > 0) {
-              wgmma_wait<1>();
-              retire(acc[(j - 1) & 1], bf[(j - 1) & 1]);
-            }
-            if (j == nb - 1) {
-              wgmma_wait<0>();
-              retire(acc[j & 1], bf[j & 1]);
-            }
-          }
         }
       }
     } else if constexpr (kSched >= 3) {
@@ -557,11 +438,6 @@ __global__ void __launch_bounds__(kThreads, 1)
         retire(acc, b);
       }
     }
-    if (w.role == kContribute) {
-      sk_publish<kAcc>(p, total, cw, t);
-      continue;
-    }
-    if (w.role == kFinish) sk_gather<kAcc>(p, total, w.last_cta, cw, t);
     store_tile<BN, S::kStageC, kDeep>(p, total, s_c + cw * 64 * S::kCPitch, cw, t, frag_row, frag_col, row0, col0,
                                       w.kb0 / p.kb_per_split);
   }

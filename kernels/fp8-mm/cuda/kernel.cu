@@ -97,10 +97,6 @@ DeviceInfo& device_info(int dev) {
     set_smem_attrs<64, true, 4>();
     set_smem_attrs<128, true, 8>();
     set_smem_attrs<128, true, 11>();
-    set_smem_attrs<128, true, 5>();
-    set_smem_attrs<128, true, 6>();
-    set_smem_attrs<128, true, 13>();
-    set_smem_attrs<128, true, 14>();
   }
   return d;
 }
@@ -134,8 +130,6 @@ Fp8GemmPlan fp8_gemm_plan(int m, int n, int k, int sms) {
   return Fp8GemmPlan{128, splits, true, sched};
 }
 
-int fp8_gemm_sk_slot_floats() { return kSkSlotFloats; }
-
 int fp8_gemm_num_sms() {
   int dev = 0;
   cudaGetDevice(&dev);
@@ -148,19 +142,10 @@ const char* fp8_gemm_run(const Fp8GemmArgs& g, Fp8GemmPlan plan, cudaStream_t st
     return "fp8_gemm: need m, n multiples of 16 and k a multiple of 128";
   if (plan.bn != 128 && plan.bn != 64) return "fp8_gemm: plan.bn must be 64 or 128";
   // Flag 16 of plan.sched: split-K partials go to per-split slices with plain stores (no memset, no atomics).
-  // Flag 32: stream-K for the tiles past the last full wave (gemm.cuh, WorkIter).
   const bool plain_ws = (plan.sched & 16) != 0;
-  const bool stream_k = (plan.sched & 32) != 0;
-  plan.sched &= ~(16 | 32);
-  if (stream_k && (plan.splits != 1 || !(plan.sched == 0 || (plan.sched >= 5 && plan.sched != 11))))
-    return "fp8_gemm: stream-K (flag 32) replaces split-K and runs with schedule 0, 5 or 6 (+8): pass splits = 1";
-  if (stream_k && (!g.sk_ws || !g.sk_flags || g.epoch == 0))
-    return "fp8_gemm: stream-K needs its partial-tile workspace, flags and a nonzero epoch";
-  if (!(plan.sched >= 0 && plan.sched <= 4) &&
-      !(plan.bn == 128 && (plan.sched == 5 || plan.sched == 6 || plan.sched == 8 || plan.sched == 11 ||
-                           plan.sched == 13 || plan.sched == 14)))
-    return "fp8_gemm: plan.sched must be 0 to 4, or 5, 6, 8, 11, 13, 14 with bn 128 (+16 split-K slices, +32 "
-           "stream-K)";
+  plan.sched &= ~16;
+  if (!(plan.sched >= 0 && plan.sched <= 4) && !(plan.bn == 128 && (plan.sched == 8 || plan.sched == 11)))
+    return "fp8_gemm: plan.sched must be 0 to 4, or 8 / 11 with bn 128 (+16 for plain split-K slices)";
   if (plan.sched != 0 && !plan.exact) return "fp8_gemm: consumer schedules other than 0 need the exact path";
   if (!g.a_kmajor && !g.a_t) return "fp8_gemm: column-major A needs the a_t scratch buffer";
   if (!g.b_kmajor && !g.b_t) return "fp8_gemm: column-major B needs the b_t scratch buffer";
@@ -175,9 +160,8 @@ const char* fp8_gemm_run(const Fp8GemmArgs& g, Fp8GemmPlan plan, cudaStream_t st
   const int splits = ceil_div(k / kBK, ceil_div(k / kBK, plan.splits));
   if (splits > 1 && !g.ws) return "fp8_gemm: split-K plan needs a workspace";
 
-  // Host work (tensor maps, parameters) comes first and the launches last, back to back, so the GPU does not
-  // wait for the host between the transpose pass and the GEMM (it matters on the small shapes, where the pass
-  // takes a few microseconds).
+  // Host work (tensor maps, parameters) first and the launches last, back to back, so the GPU does not wait for
+  // the host between the transpose pass and the GEMM (on the small shapes the pass takes a few microseconds).
   // 1) K-major copies of the operands that arrive column-major (one launch for both, below); the exact path also
   //    widens them to fp16 there.
   const void* a_km = g.a;
@@ -216,22 +200,6 @@ const char* fp8_gemm_run(const Fp8GemmArgs& g, Fp8GemmPlan plan, cudaStream_t st
   p.splits = ceil_div(p.num_kb, p.kb_per_split);
   p.sb_blocks = ceil_div(n, 128);
   p.num_units = p.num_tiles * p.splits;
-  p.dp_units = p.num_units;
-  // Stream-K: all tiles but the last full wave and the partial one go round-robin; those (G + rem tiles, or all
-  // of them when there is less than one wave) are cut into equal k-ranges over the G CTAs. Every range must hold
-  // at least one k-block (a CTA with an empty range publishes no partial), hence sk_iters >= G.
-  if (stream_k && p.num_tiles % info.sms != 0) {
-    const int waves = p.num_tiles / info.sms;
-    const int dp_tiles = waves >= 1 ? (waves - 1) * info.sms : 0;
-    const long long sk_iters = (long long)(p.num_tiles - dp_tiles) * p.num_kb;
-    if (sk_iters >= info.sms) {
-      p.dp_units = dp_tiles;
-      p.sk_iters = sk_iters;
-      p.sk_ws = g.sk_ws;
-      p.sk_flags = g.sk_flags;
-      p.epoch = g.epoch;
-    }
-  }
   p.sb = g.sb;
   p.sb_s0 = g.sb_s0;
   p.sb_s1 = g.sb_s1;
@@ -239,7 +207,7 @@ const char* fp8_gemm_run(const Fp8GemmArgs& g, Fp8GemmPlan plan, cudaStream_t st
   p.ws = g.ws;
   p.ws_split_stride = plain_ws ? (long long)m * n : 0;  // g.ws holds plan.splits >= p.splits slices then
 
-  const int grid = p.sk_iters > 0 || p.num_units >= info.sms ? info.sms : p.num_units;
+  const int grid = p.num_units < info.sms ? p.num_units : info.sms;
   // The memset goes before the transpose pass, so that the GEMM directly follows the kernel it overlaps (PDL).
   if (splits > 1 && !plain_ws) cudaMemsetAsync(g.ws, 0, (size_t)m * n * sizeof(float), stream);
   if (ja.tiles + jb.tiles > 0) {
@@ -251,14 +219,6 @@ const char* fp8_gemm_run(const Fp8GemmArgs& g, Fp8GemmPlan plan, cudaStream_t st
   cudaError_t err;
   if (plan.bn == 128 && plan.exact && plan.sched == 8)
     err = launch_gemm<128, true, 8>(grid, stream, tm_a, tm_b, tm_sa, p);
-  else if (plan.bn == 128 && plan.exact && plan.sched == 5)
-    err = launch_gemm<128, true, 5>(grid, stream, tm_a, tm_b, tm_sa, p);
-  else if (plan.bn == 128 && plan.exact && plan.sched == 6)
-    err = launch_gemm<128, true, 6>(grid, stream, tm_a, tm_b, tm_sa, p);
-  else if (plan.bn == 128 && plan.exact && plan.sched == 13)
-    err = launch_gemm<128, true, 13>(grid, stream, tm_a, tm_b, tm_sa, p);
-  else if (plan.bn == 128 && plan.exact && plan.sched == 14)
-    err = launch_gemm<128, true, 14>(grid, stream, tm_a, tm_b, tm_sa, p);
   else if (plan.bn == 128 && plan.exact && plan.sched == 11)
     err = launch_gemm<128, true, 11>(grid, stream, tm_a, tm_b, tm_sa, p);
   else if (plan.bn == 128 && plan.exact && plan.sched == 3)
