@@ -225,7 +225,8 @@ def main():
     for m, n, k, seed in cases:
         data = gen(m, n, k, seed)
         expected = reference_f32(*data[:4])
-        ok, msg = check(custom_kernel, data, expected, f"auto {m}x{n}x{k} plan={ext.fp8_gemm_plan_for(m, n, k)}")
+        auto_plan = ext.fp8_gemm_plan_for(m, n, k)
+        ok, msg = check(custom_kernel, data, expected, f"auto {m}x{n}x{k} plan={auto_plan}")
         print(msg, flush=True)
         if not ok:
             failures.append(msg)
@@ -236,9 +237,8 @@ def main():
                 print(msg, flush=True)
                 if not ok:
                     failures.append(msg)
-        auto_sched = ext.fp8_gemm_plan_for(m, n, k)[3]
         for name, make in CAND_VARIANTS.items():  # every candidate on every shape
-            sc = make(auto_sched)
+            sc = make(auto_plan[3])
             fn = lambda d, sc=sc: ext.fp8_gemm_with_sched(*d, 0, 1, True, sc)  # noqa: E731
             ok, msg = check(fn, data, expected, f"  candidate {name} (schedule {sc}) {m}x{n}x{k}")
             print(msg, flush=True)
@@ -381,7 +381,8 @@ def main():
                      f"{f(r['triton_us'])} | {flag} |")
     g = summary
     lines.append(f"| geomean | | | {f(g['geomean_floor_us'])} | {f(g['geomean_f16_floor_us'])} | "
-                 f"{f(g['geomean_ours_us'])} | | | | {f(g['geomean_best_plan_us'])} | {f(g['geomean_cublas_f16_us'])} | "
+                 f"{f(g['geomean_ours_us'])} | | | | {f(g['geomean_best_plan_us'])} | "
+                 f"{f(g['geomean_cublas_f16_us'])} | "
                  f"{f(g['geomean_fp8_us'])} | {f(g['geomean_gemm_only_us'])} | "
                  f"{f(g['geomean_cublas_kernel_us'])} | {f(g['geomean_cublas_e2e_us'])} | "
                  f"{f(g['geomean_triton_us'])} | |")
