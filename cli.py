@@ -58,7 +58,7 @@ def _note(message: str) -> None:
 
 
 def _spec(problem: str):
-    import problems
+    from . import problems
 
     try:
         return problems.load_spec(problem)
@@ -91,7 +91,7 @@ def main(ctx: click.Context) -> None:
 @main.command("list")
 def list_cmd() -> None:
     """List the problems: leaderboard names, case counts (tests/benchmarks/smoke) and backends under kernels/."""
-    import problems
+    from . import problems
     from rich.table import Table
 
     table = Table(title="kbench problems", title_justify="left", caption="* the spec's default backend",
@@ -112,7 +112,7 @@ def list_cmd() -> None:
 
 def _backends(problem: str) -> list[str]:
     try:
-        import generator
+        from . import generator
 
         return generator.list_backends(problem)
     except (ImportError, ValueError):       # no kernels/<problem>/ yet: nothing to list, not an error
@@ -135,7 +135,7 @@ def gen_cmd(problem: str, backend: str | None, target: str, output: str, force: 
 
 
 def _generate(problem: str, backend: str | None, target: str, out: str | Path, force: bool) -> Path:
-    import generator
+    from . import generator
 
     try:
         return generator.generate(problem, backend=backend, target=target, out=out, force=force)
@@ -182,7 +182,7 @@ def _run_options(fn: Callable) -> Callable:
 
 def _plan(problem: str, mode: str, opts: dict):
     """The run's cases, device and world size (evaluator.plan), its errors as one line."""
-    from evaluator import plan
+    from .evaluator import plan
 
     try:
         return plan.make_plan(problem, mode, device=opts["device"], case_strings=opts["case_strings"],
@@ -220,7 +220,7 @@ def _submission_file(problem: str, spec, opts: dict):
 
 def _load_ceilings() -> Any:
     """This GPU's ceilings for % SOL; measured once and cached. A failed measurement costs only the % column."""
-    from evaluator import ceilings
+    from .evaluator import ceilings
 
     try:
         return ceilings.load_or_measure(say=lambda s: _note(s))
@@ -243,7 +243,7 @@ def _execute(problem: str, mode: str, opts: dict) -> None:
 
 
 def _execute_run(problem: str, mode: str, opts: dict) -> None:
-    from evaluator import report, results_io
+    from .evaluator import report, results_io
 
     _spec(problem)          # an unknown problem is the first thing to report
     _check_submission_options(opts)
@@ -260,7 +260,7 @@ def _execute_run(problem: str, mode: str, opts: dict) -> None:
         except results_io.RecordFileError as exc:
             raise KbenchError(str(exc)) from None
 
-    import evaluator
+    from . import evaluator
 
     with _submission_file(problem, plan.spec, opts) as (submission, origin):
         for note in plan.notes:     # after generation, so that a generator error stays the only line
@@ -273,7 +273,7 @@ def _execute_run(problem: str, mode: str, opts: dict) -> None:
         except evaluator.EvaluatorError as exc:
             raise KbenchError(str(exc)) from None
 
-    from evaluator import ceilings
+    from .evaluator import ceilings
 
     results_io.fill_environment(record, _command_line())
     record.environment.update(origin)
@@ -324,7 +324,7 @@ def device_cmd(refresh: bool) -> None:
     """Measure this GPU's ceilings once (bf16/fp8 matmul, copy bandwidth, NCCL all-reduce) and cache them per model."""
     import torch
 
-    from evaluator import ceilings
+    from .evaluator import ceilings
 
     if not torch.cuda.is_available():
         raise KbenchError("no CUDA GPU is visible; kbench device measures a GPU (CPU runs have no % SOL)")

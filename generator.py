@@ -112,7 +112,7 @@ def list_backends(problem: str, root=None) -> list[str]:
 def default_backend(problem: str) -> str:
     """The spec's default_backend; "torch" while the problems loader (or this problem's spec) is not there."""
     try:
-        import problems
+        from . import problems
 
         return problems.load_spec(problem).default_backend
     except Exception:  # noqa: BLE001 - any loader trouble means "no opinion", never a crash of gen

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-import problems
+from .. import problems
 
 from .record import RunRecord
 from .runner import EvaluatorError, Progress, popcorn_seed, resolve_problem, run_by_world_size, world_size_groups
@@ -194,7 +194,7 @@ def run_plan(plan: RunPlan, submission: str | Path, *, seed: int | None = None,
     The seed (``seed``, else POPCORN_SEED) is read once here, so every world size runs with the same one. Splitting
     here (with run_by_world_size, as run() does for itself) keeps each evaluator.run call to one process group.
     """
-    import evaluator        # run() is looked up on the package at call time (tests put a stand-in there)
+    from .. import evaluator        # run() is looked up on the package at call time (tests put a stand-in there)
 
     seed = popcorn_seed(seed)
     groups = world_size_groups(plan.spec, plan.cases, plan.world_size)

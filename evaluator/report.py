@@ -14,7 +14,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn
 from rich.table import Table
 from rich.text import Text
 
-from problems import format_case
+from ..problems import format_case
 
 STATUS_STYLE = {"pass": "green", "fail": "red", "timeout": "red", "crash": "red", "skipped": "yellow",
                 "interrupted": "yellow"}

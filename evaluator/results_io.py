@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from problems import format_case
+from ..problems import format_case
 
 
 class RecordFileError(ValueError):

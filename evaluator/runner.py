@@ -32,7 +32,7 @@ from multiprocessing.connection import wait
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-import problems
+from .. import problems
 
 from . import timing
 from .record import CaseResult, RunRecord

@@ -17,7 +17,7 @@ import shutil
 from pathlib import Path
 from typing import Iterable, Mapping
 
-import problems
+from .. import problems
 
 HERE = Path(__file__).resolve().parent
 HARNESS_FILES = ("harness.py", "timing.py")

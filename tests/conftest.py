@@ -1,18 +1,14 @@
-"""Test tiers: CPU tests always run; tests marked ``gpu`` skip with a reason when no CUDA GPU is present."""
-import os
-import sys
-from pathlib import Path
+"""Test tiers: CPU tests always run; tests marked ``gpu`` skip with a reason when no CUDA GPU is present.
 
+Tests import the project as ``kbench``, its installed name (README: ``pip install -e ".[dev]"``); spawned workers
+and the scripts some tests run import it too, so an uninstalled checkout is refused with the command that fixes it.
+"""
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
-
-
-def pytest_configure(config):
-    config.addinivalue_line("markers", "gpu: needs a CUDA GPU (skipped with a reason without one)")
-    config.addinivalue_line("markers", "multigpu(n): needs at least n CUDA GPUs")
+try:
+    import kbench  # noqa: F401
+except ImportError:
+    raise pytest.UsageError('kbench is not installed: run `python3 -m pip install -e ".[dev]"` in the checkout') from None
 
 
 def _gpu_count() -> int:

@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-import cli
-import evaluator
-import problems
-from evaluator import ceilings, results_io
-from evaluator.record import CaseResult, RunRecord
+from kbench import cli
+from kbench import evaluator
+from kbench import problems
+from kbench.evaluator import ceilings, results_io
+from kbench.evaluator.record import CaseResult, RunRecord
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -581,7 +581,7 @@ def test_ceilings_cache_measures_once_per_model(tmp_path, monkeypatch):
 def _render(record, **kw) -> str:
     from rich.console import Console
 
-    from evaluator import report
+    from kbench.evaluator import report
 
     console = Console(record=True, width=200, color_system=None)
     report.print_report(record, console, **kw)

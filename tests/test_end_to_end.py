@@ -5,8 +5,8 @@ import json
 import pytest
 from click.testing import CliRunner
 
-import cli
-import problems
+from kbench import cli
+from kbench import problems
 
 
 @pytest.mark.parametrize("problem", problems.list_problems())

@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
-import evaluator
-import problems
-from evaluator import timing
-from evaluator.record import CaseResult, RunRecord
-from evaluator.runner import EvaluatorError, _Batch, popcorn_seed
-from evaluator.stage import stage
+from kbench import evaluator
+from kbench import problems
+from kbench.evaluator import timing
+from kbench.evaluator.record import CaseResult, RunRecord
+from kbench.evaluator.runner import EvaluatorError, _Batch, popcorn_seed
+from kbench.evaluator.stage import stage
 
 FIX = Path(__file__).parent / "fixtures" / "submissions"
 QUICK = {"max_runs": 5, "rel_err_stop": 0.0}  # timed modes: exactly 5 runs, so the CPU suite stays fast
@@ -223,8 +223,7 @@ def test_workers_end_when_the_parent_is_killed(tmp_path):
     import time
 
     run_dir = (tmp_path / "run").resolve()
-    script = (f"import sys; sys.path.insert(0, {str(Path(__file__).parents[1])!r})\n"
-              "import evaluator, problems\n"
+    script = ("from kbench import evaluator, problems\n"
               "if __name__ == '__main__':\n"
               f"    evaluator.run('fp8-mm', {str(FIX / 'abort_or_hang.py')!r}, mode='test', device='cpu',\n"
               f"                  cases=[problems.official_case({fp8_case(m=128)!r})], run_dir={str(run_dir)!r})\n")

@@ -2,9 +2,9 @@
 official test and benchmark case, checked by the problem's reference exactly as `kbench test` does."""
 import pytest
 
-import evaluator
-import generator
-import problems
+from kbench import evaluator
+from kbench import generator
+from kbench import problems
 
 
 @pytest.mark.gpu

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-import generator
+from kbench import generator
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -22,11 +22,10 @@ CPU_SCRIPT = r"""
 import json, os, sys
 os.environ["TRITON_INTERPRET"] = "1"
 os.environ["KBENCH_DEVICE"] = "cpu"
-sys.path.insert(0, sys.argv[1])
 import importlib.util
 import torch
 import triton
-import problems
+from kbench import problems
 
 ref = problems.load_modules("fp8-mm").reference
 spec = importlib.util.spec_from_file_location("triton_submission", sys.argv[2])
@@ -135,8 +134,8 @@ print(json.dumps(out))
 def test_evaluator_runs_the_triton_submission_on_the_cpu(submission, monkeypatch):
     """`kbench test fp8-mm --backend triton --device cpu`: the evaluator's CPU workers pick Triton's interpreter
     themselves (no TRITON_INTERPRET needed in the caller's environment)."""
-    import evaluator
-    import problems
+    from kbench import evaluator
+    from kbench import problems
 
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     cases = [problems.official_case(c) for c in problems.load_spec("fp8-mm").smoke]
@@ -163,7 +162,7 @@ def test_native_path_compiles_to_widened_fp16_wgmma_for_sm90(submission):
 
 
 def _official(kind):
-    import problems
+    from kbench import problems
 
     return [problems.official_case(c) for c in problems.load_spec("fp8-mm").cases(kind)]
 
@@ -171,7 +170,7 @@ def _official(kind):
 @pytest.mark.gpu
 @pytest.mark.parametrize("kind", ["tests", "benchmarks"])
 def test_triton_submission_passes_official_cases_on_gpu(submission, kind):
-    import problems
+    from kbench import problems
     import torch
 
     ref = problems.load_modules("fp8-mm").reference

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-import generator
-from generator import GeneratorError
+from kbench import generator
+from kbench.generator import GeneratorError
 
 REPO = Path(__file__).resolve().parents[1]
 REAL = [(p, b) for p in generator.list_problems() for b in generator.list_backends(p)]

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-import generator
+from kbench import generator
 
 KERNELS = generator.kernels_root()
 CU_FILES = sorted(KERNELS.rglob("*.cu"))

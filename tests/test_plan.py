@@ -7,12 +7,12 @@ from types import SimpleNamespace
 
 import pytest
 
-import evaluator
-import problems
-from evaluator import plan
-from evaluator.plan import PlanError
-from evaluator.record import CaseResult, RunRecord
-from evaluator.runner import run_by_world_size, world_size_groups
+from kbench import evaluator
+from kbench import problems
+from kbench.evaluator import plan
+from kbench.evaluator.plan import PlanError
+from kbench.evaluator.record import CaseResult, RunRecord
+from kbench.evaluator.runner import run_by_world_size, world_size_groups
 
 FP8 = problems.load_spec("fp8-mm")
 RS = problems.load_spec("gemm-rs")

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-import problems
+from kbench import problems
 
 GOOD = {
     "name": "toy", "leaderboard": "amd-toy", "official_gpu": "MI300X", "ranking": "geomean",

@@ -17,7 +17,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-import problems
+from kbench import problems
 
 NAMES = ("all2all", "gemm-rs", "ag-gemm")
 WORKER_TIMEOUT_S = 150

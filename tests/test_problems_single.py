@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import problems
+from kbench import problems
 
 SINGLE = ("fp8-mm", "moe", "mla-decode")
 

@@ -9,7 +9,7 @@ import time
 import pytest
 import torch
 
-import problems
+from kbench import problems
 
 SINGLE = ("fp8-mm", "moe", "mla-decode")
 

@@ -1,7 +1,7 @@
 """The staged utils.py: the official verbose comparison and device choice."""
 import torch
 
-from problems import utils
+from kbench.problems import utils
 
 
 def test_verbose_allclose_reports_count_indices_and_values():
