@@ -1,7 +1,8 @@
-"""kbench's front door: a thin click group (list, gen, test, perf, profile, device).
+"""kbench's front door: a thin click group (list, gen, new, test, perf, profile, device).
 
-Each command turns options into calls of problems/, generator and evaluator/, and turns their errors into one line
-with exit code 2. Heavy imports (torch, the evaluator) happen inside the commands so `kbench --help` stays instant.
+Each command parses its options, calls problems/, generator and evaluator/, and renders what comes back; bad input
+becomes one ``Error:`` line with exit code 2. Heavy imports (torch, the evaluator) happen inside the commands so
+``kbench --help`` stays instant.
 """
 from __future__ import annotations
 
@@ -9,16 +10,20 @@ import contextlib
 import shlex
 import sys
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable
 
 import click
 
+from . import __version__
+
 EXIT_FAILED = 1          # a case did not pass
 EXIT_USAGE = 2           # bad input (click's own convention for usage errors)
 EXIT_INTERRUPTED = 130   # Ctrl-C, as a shell reports SIGINT
 
-TARGETS = ("h100", "h200", "mi300x")
+TARGETS = ("h100", "h200", "mi300x")   # generator.TARGETS (kept literal so --help needs no import)
+KERNELS_HELP = "Your own kernels folder (<DIR>/<problem>/<backend>/), searched before the shipped kernels."
 
 
 class KbenchError(click.ClickException):
@@ -46,10 +51,10 @@ class KbenchGroup(click.Group):
             raise KbenchError(f"{exc.format_message()} (see 'kbench --help')") from None
 
 
-def _console():
+def _console(stderr: bool = False):
     from rich.console import Console
 
-    return Console(highlight=False)
+    return Console(highlight=False, stderr=stderr)
 
 
 def _note(message: str) -> None:
@@ -57,15 +62,27 @@ def _note(message: str) -> None:
     click.echo(f"kbench: {message}", err=True)
 
 
-def _spec(problem: str):
-    from . import problems
+@contextlib.contextmanager
+def _one_line_errors():
+    """The library's refusals, as one line with exit code 2."""
+    from . import generator, problems
+    from .evaluator import EvaluatorError, results_io
 
     try:
-        return problems.load_spec(problem)
+        yield
     except problems.UnknownProblem as exc:
         raise KbenchError(str(exc)) from None
     except problems.SpecError as exc:
         raise KbenchError(f"broken spec: {exc}") from None
+    except (EvaluatorError, generator.GeneratorError, results_io.RecordFileError) as exc:
+        raise KbenchError(str(exc)) from None
+
+
+def _spec(problem: str):
+    from . import problems
+
+    with _one_line_errors():
+        return problems.load_spec(problem)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -73,6 +90,7 @@ def _spec(problem: str):
 
 @click.group(cls=KbenchGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110},
              invoke_without_command=True)
+@click.version_option(__version__, "--version", prog_name="kbench")
 @click.pass_context
 def main(ctx: click.Context) -> None:
     """kbench: pack kernels into a leaderboard submission.py and judge it locally, exactly as the leaderboard does.
@@ -80,19 +98,22 @@ def main(ctx: click.Context) -> None:
     \b
     Typical loop:
       kbench list                          problems, case counts, backends
-      kbench gen fp8-mm --backend cuda     kernels/fp8-mm/cuda/ -> submission.py
-      kbench test fp8-mm                   correctness on the official tests
+      kbench gen fp8-mm --backend cuda     kernels/fp8-mm/cuda/ -> ./submission.py
+      kbench test fp8-mm                   correctness of ./submission.py on the official tests
       kbench perf fp8-mm --json new.json   official benchmarks, score, % of speed of light
+    Without ./submission.py, test/perf/profile judge the spec's default backend; the first line says which file.
     """
     if ctx.invoked_subcommand is None:      # the bare command is a request for help, not an error
         click.echo(ctx.get_help())
 
 
 @main.command("list")
-def list_cmd() -> None:
-    """List the problems: leaderboard names, case counts (tests/benchmarks/smoke) and backends under kernels/."""
-    from . import problems
+@click.option("--kernels", "kernels", metavar="DIR", envvar="KBENCH_KERNELS", help=KERNELS_HELP)
+def list_cmd(kernels: str | None) -> None:
+    """List the problems: leaderboard names, case counts (tests/benchmarks/smoke) and backends."""
     from rich.table import Table
+
+    from . import generator, problems
 
     table = Table(title="kbench problems", title_justify="left", caption="* the spec's default backend",
                   caption_justify="left")
@@ -103,20 +124,14 @@ def list_cmd() -> None:
     table.add_column("backends", overflow="fold")
     for name in problems.list_problems():
         spec = _spec(name)
-        backends = _backends(name)
+        try:
+            backends = generator.list_backends(name, kernels)
+        except generator.GeneratorError:       # no kernels/<problem>/ yet: nothing to list, not an error
+            backends = []
         shown = ", ".join(f"{b}*" if b == spec.default_backend else b for b in backends) or "—"
         table.add_row(name, spec.leaderboard, str(len(spec.tests)), str(len(spec.benchmarks)),
                       str(len(spec.smoke)), str(spec.world_size or 1), shown)
     _console().print(table)
-
-
-def _backends(problem: str) -> list[str]:
-    try:
-        from . import generator
-
-        return generator.list_backends(problem)
-    except (ImportError, ValueError):       # no kernels/<problem>/ yet: nothing to list, not an error
-        return []
 
 
 @main.command("gen")
@@ -125,37 +140,53 @@ def _backends(problem: str) -> list[str]:
 @click.option("--target", type=click.Choice(TARGETS), default="h100", show_default=True,
               help="GPU to compile for: h100/h200 -> sm_90a, mi300x -> gfx942 (ROCm).")
 @click.option("-o", "--output", "output", default="submission.py", show_default=True, metavar="FILE",
-              help="Where to write the one-file submission.")
+              help="Where to write the one-file submission ('-': standard output).")
 @click.option("--force", is_flag=True, help="Overwrite FILE even if kbench did not generate it.")
-def gen_cmd(problem: str, backend: str | None, target: str, output: str, force: bool) -> None:
+@click.option("--kernels", "kernels", metavar="DIR", envvar="KBENCH_KERNELS", help=KERNELS_HELP)
+def gen_cmd(problem: str, backend: str | None, target: str, output: str, force: bool, kernels: str | None) -> None:
     """Pack kernels/PROBLEM/BACKEND/ into one leaderboard-ready submission.py."""
-    _spec(problem)
-    path = _generate(problem, backend, target, output, force)
-    click.echo(f"wrote {path} ({problem}, backend {backend or _spec(problem).default_backend}, target {target})")
-
-
-def _generate(problem: str, backend: str | None, target: str, out: str | Path, force: bool) -> Path:
     from . import generator
 
-    try:
-        return generator.generate(problem, backend=backend, target=target, out=out, force=force)
-    except generator.GeneratorError as exc:
-        raise KbenchError(str(exc)) from None
+    spec = _spec(problem)
+    with _one_line_errors():
+        path = generator.generate(problem, backend=backend, target=target, out=output, force=force, root=kernels)
+    if path is not None:
+        click.echo(f"wrote {path} ({problem}, backend {backend or spec.default_backend}, target {target})", err=True)
+
+
+@main.command("new")
+@click.argument("problem")
+@click.argument("backend")
+@click.option("--from", "source", default="torch", show_default=True, metavar="BACKEND",
+              help="The shipped backend to start from (its entry is copied; it passes `kbench test` on the CPU).")
+@click.option("--kernels", "kernels", metavar="DIR", envvar="KBENCH_KERNELS",
+              help="Your kernels folder (default: ./kernels); PROBLEM/BACKEND/ is created in it.")
+def new_cmd(problem: str, backend: str, source: str, kernels: str | None) -> None:
+    """Scaffold PROBLEM/BACKEND/ in your kernels folder: kernel.yml, entry.py (a working first version)."""
+    from . import generator
+
+    _spec(problem)
+    with _one_line_errors():
+        folder = generator.scaffold(problem, backend, Path(kernels or "kernels"), source)
+    click.echo(f"created {folder}: edit entry.py, then `kbench test {problem} --backend {backend}"
+               f"{'' if kernels else ' --kernels kernels'}`")
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# test / perf / profile: shared options and flow
+# test / perf / profile
 
 def _run_options(fn: Callable) -> Callable:
     options = [
         click.argument("problem"),
         click.option("--submission", metavar="FILE",
-                     help="Judge this submission.py (any file written for the leaderboard)."),
+                     help="Judge this submission.py (any file written for the leaderboard). Default: ./submission.py "
+                          "when it exists, else the spec's default backend generated into a temporary file."),
         click.option("--backend", metavar="NAME",
                      help="Generate the submission from kernels/PROBLEM/NAME/ into a temporary file first "
-                          "(./submission.py is never touched). Default without --submission: the spec's default_backend."),
+                          "(./submission.py is never touched)."),
         click.option("--target", type=click.Choice(TARGETS), default="h100", show_default=True,
                      help="Compile target when generating from --backend."),
+        click.option("--kernels", "kernels", metavar="DIR", envvar="KBENCH_KERNELS", help=KERNELS_HELP),
         click.option("--case", "case_strings", multiple=True, metavar='"k: v; k: v"',
                      help='Run this case (official form, e.g. "m: 64; n: 64; k: 128; seed: 1"); repeatable.'),
         click.option("--cases", "cases_from", metavar="official|smoke|FILE",
@@ -170,8 +201,12 @@ def _run_options(fn: Callable) -> Callable:
         click.option("--intended-bools", is_flag=True,
                      help="Pass True/False case values as booleans. DIFFERS from the leaderboard, which passed the "
                           "strings 'True'/'False' (both truthy)."),
+        click.option("--timeout", "timeout_s", type=float, default=None, metavar="SECONDS",
+                     help="Time limit of the whole run (default: the mode's official limit); cases not reached are "
+                          "reported as not run."),
+        click.option("--keep", is_flag=True, help="Keep the run folder (staged files, cases.txt, logs) and name it."),
         click.option("--json", "json_out", metavar="OUT",
-                     help="Write the whole record (cases, statistics, environment, command) to OUT atomically."),
+                     help="Write the whole record (plan, cases, statistics, environment, command) to OUT."),
         click.option("--popcorn-log", "popcorn_log", metavar="FILE",
                      help="Write the official 'key: value' result log (as POPCORN_FD receives it) to FILE."),
     ]
@@ -180,40 +215,46 @@ def _run_options(fn: Callable) -> Callable:
     return fn
 
 
-def _plan(problem: str, mode: str, opts: dict):
-    """The run's cases, device and world size (evaluator.plan), its errors as one line."""
-    from .evaluator import plan
-
-    try:
-        return plan.make_plan(problem, mode, device=opts["device"], case_strings=opts["case_strings"],
-                              cases_from=opts["cases_from"], world_size=opts["world_size"],
-                              intended_bools=opts["intended_bools"])
-    except plan.PlanError as exc:
-        raise KbenchError(str(exc)) from None
-
-
-def _check_submission_options(opts: dict) -> None:
+def _backend_for(problem: str, spec, opts: dict) -> str | None:
+    """The backend to generate, or None when a file is judged as it is (--submission, or ./submission.py)."""
     if opts["submission"] and opts["backend"]:
         raise KbenchError("give either --submission FILE or --backend NAME, not both")
-    sub = opts["submission"]
-    if sub and not Path(sub).is_file():
-        raise KbenchError(f"submission file not found: {sub} (pass an existing file, or --backend NAME to generate one)")
-    for key, flag in (("json_out", "--json"), ("popcorn_log", "--popcorn-log")):
-        out = opts.get(key)
-        if out and not Path(out).resolve().parent.is_dir():
-            raise KbenchError(f"{flag} {out}: folder {Path(out).resolve().parent} does not exist; create it first")
+    if opts["submission"]:
+        if not Path(opts["submission"]).is_file():
+            raise KbenchError(f"submission file not found: {opts['submission']} (pass an existing file, "
+                              "or --backend NAME to generate one)")
+        return None
+    if opts["backend"] or not Path("submission.py").is_file():
+        return opts["backend"] or spec.default_backend
+    opts["submission"] = "submission.py"
+    return None
+
+
+def _check_runs_here(problem: str, backend: str, device: str, opts: dict) -> None:
+    """A backend that needs a GPU, asked to run on the CPU: refused before anything is built."""
+    from . import generator
+
+    with _one_line_errors():
+        runs_on = generator.runs_on(problem, backend, opts["kernels"])
+    if device == "cpu" and "cpu" not in runs_on:
+        raise KbenchError(f"backend {backend!r} of {problem} needs a GPU ({', '.join(runs_on)}) and this run is on "
+                          f"the CPU: use --backend torch here, or run on a GPU machine")
+    if device == "cuda" and opts["target"] not in runs_on:
+        raise KbenchError(f"backend {backend!r} of {problem} runs on {', '.join(runs_on)}, not {opts['target']}: "
+                          f"pass --target {next(t for t in runs_on if t != 'cpu')}")
 
 
 @contextlib.contextmanager
-def _submission_file(problem: str, spec, opts: dict):
-    """(path, origin): --submission as given, or a backend generated into a temporary folder for this run only."""
-    if opts["submission"]:
+def _submission_file(problem: str, backend: str | None, opts: dict):
+    """(path, origin): the file as given, or a backend generated into a temporary folder for this run only."""
+    from . import generator
+
+    if backend is None:
         yield str(Path(opts["submission"]).resolve()), {}
         return
-    backend = opts["backend"] or spec.default_backend
-    with tempfile.TemporaryDirectory(prefix="kbench-gen-") as tmp:
-        path = _generate(problem, backend, opts["target"], Path(tmp) / "submission.py", force=True)
-        _note(f"generated backend {backend!r} (target {opts['target']}) into a temporary submission.py")
+    with tempfile.TemporaryDirectory(prefix="kbench-gen-") as tmp, _one_line_errors():
+        path = generator.generate(problem, backend, opts["target"], Path(tmp) / "submission.py", force=True,
+                                  root=opts["kernels"])
         # the file is gone after the run; the record keeps where it came from (and its sha256)
         yield str(path), {"backend": backend, "target": opts["target"]}
 
@@ -229,73 +270,88 @@ def _load_ceilings() -> Any:
         return None
 
 
-def _command_line() -> str:
-    return " ".join(shlex.quote(a) for a in ["kbench", *sys.argv[1:]])
+def _plan(problem: str, mode: str, opts: dict):
+    """Everything settled before anything runs (evaluator.make_plan); outputs checked writable; --compare read."""
+    from . import evaluator
+    from .evaluator import results_io
+
+    old = None
+    with _one_line_errors():
+        for key, flag in (("json_out", "--json"), ("popcorn_log", "--popcorn-log")):
+            if opts.get(key):
+                results_io.check_writable(opts[key], flag)
+        if opts.get("compare"):
+            old = results_io.load_record_json(opts["compare"])
+        run_dir = tempfile.mkdtemp(prefix="kbench-run-") if opts["keep"] else None
+        plan = evaluator.make_plan(problem, mode, device=opts["device"], case_strings=opts["case_strings"],
+                                   cases_from=opts["cases_from"], world_size=opts["world_size"],
+                                   intended_bools=opts["intended_bools"], seed=opts["seed"],
+                                   timeout_s=opts["timeout_s"], run_dir=run_dir)
+        if old is not None:
+            results_io.check_comparable(old, plan.spec.name, plan.device, opts["compare"])
+    return plan, old
 
 
 def _execute(problem: str, mode: str, opts: dict) -> None:
-    """The flow shared by test/perf/profile: plan, run with progress, report, write records, exit code."""
-    try:
-        _execute_run(problem, mode, opts)
-    except KeyboardInterrupt:           # Ctrl-C outside the runner (generation, measuring ceilings): no record
-        _note("interrupted before any result was recorded")
-        sys.exit(EXIT_INTERRUPTED)
-
-
-def _execute_run(problem: str, mode: str, opts: dict) -> None:
-    from .evaluator import report, results_io
-
-    _spec(problem)          # an unknown problem is the first thing to report
-    _check_submission_options(opts)
-    old = None
-    if opts.get("compare"):
-        try:
-            old = results_io.load_record_json(opts["compare"])
-        except results_io.RecordFileError as exc:
-            raise KbenchError(str(exc)) from None
-    plan = _plan(problem, mode, opts)
-    if old is not None:
-        try:
-            results_io.check_comparable(old, problem, plan.device, opts["compare"])
-        except results_io.RecordFileError as exc:
-            raise KbenchError(str(exc)) from None
-
+    """test/perf/profile: plan, pick the file, run with progress, report, write records, exit code."""
     from . import evaluator
+    from .evaluator import report
 
-    with _submission_file(problem, plan.spec, opts) as (submission, origin):
-        for note in plan.notes:     # after generation, so that a generator error stays the only line
+    spec = _spec(problem)       # an unknown problem is the first thing to report
+    backend = _backend_for(problem, spec, opts)
+    plan, old = _plan(problem, mode, opts)
+    if backend is not None:
+        _check_runs_here(problem, backend, plan.device, opts)
+    with _submission_file(problem, backend, opts) as (submission, origin):
+        _note(f"judging {opts['submission']}" if backend is None else
+              f"judging backend {backend!r} (target {opts['target']}) generated into a temporary submission.py")
+        for note in plan.notes:
             _note(note)
+        plan = replace(plan, submission=submission)
         console = _console()
-        try:
-            ceil = _load_ceilings() if plan.device == "cuda" and mode in ("benchmark", "leaderboard") else None
-            with report.RunProgress(console, plan.cases, mode) as progress:
-                record = evaluator.run_plan(plan, submission, seed=opts["seed"], progress=progress)
-        except evaluator.EvaluatorError as exc:
-            raise KbenchError(str(exc)) from None
-
-    from .evaluator import ceilings
-
-    results_io.fill_environment(record, _command_line())
+        ceil = _load_ceilings() if plan.device == "cuda" and mode in ("benchmark", "leaderboard") else None
+        with report.RunProgress(console, plan.cases, mode) as progress, _one_line_errors():
+            record = evaluator.execute(plan, progress)
     record.environment.update(origin)
+    record.command = record.command or " ".join(shlex.quote(a) for a in ["kbench", *sys.argv[1:]])
+    _finish(record, plan, old, opts, console, ceil)
+
+
+def _finish(record, plan, old, opts: dict, console, ceil) -> None:
+    """Render the report, write the records (a fallback file if a write fails at the end), exit."""
+    from .evaluator import ceilings, report, results_io
+
     sol = ceilings.sol_percents(record, plan.spec.roofline, ceil)
     comparison = results_io.compare(old, record, opts["compare"]) if old is not None else None
     report.print_report(record, console, sol=sol, comparison=comparison)
+    outputs = []
     if opts.get("json_out"):
-        path = results_io.write_json(record, opts["json_out"], sol)
-        _note(f"record written to {path}")
+        outputs.append(("record", opts["json_out"], results_io.json_text(record, sol)))
     if opts.get("popcorn_log"):
-        results_io.write_popcorn_log(record, opts["popcorn_log"])
-        _note(f"official log written to {opts['popcorn_log']}")
+        outputs.append(("official log", opts["popcorn_log"], results_io.popcorn_log(record)))
+    for what, path, text in outputs:
+        where, failed = results_io.write_with_fallback(path, text)
+        _note(f"{what} written to {where}" if not failed else f"could not write {failed}; {what} written to {where}")
+    if plan.run_dir:
+        _note(f"run folder kept: {plan.run_dir}")
     if record.interrupted:
         sys.exit(EXIT_INTERRUPTED)
     sys.exit(0 if record.passed() else EXIT_FAILED)
+
+
+def _interruptible(problem: str, mode: str, opts: dict) -> None:
+    try:
+        _execute(problem, mode, opts)
+    except KeyboardInterrupt:           # Ctrl-C outside the runner (generation, measuring ceilings): no record
+        _note("interrupted before any result was recorded")
+        sys.exit(EXIT_INTERRUPTED)
 
 
 @main.command("test")
 @_run_options
 def test_cmd(problem: str, **opts: Any) -> None:
     """Check a submission's correctness on the spec's tests (exit 0 only when every case passes)."""
-    _execute(problem, "test", opts)
+    _interruptible(problem, "test", dict(opts, compare=None))
 
 
 @main.command("perf")
@@ -305,14 +361,14 @@ def test_cmd(problem: str, **opts: Any) -> None:
 @click.option("--compare", metavar="OLD.json", help="Show per-case speedups (old/new) and the geomean ratio vs a --json record.")
 def perf_cmd(problem: str, mode: str, **opts: Any) -> None:
     """Time a submission on the spec's benchmarks: mean ± err per case, geomean score, % of speed of light."""
-    _execute(problem, mode, opts)
+    _interruptible(problem, mode, opts)
 
 
 @main.command("profile")
 @_run_options
 def profile_cmd(problem: str, **opts: Any) -> None:
     """Run each benchmark case once under the torch profiler and show the top kernels."""
-    _execute(problem, "profile", opts)
+    _interruptible(problem, "profile", dict(opts, compare=None))
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -323,14 +379,13 @@ def profile_cmd(problem: str, **opts: Any) -> None:
 def device_cmd(refresh: bool) -> None:
     """Measure this GPU's ceilings once (bf16/fp8 matmul, copy bandwidth, NCCL all-reduce) and cache them per model."""
     import torch
+    from rich.table import Table
 
     from .evaluator import ceilings
 
     if not torch.cuda.is_available():
         raise KbenchError("no CUDA GPU is visible; kbench device measures a GPU (CPU runs have no % SOL)")
     c = ceilings.load_or_measure(refresh=refresh, say=lambda s: _note(s))
-    from rich.table import Table
-
     table = Table(title=f"{c.gpu} (x{c.gpus}) · torch {c.torch} · {c.measured_at}", title_justify="left")
     table.add_column("ceiling")
     table.add_column("measured", justify="right")

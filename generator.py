@@ -22,10 +22,22 @@ kernel.yml (the contract in docs/CONTRACTS.md; keys marked "optional" are extens
                                      `h100: {}` to add nothing.
     env: {mi300x: {CXX: clang++}}    optional; environment variables set before torch is imported, per target
                                      (mi300x already gets PYTORCH_ROCM_ARCH=gfx942 and CXX=hipcc unless set)
+    # both templates:
+    targets: [h100, h200]            optional; where the backend runs: h100, h200, mi300x and cpu (the CPU, for
+                                     kbench's own CPU runs). Default: every target and cpu for template python,
+                                     h100, h200, mi300x for load_inline. gen/test refuse the others up front.
+    dev:                             optional; what in-process builds for tests and benchmarks add (load_build
+      functions: [plan_for]          dev=True): more exported functions and flags. The shipped submission never
+      flags: {common: {cuda_cflags: [-DKBENCH_DEV]}}     holds them.
+
+One build description serves both consumers: ``load_build`` returns a ``Build`` (sources after include inlining,
+flags, module name, hash); ``render_build`` fills the template for the submission file and ``load_in_process``
+imports that same text in this process (benchmarks and GPU tests), so a benchmark never times another build.
 
 Properties the output keeps: identical inputs give identical bytes (no timestamps, files in manifest order);
 the load_inline module is named after a hash of sources + flags (edits rebuild, unchanged files reuse torch's
-build cache); the first lines record problem, backend, target and that hash, and mark the file as ours so
+build cache); the file starts with popcorn-cli's ``#!POPCORN leaderboard`` / ``#!POPCORN gpu`` lines (so it can be
+submitted unchanged), then records problem, backend, target and that hash, and marks the file as ours so
 generate() never overwrites a file kbench did not write (unless force=True).
 """
 from __future__ import annotations
@@ -46,7 +58,10 @@ import yaml
 HERE = Path(__file__).resolve().parent
 TEMPLATES = HERE / "templates"
 TARGETS = ("h100", "h200", "mi300x")
+RUNS_ON = TARGETS + ("cpu",)           # what a manifest's `targets` may name: the GPU targets and kbench's CPU runs
 MARKER = "# kbench-generated submission"
+# popcorn-cli's GPU names for the targets (distributed leaderboards ran on 8 GPUs of one host: "<gpu>x8")
+LEADERBOARD_GPU = {"h100": "H100", "h200": "H200", "mi300x": "MI300"}
 
 # Top-level packages a leaderboard runner has (besides the standard library): anything else is local or missing.
 ALLOWED_IMPORTS = frozenset({"torch", "triton", "numpy", "task", "utils", "reference"})
@@ -61,7 +76,7 @@ ROCM_ENV_FORCED = {"PYTORCH_ROCM_ARCH": "gfx942"}
 ROCM_ENV_DEFAULT = {"CXX": "hipcc"}
 
 FLAG_KEYS = ("cflags", "cuda_cflags", "ldflags")
-COMMON_KEYS = {"template", "entry", "modules", "allow_imports"}
+COMMON_KEYS = {"template", "entry", "modules", "allow_imports", "targets", "dev"}
 LOAD_INLINE_KEYS = {"cuda_sources", "cpp_sources", "functions", "include_dirs", "flags", "env"}
 KNOWN_KEYS = COMMON_KEYS | LOAD_INLINE_KEYS
 
@@ -80,33 +95,55 @@ class GeneratorError(ValueError):
 # where things are
 
 
+SHIPPED = HERE / "kernels"
+
+
 def kernels_root(root: str | os.PathLike | None = None) -> Path:
-    """The kernels tree: the argument, else env KBENCH_KERNELS, else kernels/ beside this file."""
+    """The competitor's kernels tree: the argument (``--kernels DIR``), else env KBENCH_KERNELS, else the kernels
+    shipped with kbench."""
     if root is None:
-        root = os.environ.get("KBENCH_KERNELS") or HERE / "kernels"
+        root = os.environ.get("KBENCH_KERNELS") or SHIPPED
     return Path(root).resolve()
 
 
+def kernel_roots(root=None) -> list[Path]:
+    """Where backends are looked up, first match wins: the competitor's tree, then the shipped kernels."""
+    first = kernels_root(root)
+    return [first] if first == SHIPPED.resolve() else [first, SHIPPED.resolve()]
+
+
 def list_problems(root=None) -> list[str]:
-    base = kernels_root(root)
-    if not base.is_dir():
-        return []
-    return sorted(p.name for p in base.iterdir() if p.is_dir() and not p.name.startswith((".", "_")))
+    names = set()
+    for base in kernel_roots(root):
+        if base.is_dir():
+            names |= {p.name for p in base.iterdir() if p.is_dir() and not p.name.startswith((".", "_"))}
+    return sorted(names)
 
 
-def _problem_dir(problem: str, root) -> Path:
-    base = kernels_root(root)
-    d = base / problem
-    if not problem or "/" in problem or not d.is_dir():
+def _problem_dirs(problem: str, root) -> list[Path]:
+    dirs = [base / problem for base in kernel_roots(root)]
+    if not problem or "/" in problem or not any(d.is_dir() for d in dirs):
         known = ", ".join(list_problems(root)) or "none"
-        raise GeneratorError(f"unknown problem {problem!r} under {base} (known: {known})")
-    return d
+        raise GeneratorError(f"unknown problem {problem!r} under {kernels_root(root)} (known: {known})")
+    return [d for d in dirs if d.is_dir()]
 
 
 def list_backends(problem: str, root=None) -> list[str]:
-    """Backends of a problem: the sub-folders of kernels/<problem>/ that hold a kernel.yml, sorted."""
-    d = _problem_dir(problem, root)
-    return sorted(p.name for p in d.iterdir() if (p / "kernel.yml").is_file())
+    """Backends of a problem: sub-folders of <kernels>/<problem>/ that hold a kernel.yml, over the search path."""
+    return sorted({p.name for d in _problem_dirs(problem, root) for p in d.iterdir() if (p / "kernel.yml").is_file()})
+
+
+def backend_dir(problem: str, backend: str, root=None) -> Path:
+    """The folder of a backend (the first one on the search path); GeneratorError naming the fix otherwise."""
+    dirs = _problem_dirs(problem, root)
+    for d in dirs:
+        if (d / backend / "kernel.yml").is_file():
+            return d / backend
+    bare = next((d / backend for d in dirs if (d / backend).is_dir()), None)
+    if bare is not None:
+        raise GeneratorError(f"{bare} has no kernel.yml (the backend's manifest); add one (template, entry, ...), "
+                             f"or create the backend with `kbench new {problem} {backend}`")
+    raise GeneratorError(f"unknown backend {backend!r} for {problem} (known: {', '.join(list_backends(problem, root)) or 'none'})")
 
 
 def default_backend(problem: str) -> str:
@@ -137,6 +174,8 @@ class Manifest:
     include_dirs: list[str] = field(default_factory=list)
     flags: dict = field(default_factory=dict)
     env: dict = field(default_factory=dict)
+    targets: list[str] = field(default_factory=list)
+    dev: dict = field(default_factory=dict)
 
 
 def _str_list(where: str, key: str, value) -> list[str]:
@@ -179,7 +218,24 @@ def load_manifest(backend_dir: Path, label: str) -> Manifest:
         raise GeneratorError(f"{label}: template load_inline needs key 'cuda_sources' or 'cpp_sources'")
     m.flags = _check_flags(label, raw.get("flags"))
     m.env = _check_env(label, raw.get("env"))
+    m.targets = _str_list(label, "targets", raw.get("targets")) or (
+        list(RUNS_ON) if template == "python" else list(TARGETS))
+    bad = [x for x in m.targets if x not in RUNS_ON]
+    if bad:
+        raise GeneratorError(f"{label}: key 'targets' names {bad[0]!r}; choose from {', '.join(RUNS_ON)}")
+    m.dev = _check_dev(label, raw.get("dev"), template)
     return m
+
+
+def _check_dev(label: str, dev, template: str) -> dict:
+    if dev is None:
+        return {}
+    if not isinstance(dev, dict) or set(dev) - {"functions", "flags"}:
+        raise GeneratorError(f"{label}: key 'dev' must be a mapping with 'functions' and/or 'flags'")
+    if template != "load_inline":
+        raise GeneratorError(f"{label}: key 'dev' only applies to template load_inline")
+    return {"functions": _str_list(label, "dev.functions", dev.get("functions")),
+            "flags": _check_flags(f"{label} (dev)", dev.get("flags"))}
 
 
 def _check_flags(label: str, flags) -> dict:
@@ -214,12 +270,15 @@ def _check_env(label: str, env) -> dict:
     return env
 
 
-def merged_flags(m: Manifest, target: str) -> dict[str, list[str]]:
-    """common + target flags; a missing target block means the target's arch default."""
+def merged_flags(m: Manifest, target: str, dev: bool = False) -> dict[str, list[str]]:
+    """common + target flags (+ the dev block's, for in-process builds); a missing target block means the
+    target's arch default."""
     target_block = m.flags.get(target, DEFAULT_ARCH_FLAGS[target])
+    extra = (m.dev.get("flags") or {}) if dev else {}
     out = {}
     for key in FLAG_KEYS:
-        out[key] = list((m.flags.get("common") or {}).get(key) or []) + list((target_block or {}).get(key) or [])
+        out[key] = (list((m.flags.get("common") or {}).get(key) or []) + list((target_block or {}).get(key) or [])
+                    + list((extra.get("common") or {}).get(key) or []) + list((extra.get(target) or {}).get(key) or []))
     return out
 
 
@@ -418,21 +477,48 @@ def _jinja() -> jinja2.Environment:
     return env
 
 
-def render(problem: str, backend: str, target: str = "h100", root=None) -> str:
-    """The submission text for kernels/<problem>/<backend>/ on `target` (h100 | h200 | mi300x)."""
+@dataclass(frozen=True)
+class Build:
+    """One backend built for one target: everything the submission file holds, and what an in-process build loads.
+
+    ``context`` fills the template (sources as Python literals, flags, module name); ``allowed`` are the packages
+    the output may import; ``hash`` covers every source and flag (the load_inline module name carries it).
+    """
+    problem: str
+    backend: str
+    target: str
+    template: str
+    dev: bool
+    hash: str
+    context: dict
+    allowed: frozenset
+
+
+def _header(problem: str, target: str) -> dict:
+    """popcorn-cli's leaderboard and GPU lines for the file's first lines (empty where the spec is unknown)."""
+    try:
+        from . import problems
+
+        spec = problems.load_spec(problem)
+    except Exception:  # noqa: BLE001 - a problem kbench does not judge still packs, without the popcorn lines
+        return {"leaderboard": None, "gpu": None}
+    gpu = LEADERBOARD_GPU[target] + (f"x{spec.world_size}" if spec.world_size else "")
+    return {"leaderboard": spec.leaderboard, "gpu": gpu}
+
+
+def load_build(problem: str, backend: str, target: str = "h100", root=None, dev: bool = False) -> Build:
+    """The build description of kernels/<problem>/<backend>/ for ``target`` (dev: with the manifest's dev block)."""
     if target not in TARGETS:
         raise GeneratorError(f"unknown target {target!r} (known: {', '.join(TARGETS)})")
-    backends = list_backends(problem, root)
-    if backend not in backends:
-        raise GeneratorError(f"unknown backend {backend!r} for {problem} (known: {', '.join(backends) or 'none'})")
-    base = kernels_root(root)
-    bdir = base / problem / backend
+    bdir = backend_dir(problem, backend, root)
+    base = bdir.parent.parent
     label = f"kernels/{problem}/{backend}/kernel.yml"
     m = load_manifest(bdir, label)
-
+    if target not in m.targets:
+        raise GeneratorError(f"backend {backend!r} of {problem} runs on {', '.join(m.targets)}, not {target}: pick "
+                             f"one of those with --target, or another backend (its kernel.yml lists 'targets')")
     entry_path = _backend_file(bdir, m.entry, label, "entry")
     future, entry_text = _split_future(_read(entry_path), _rel(entry_path, base))
-
     modules = []  # (name, display path, source)
     for rel in m.modules:
         path = _backend_file(bdir, rel, label, "modules")
@@ -440,57 +526,84 @@ def render(problem: str, backend: str, target: str = "h100", root=None) -> str:
         if any(name == n for n, _, _ in modules):
             raise GeneratorError(f"{label}: two modules named {name!r}; rename one file")
         modules.append((name, _rel(path, base), _read(path)))
-
     allowed = set(ALLOWED_IMPORTS) | set(m.allow_imports) | {n for n, _, _ in modules}
     for name, shown, src in modules:
         try:
             check_imports(ast.parse(src), allowed, shown)
         except SyntaxError as e:
             raise GeneratorError(f"{shown}:{e.lineno}: {e.msg}") from None
-
-    hashed = {
-        "problem": problem, "backend": backend, "template": m.template,
-        "entry": [_rel(entry_path, base), entry_text],
-        "modules": [[n, s, src] for n, s, src in modules],
-    }
-    ctx = {
-        "problem": problem, "backend": backend, "target": target, "marker": MARKER,
-        "future": future, "entry_path": _rel(entry_path, base), "entry": entry_text.rstrip("\n"),
-        "modules": [{"name": n, "path": s, "literal": py_literal(src)} for n, s, src in modules],
-    }
+    hashed = {"problem": problem, "backend": backend, "template": m.template,
+              "entry": [_rel(entry_path, base), entry_text], "modules": [[n, s, src] for n, s, src in modules]}
+    ctx = {"problem": problem, "backend": backend, "target": target, "marker": MARKER, **_header(problem, target),
+           "future": future, "entry_path": _rel(entry_path, base), "entry": entry_text.rstrip("\n"),
+           "modules": [{"name": n, "path": s, "literal": py_literal(src)} for n, s, src in modules]}
     if m.template == "load_inline":
-        for d in m.include_dirs:
-            if not (bdir / d).is_dir():
-                raise GeneratorError(f"{label}: include_dirs entry {d!r} is not a folder beside kernel.yml")
-        search = [bdir.resolve()] + [(bdir / d).resolve() for d in m.include_dirs]
-        cuda_files = [_backend_file(bdir, s, label, "cuda_sources") for s in m.cuda_sources]
-        cpp_files = [_backend_file(bdir, s, label, "cpp_sources") for s in m.cpp_sources]
-        cuda_text, cuda_read = inline_includes(cuda_files, search, base) if cuda_files else ("", [])
-        cpp_text, cpp_read = inline_includes(cpp_files, search, base) if cpp_files else ("", [])
-        flags = merged_flags(m, target)
-        env = target_env(m, target)
-        hashed.update(cuda=cuda_text, cpp=cpp_text, functions=m.functions, flags=flags, env=env, target=target)
-        digest = _sha(hashed)
-        ctx.update(
-            cuda_literal=py_literal(cuda_text) if cuda_files else None,
-            cpp_literal=py_literal(cpp_text) if cpp_files else None,
-            functions=m.functions, flags=flags, env=env,
-            ext_name=re.sub(r"\W", "_", f"kbench_{problem}_{backend}_{digest[:16]}"),
-            inlined=sorted({p for p, _ in cuda_read + cpp_read}),
-        )
-    else:
-        digest = _sha(hashed)
+        hashed.update(_native_sources(m, bdir, base, label, target, dev, ctx))
+    digest = _sha(hashed)
     ctx["source_hash"] = digest
-    text = _jinja().get_template(f"{m.template}.py.j2").render(**ctx)
-    check_output(text, allowed, f"{problem}/{backend}")
+    if m.template == "load_inline":
+        ctx["ext_name"] = re.sub(r"\W", "_", f"kbench_{problem}_{backend}{'_dev' if dev else ''}_{digest[:16]}")
+    return Build(problem=problem, backend=backend, target=target, template=m.template, dev=dev, hash=digest,
+                 context=ctx, allowed=frozenset(allowed))
+
+
+def _native_sources(m: Manifest, bdir: Path, base: Path, label: str, target: str, dev: bool, ctx: dict) -> dict:
+    """The load_inline part of a build: sources with includes pasted in, flags, exported functions (into ctx);
+    returns what the hash covers."""
+    for d in m.include_dirs:
+        if not (bdir / d).is_dir():
+            raise GeneratorError(f"{label}: include_dirs entry {d!r} is not a folder beside kernel.yml")
+    search = [bdir.resolve()] + [(bdir / d).resolve() for d in m.include_dirs]
+    cuda_files = [_backend_file(bdir, s, label, "cuda_sources") for s in m.cuda_sources]
+    cpp_files = [_backend_file(bdir, s, label, "cpp_sources") for s in m.cpp_sources]
+    cuda_text, cuda_read = inline_includes(cuda_files, search, base) if cuda_files else ("", [])
+    cpp_text, cpp_read = inline_includes(cpp_files, search, base) if cpp_files else ("", [])
+    flags = merged_flags(m, target, dev)
+    env = target_env(m, target)
+    functions = list(m.functions) + (list(m.dev.get("functions") or []) if dev else [])
+    ctx.update(cuda_literal=py_literal(cuda_text) if cuda_files else None,
+               cpp_literal=py_literal(cpp_text) if cpp_files else None, functions=functions, flags=flags, env=env,
+               inlined=sorted({p for p, _ in cuda_read + cpp_read}))
+    return {"cuda": cuda_text, "cpp": cpp_text, "functions": functions, "flags": flags, "env": env, "target": target}
+
+
+def render_build(build: Build) -> str:
+    """The submission text of a build (checked: it parses, defines custom_kernel, imports nothing local)."""
+    text = _jinja().get_template(f"{build.template}.py.j2").render(**build.context)
+    check_output(text, set(build.allowed), f"{build.problem}/{build.backend}")
     return text
+
+
+def render(problem: str, backend: str, target: str = "h100", root=None) -> str:
+    """The submission text for kernels/<problem>/<backend>/ on `target` (h100 | h200 | mi300x)."""
+    return render_build(load_build(problem, backend, target, root))
+
+
+def load_in_process(build: Build, folder: str | os.PathLike | None = None):
+    """Import the build's submission text in this process (benchmarks, GPU tests): the same file the leaderboard
+    gets, loaded as a module named ``kbench_<problem>_<backend>`` from ``folder`` (a temporary one by default, kept
+    for the process's life so tracebacks and Triton's source lookup find the file). Returns the module; its
+    ``custom_kernel`` is the entry point and, for load_inline builds, ``ext`` the compiled extension (with the dev
+    functions when the build is dev)."""
+    import importlib.util
+    import tempfile
+
+    where = Path(folder) if folder is not None else Path(tempfile.mkdtemp(prefix="kbench-build-"))
+    name = re.sub(r"\W", "_", f"kbench_{build.problem}_{build.backend}{'_dev' if build.dev else ''}")
+    path = where / f"{name}.py"
+    path.write_text(render_build(build), encoding="utf-8")
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
 
 
 def is_generated(path: Path) -> bool:
     """Whether `path` starts with kbench's header (only then may generate() replace it)."""
     try:
         with open(path, encoding="utf-8", errors="replace") as f:
-            head = [f.readline() for _ in range(3)]
+            head = [f.readline() for _ in range(6)]
     except OSError:
         return False
     return any(line.startswith(MARKER) for line in head)
@@ -498,11 +611,16 @@ def is_generated(path: Path) -> bool:
 
 def generate(problem: str, backend: str | None = None, target: str = "h100", out="submission.py",
              force: bool = False, root=None) -> Path:
-    """Render and write the submission; returns its path. Refuses to replace a file kbench did not write."""
+    """Render and write the submission; returns its path (``out`` "-": the text goes to stdout, returns None).
+    Refuses to replace a file kbench did not write."""
     if backend is None:
-        _problem_dir(problem, root)
+        _problem_dirs(problem, root)
         backend = default_backend(problem)
     text = render(problem, backend, target, root)
+    if str(out) == "-":
+        sys.stdout.write(text)
+        sys.stdout.flush()
+        return None
     out = Path(out)
     if out.is_dir():
         raise GeneratorError(f"{out} is a folder; pass a file name with -o (e.g. -o {out / 'submission.py'})")
@@ -514,3 +632,37 @@ def generate(problem: str, backend: str | None = None, target: str = "h100", out
     tmp.write_text(text, encoding="utf-8")
     os.replace(tmp, out)
     return out
+
+
+def runs_on(problem: str, backend: str, root=None) -> list[str]:
+    """The targets (and "cpu") a backend's manifest says it runs on."""
+    bdir = backend_dir(problem, backend, root)
+    return load_manifest(bdir, f"kernels/{problem}/{backend}/kernel.yml").targets
+
+
+def scaffold(problem: str, backend: str, kernels: Path, source: str = "torch") -> Path:
+    """Create <kernels>/<problem>/<backend>/ from the shipped python-template backend ``source`` (its kernel.yml,
+    entry and modules), a first version that passes ``kbench test`` on the CPU. Refuses to touch an existing folder."""
+    if not backend or not re.fullmatch(r"[A-Za-z0-9_.-]+", backend):
+        raise GeneratorError(f"backend name {backend!r}: use letters, digits, '_', '-' or '.'")
+    src = SHIPPED / problem / source
+    if not (src / "kernel.yml").is_file():
+        known = sorted(p.name for p in (SHIPPED / problem).iterdir() if (p / "kernel.yml").is_file()) \
+            if (SHIPPED / problem).is_dir() else []
+        raise GeneratorError(f"no shipped backend {source!r} for {problem} to start from (--from: {', '.join(known)})")
+    m = load_manifest(src, f"kernels/{problem}/{source}/kernel.yml")
+    if m.template != "python":
+        raise GeneratorError(f"--from {source}: start from a python-template backend (e.g. torch); a load_inline one "
+                             "needs a GPU to pass its first test")
+    dest = Path(kernels).resolve() / problem / backend
+    if dest.exists():
+        raise GeneratorError(f"{dest} already exists; pick another backend name or remove it")
+    dest.mkdir(parents=True)
+    for rel in [m.entry, *m.modules]:
+        (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+        (dest / rel).write_text(_read(src / rel), encoding="utf-8")
+    (dest / "kernel.yml").write_text(
+        f"# {problem}/{backend}: started from kbench's {source} backend (kbench new). kernel.yml keys: see kbench's\n"
+        f"# generator.py docstring. A CUDA backend uses template: load_inline with cuda_sources / cpp_sources.\n"
+        f"template: python\nentry: {m.entry}\nmodules: {json.dumps(m.modules)}\n", encoding="utf-8")
+    return dest

@@ -25,6 +25,7 @@ class CaseResult:
     best_ns: float | None = None
     worst_ns: float | None = None
     wall_s: float = 0.0             # generation + check + timing of this case
+    output: str = ""                # the last lines the submission printed during this case (every rank's)
 
     @classmethod
     def from_json(cls, d: dict) -> "CaseResult":
@@ -45,6 +46,7 @@ class RunRecord:
     interrupted: bool = False
     environment: dict = field(default_factory=dict)
     command: str = ""
+    plan: dict = field(default_factory=dict)      # the plan that ran (evaluator/plan.py RunPlan.to_json())
 
     def score_s(self) -> float | None:
         """Geometric mean of the per-case mean times in seconds; None if a case did not pass or nothing was timed."""

@@ -95,8 +95,9 @@ class RunProgress:
 
 
 def case_table(record: Any, sol: Mapping[int, float] | None = None,
-               speedups: Mapping[int, float] | None = None) -> Table:
-    """One row per case: case, status, mean ± err, best, worst, runs, and % SOL / speedup where known."""
+               speedups: Mapping[int, float] | None = None, noise: set[int] = frozenset()) -> Table:
+    """One row per case: case, status, mean ± err, best, worst, runs, and % SOL / speedup where known (a speedup
+    within two standard errors of the difference reads "~": noise)."""
     # profile mode reports kernels, not means: its columns are the test table's unless the runner timed it too
     timed = record.mode in ("benchmark", "leaderboard") or any(r.mean_ns is not None for r in record.cases)
     title = f"{record.problem} · {record.mode} · {device_label(record)}"
@@ -122,7 +123,8 @@ def case_table(record: Any, sol: Mapping[int, float] | None = None,
             if sol:
                 row.append(f"{sol[r.index]:.1f}%" if r.index in sol else "—")
             if speedups is not None:
-                row.append(f"{speedups[r.index]:.2f}x" if r.index in speedups else "—")
+                mark = "~" if r.index in noise else ""      # within the combined error: neither run is faster
+                row.append(f"{mark}{speedups[r.index]:.2f}x" if r.index in speedups else "—")
         table.add_row(*row)
     return table
 
@@ -155,10 +157,24 @@ def failure_lines(record: Any) -> list[str]:
     return out
 
 
+def output_lines(record: Any, max_cases: int = 5) -> list[str]:
+    """The tail of what cases printed: failing cases first (their traceback is there), then others."""
+    cases = [r for r in record.cases if r.output]
+    cases.sort(key=lambda r: r.status == "pass")
+    out = []
+    for r in cases[:max_cases]:
+        out.append(f"#{r.index} ({r.status}):")
+        out.extend(f"    {ln}" for ln in r.output.splitlines())
+    if len(cases) > max_cases:
+        out.append(f"... {len(cases) - max_cases} more cases printed output (--json keeps every case's)")
+    return out
+
+
 def print_report(record: Any, console: Console, sol: Mapping[int, float] | None = None,
                  comparison: Any = None) -> None:
     """The whole report of one run: table, score (geomean), comparison, failures, interruption."""
-    console.print(case_table(record, sol, comparison.speedups if comparison is not None else None))
+    console.print(case_table(record, sol, comparison.speedups if comparison is not None else None,
+                             comparison.noise if comparison is not None else frozenset()))
     if record.mode == "profile":
         for r in record.cases:
             if r.status == "pass" and r.message:
@@ -186,13 +202,17 @@ def print_report(record: Any, console: Console, sol: Mapping[int, float] | None 
                           f"over {comparison.matched} matched case(s)")
         else:
             console.print(f"vs {comparison.old_path}: no case timed in both runs")
-        gpu = (record.environment or {}).get("gpu")
-        if record.device == "cuda" and comparison.old_gpu and gpu and comparison.old_gpu != gpu:
-            console.print(f"[yellow]warning: the old record was timed on {comparison.old_gpu}, this run on {gpu}[/]")
+        for warning in comparison.warnings:
+            console.print(f"[yellow]warning: {warning}[/]")
     failures = failure_lines(record)
     if failures:
         console.print("[bold red]cases that did not pass:[/]")
         for line in failures:
             console.print(line, highlight=False, markup=False)
+    printed = output_lines(record)
+    if printed:
+        console.print("[bold]what the submission printed (last lines per case):[/]")
+        for line in printed:
+            console.print(line, highlight=False, markup=False, soft_wrap=True)
     if record.interrupted:
         console.print("[yellow]interrupted: the cases above are the ones that finished[/]")

@@ -27,7 +27,8 @@ class RecordFileError(ValueError):
 # writing
 
 def atomic_write_text(path: str | Path, text: str) -> Path:
-    """Write ``text`` so that ``path`` holds either the old content or the whole new one, never a torn file."""
+    """Write ``text`` so that ``path`` holds either the old content or the whole new one, never a torn file.
+    The file gets the mode a plain ``open()`` would give it (0666 less the umask), not mkstemp's 0600."""
     path = Path(path)
     fd, tmp = tempfile.mkstemp(dir=path.parent if str(path.parent) else ".", prefix=f".{path.name}.", suffix=".tmp")
     try:
@@ -35,11 +36,41 @@ def atomic_write_text(path: str | Path, text: str) -> Path:
             f.write(text)
             f.flush()
             os.fsync(f.fileno())
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
     return path
+
+
+def check_writable(path: str | Path, flag: str) -> None:
+    """Refuse, before any case runs, an output path a record could not be written to: RecordFileError, one line."""
+    out = Path(path)
+    if out.is_dir():
+        raise RecordFileError(f"{flag} {path}: is a folder; name a file in it (e.g. {out / 'run.json'})")
+    folder = out.resolve().parent
+    if not folder.is_dir():
+        raise RecordFileError(f"{flag} {path}: folder {folder} does not exist; create it first")
+    try:
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".kbench-probe-"):
+            pass
+    except OSError as exc:
+        raise RecordFileError(f"{flag} {path}: cannot write in {folder} ({exc.strerror or exc}); "
+                              "pick a writable folder") from None
+
+
+def write_with_fallback(path: str | Path, text: str) -> tuple[Path, str | None]:
+    """Write ``text`` to ``path``; if that fails at the end of a run, write it to a fallback file in the temporary
+    folder instead, so the measured results are never lost. Returns (where it went, why not ``path`` or None)."""
+    try:
+        return atomic_write_text(path, text), None
+    except OSError as exc:
+        fallback = Path(tempfile.mkdtemp(prefix="kbench-")) / Path(path).name
+        fallback.write_text(text)
+        return fallback, f"{path}: {exc.strerror or exc}"
 
 
 def environment() -> dict[str, Any]:
@@ -86,9 +117,13 @@ def record_json(record: Any, sol: Mapping[int, float] | None = None) -> dict[str
     return data
 
 
+def json_text(record: Any, sol: Mapping[int, float] | None = None) -> str:
+    return json.dumps(record_json(record, sol), indent=2, default=str) + "\n"
+
+
 def write_json(record: Any, path: str | Path, sol: Mapping[int, float] | None = None) -> Path:
     """Write the whole record to ``path`` atomically (tempfile in the same folder + os.replace)."""
-    return atomic_write_text(path, json.dumps(record_json(record, sol), indent=2, default=str) + "\n")
+    return atomic_write_text(path, json_text(record, sol))
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -124,6 +159,8 @@ class Comparison:
     matched: int = 0
     old_score_s: float | None = None
     old_gpu: str | None = None                                   # the GPU the old record was timed on
+    noise: set[int] = field(default_factory=set)                 # cases whose difference is within the errors
+    warnings: list[str] = field(default_factory=list)            # the two runs differ in mode, GPU or cases
 
 
 def _timed(case: Mapping[str, Any]) -> float | None:
@@ -143,19 +180,38 @@ def compare(old: Mapping[str, Any], new: Any, old_path: str = "") -> Comparison:
     for c in old["cases"]:
         mean = _timed(c)
         if mean is not None:
-            old_means[case_key(c["case"])] = mean
+            old_means[case_key(c["case"])] = (mean, float(c.get("err_ns") or 0.0))
     result = Comparison(old_path=old_path, old_score_s=old.get("score_s"),
                         old_gpu=(old.get("environment") or {}).get("gpu"))
     for r in new.cases:
         if r.status != "pass" or not r.mean_ns:
             continue
-        old_mean = old_means.get(case_key(r.case))
-        if old_mean is not None:
+        hit = old_means.get(case_key(r.case))
+        if hit is not None:
+            old_mean, old_err = hit
             result.speedups[r.index] = old_mean / r.mean_ns
+            # two standard errors of the difference: closer than that, neither run is faster
+            if abs(old_mean - r.mean_ns) <= 2 * math.hypot(old_err, r.err_ns or 0.0):
+                result.noise.add(r.index)
+    result.warnings = differences(old, new)
     if result.speedups:
         result.matched = len(result.speedups)
         result.geomean_ratio = math.exp(sum(math.log(s) for s in result.speedups.values()) / result.matched)
     return result
+
+
+def differences(old: Mapping[str, Any], new: Any) -> list[str]:
+    """What makes two records' timings not like for like (not refused, but said): mode, GPU, case list."""
+    out = []
+    if old.get("mode") and old["mode"] != new.mode:
+        out.append(f"the old record is {old['mode']} mode, this run {new.mode} mode")
+    old_gpu, new_gpu = (old.get("environment") or {}).get("gpu"), (new.environment or {}).get("gpu")
+    if new.device == "cuda" and old_gpu and new_gpu and old_gpu != new_gpu:
+        out.append(f"the old record was timed on {old_gpu}, this run on {new_gpu}")
+    old_cases = sorted(case_key(c["case"]) for c in old["cases"])
+    if old_cases != sorted(case_key(r.case) for r in new.cases):
+        out.append("the two runs have different case lists (the geomean ratio covers the cases both timed)")
+    return out
 
 
 def check_comparable(old: Mapping[str, Any], problem: str, device: str, path: str) -> None:

@@ -1,12 +1,80 @@
-"""The official benchmark statistics and stopping rules (EVAL_PROTOCOL.md, "Benchmark loop").
+"""Timing, the official way (EVAL_PROTOCOL.md): the timers, the statistics and the stopping rule.
 
-Pure Python, no torch: the worker uses it to decide when to stop, and the parent recomputes the statistics from the
-raw durations the worker sent (so a submission that patches the worker's copy cannot change the reported numbers).
-Staged into the run directory as ``timing.py`` beside ``harness.py``.
+One timer per ``protocol.timer`` kind, plus the multi-rank window; the harness, ``kbench device`` and the benchmark
+scripts all time through these. Pure Python: the device calls arrive in a ``Clock`` built by the caller (the harness
+builds it before the submission is imported, so a submission that patches torch's timing functions changes nothing).
+Staged into the run directory as ``timing.py`` beside ``harness.py``; the parent recomputes the statistics from the
+raw durations a worker sends, so a patched copy inside the worker cannot change the reported numbers.
 """
 from __future__ import annotations
 
 import math
+import time
+from typing import Any, Callable, NamedTuple
+
+
+class Clock(NamedTuple):
+    """The device calls a timer needs. ``sync`` waits for the device; ``now_ns`` is the host clock.
+
+    new_event / record / elapsed_ms: CUDA events (``torch.cuda.Event(enable_timing=True)``, ``Event.record``,
+    ``Event.elapsed_time``), None where there are none. barrier: the process group's barrier (several ranks).
+    flush: clears the L2 cache before a timed call, None when the protocol does not flush.
+    """
+    sync: Callable[[], Any]
+    now_ns: Callable[[], int] = time.perf_counter_ns
+    new_event: Callable[[], Any] | None = None
+    record: Callable[[Any], Any] | None = None
+    elapsed_ms: Callable[[Any, Any], float] | None = None
+    barrier: Callable[[], Any] | None = None
+    flush: Callable[[], Any] | None = None
+
+
+def host_window(clock: Clock, call: Callable[[], Any]) -> tuple[float, Any]:
+    """Timer "host": synchronize, host clock, call, synchronize, host clock. Launch and Python overhead count."""
+    clock.sync()
+    t0 = clock.now_ns()
+    out = call()
+    clock.sync()
+    return float(clock.now_ns() - t0), out
+
+
+def cuda_event_window(clock: Clock, call: Callable[[], Any]) -> tuple[float, Any]:
+    """Timer "cuda_event": (L2 flush,) event, call, event, synchronize; the device time between the two events."""
+    if clock.flush is not None:
+        clock.flush()
+    start, end = clock.new_event(), clock.new_event()
+    clock.record(start)
+    out = call()
+    clock.record(end)
+    clock.sync()
+    return clock.elapsed_ms(start, end) * 1e6, out
+
+
+def ranks_window(clock: Clock, call: Callable[[], Any]) -> tuple[float, Any]:
+    """The official multi-rank window on every rank: (L2 flush,) synchronize, barrier, host clock, call,
+    synchronize, barrier, host clock. Rank 0's figure is the one reported."""
+    if clock.flush is not None:
+        clock.flush()
+    clock.sync()
+    clock.barrier()
+    t0 = clock.now_ns()
+    out = call()
+    clock.sync()
+    clock.barrier()
+    return float(clock.now_ns() - t0), out
+
+
+TIMERS = {"host": host_window, "cuda_event": cuda_event_window}
+
+
+def timer_for(kind: str, ranks: int, has_events: bool) -> Callable[[Clock, Callable[[], Any]], tuple[float, Any]]:
+    """The window a judged call runs in: several ranks always use the rank window; one rank its protocol's timer
+    (CUDA events need a GPU: on the CPU both kinds read the host clock)."""
+    if ranks > 1:
+        return ranks_window
+    if kind == "cuda_event" and has_events:
+        return cuda_event_window
+    return host_window
 
 
 def summarize(durations_ns: list[float]) -> dict:

@@ -66,10 +66,19 @@ def verbose_allclose(received: torch.Tensor, expected: torch.Tensor, rtol: float
     if count == 0:
         return []
     flat = torch.nonzero(bad.flatten()).flatten()[:max_print].tolist()
-    lines = [f"Number of mismatched elements: {count} of {bad.numel()}"]
     got_flat, exp_flat = got.flatten(), exp.flatten()
+    # The largest error among the finite mismatches, measured against the tolerance (ratio > 1 fails).
+    finite = bad & torch.isfinite(got) & torch.isfinite(exp)
+    worst = ""
+    if bool(finite.any()):
+        ratio = torch.where(finite, diff / tolerance, torch.zeros_like(diff)).flatten()
+        j = int(ratio.argmax().item())
+        worst = (f"; largest error {diff.flatten()[j].item():.4g} at {_index_text(j, bad.shape)} "
+                 f"({ratio[j].item():.3g}x its tolerance atol + rtol*|reference|)")
+    lines = [f"Number of mismatched elements: {count} of {bad.numel()}{worst}"]
     for i in flat:
-        lines.append(f"ERROR at {_index_text(i, bad.shape)}: {got_flat[i].item()!r} {exp_flat[i].item()!r}")
+        lines.append(f"ERROR at {_index_text(i, bad.shape)}: submission {got_flat[i].item()!r}, "
+                     f"reference {exp_flat[i].item()!r}")
     if count > max_print:
         lines.append(f"... and {count - max_print} more mismatched elements.")
     return lines

@@ -61,7 +61,8 @@ CASES = [{"m": 64, "n": 128, "k": 256, "seed": 1}, {"m": 128, "n": 256, "k": 384
 
 
 class FakeRun:
-    """Stands in for evaluator.run: records its arguments, reports progress, returns a chosen record."""
+    """Stands in for evaluator.judge (one world size of a plan): records the plan, reports progress, returns a
+    chosen record."""
 
     def __init__(self, statuses=None, means=None, interrupted_after=None):
         self.calls = []
@@ -69,11 +70,12 @@ class FakeRun:
         self.means = means or {}
         self.interrupted_after = interrupted_after
 
-    def __call__(self, problem, submission, *, mode, cases, device, seed=None, world_size=None,
-                 intended_bools=False, progress=None):
+    def __call__(self, plan, progress=None, deadline=None):
+        problem, submission, mode, cases, device = plan.problem, plan.submission, plan.mode, plan.cases, plan.device
+        world_size = plan.world_size
         self.calls.append(dict(problem=problem, submission=submission, mode=mode, cases=[dict(c) for c in cases],
-                               device=device, seed=seed, world_size=world_size, intended_bools=intended_bools,
-                               submission_text=Path(submission).read_text()))
+                               device=device, seed=plan.seed, world_size=world_size,
+                               intended_bools=plan.intended_bools, submission_text=Path(submission).read_text()))
         results = []
         for i, case in enumerate(cases):
             if self.interrupted_after is not None and i >= self.interrupted_after:
@@ -94,7 +96,7 @@ class FakeRun:
 def fake_run(monkeypatch, tmp_path):
     monkeypatch.setenv("KBENCH_CACHE", str(tmp_path / "cache"))
     fake = FakeRun()
-    monkeypatch.setattr(evaluator, "run", fake, raising=False)
+    monkeypatch.setattr(evaluator, "judge", fake, raising=False)
     return fake
 
 
@@ -277,19 +279,22 @@ def test_evaluator_refusal_is_one_line(monkeypatch, submission):
     def refuse(*a, **k):
         raise evaluator.EvaluatorError("m=64 not divisible by world size 3; pass a --world-size that divides them")
 
-    monkeypatch.setattr(evaluator, "run", refuse)
+    monkeypatch.setattr(evaluator, "judge", refuse)
     result = invoke("test", "fp8-mm", "--device", "cpu", "--submission", submission, "--cases", "smoke")
     assert result.exit_code == 2
     assert result.output.count("Error:") == 1 and "divides them" in result.output and "Traceback" not in result.output
 
 
 def test_intended_bools_and_world_size_override(fake_run, submission):
+    # the plan refuses a world size that does not divide the cases' m and k before anything runs (3 here) ...
+    assert_one_line_error(invoke("test", "gemm-rs", "--device", "cpu", "--submission", submission,
+                                 "--world-size", "3"), "not divisible by world size 3")
     result = invoke("test", "gemm-rs", "--device", "cpu", "--submission", submission, "--intended-bools",
-                    "--world-size", "3")
+                    "--world-size", "2")
     assert result.exit_code == 0, result.output
     call = fake_run.calls[0]
-    assert call["intended_bools"] is True and call["world_size"] == 3
-    assert all(isinstance(c["has_bias"], bool) and c["world_size"] == 3 for c in call["cases"])
+    assert call["intended_bools"] is True and call["world_size"] == 2
+    assert all(isinstance(c["has_bias"], bool) and c["world_size"] == 2 for c in call["cases"])
     assert "differ" in result.output
 
 
@@ -324,7 +329,13 @@ def test_backend_is_generated_into_a_temp_file(fake_run, tmp_path, monkeypatch):
     assert Path("submission.py").read_text() == "# the user's own file\n"
     assert not Path(call["submission"]).exists(), "the temporary submission outlives the run"
     out = tmp_path / "run.json"
-    assert invoke("test", "fp8-mm", "--device", "cpu", "--json", str(out)).exit_code == 0      # default backend
+    # bare: ./submission.py when it exists (the first line says so), else the default backend
+    result = invoke("test", "fp8-mm", "--device", "cpu", "--json", str(out))
+    assert result.output.splitlines()[0] == "kbench: judging submission.py"
+    assert fake_run.calls[-1]["submission_text"] == "# the user's own file\n"
+    Path("submission.py").unlink()
+    result = invoke("test", "fp8-mm", "--device", "cpu", "--json", str(out))
+    assert result.exit_code == 0 and "judging backend 'torch'" in result.output.splitlines()[0], result.output
     env = json.loads(out.read_text())["environment"]
     assert env["backend"] == problems.load_spec("fp8-mm").default_backend and env["target"] == "h100"
 
@@ -375,7 +386,7 @@ def test_perf_json_popcorn_compare_and_exit_codes(fake_run, submission, tmp_path
 
 def test_interrupted_run_is_reported_written_and_exits_130(monkeypatch, submission, tmp_path):
     fake = FakeRun(interrupted_after=1)
-    monkeypatch.setattr(evaluator, "run", fake, raising=False)
+    monkeypatch.setattr(evaluator, "judge", fake, raising=False)
     out = tmp_path / "run.json"
     result = invoke("perf", "fp8-mm", "--device", "cpu", "--submission", submission, "--json", str(out))
     assert result.exit_code == 130, result.output
@@ -386,7 +397,7 @@ def test_interrupted_run_is_reported_written_and_exits_130(monkeypatch, submissi
 
 def test_interrupt_in_a_world_size_group_skips_the_rest(monkeypatch, submission, tmp_path):
     fake = FakeRun(interrupted_after=1)
-    monkeypatch.setattr(evaluator, "run", fake, raising=False)
+    monkeypatch.setattr(evaluator, "judge", fake, raising=False)
     out = tmp_path / "run.json"
     cases = ["world_size: 4; m: 64; n: 64; k: 128; has_bias: True; seed: 1",
              "world_size: 2; m: 64; n: 64; k: 128; has_bias: True; seed: 2",
@@ -404,7 +415,7 @@ def test_keyboard_interrupt_escaping_run_exits_130(monkeypatch, submission):
     def boom(*a, **k):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(evaluator, "run", boom, raising=False)
+    monkeypatch.setattr(evaluator, "judge", boom, raising=False)
     result = invoke("test", "fp8-mm", "--device", "cpu", "--submission", submission)
     assert result.exit_code == 130
 

@@ -14,8 +14,9 @@ from kbench import evaluator
 from kbench import problems
 from kbench.evaluator import timing
 from kbench.evaluator.record import CaseResult, RunRecord
-from kbench.evaluator.runner import EvaluatorError, _Batch, popcorn_seed
+from kbench.evaluator.plan import EvaluatorError, popcorn_seed
 from kbench.evaluator.stage import stage
+from kbench.evaluator.supervisor import GroupRun, Supervisor
 
 FIX = Path(__file__).parent / "fixtures" / "submissions"
 QUICK = {"max_runs": 5, "rel_err_stop": 0.0}  # timed modes: exactly 5 runs, so the CPU suite stays fast
@@ -89,13 +90,29 @@ def test_record_score_is_the_geomean_of_passing_means_and_round_trips_json():
 
 def test_stage_holds_what_the_leaderboard_holds(tmp_path):
     cases = fp8_smoke()
-    run_dir = stage(problems.problem_dir("fp8-mm"), FIX / "fp8_good.py", cases, tmp_path / "run")
-    for name in ("submission.py", "task.py", "reference.py", "utils.py", "harness.py", "timing.py", "cases.txt"):
+    plan = evaluator.make_plan("fp8-mm", "test", submission=FIX / "fp8_good.py", device="cpu", cases=cases)
+    run_dir = stage(plan, range(len(cases)), tmp_path / "run")
+    for name in ("submission.py", "task.py", "reference.py", "utils.py", "harness.py", "timing.py", "cases.txt",
+                 "plan.json"):
         assert (run_dir / name).is_file(), name
     assert (run_dir / "submission.py").read_bytes() == (FIX / "fp8_good.py").read_bytes()
     assert (run_dir / "utils.py").read_bytes() == problems.UTILS_PATH.read_bytes()
     lines = (run_dir / "cases.txt").read_text().splitlines()
     assert [problems.parse_case(line) for line in lines] == cases
+
+
+def test_the_case_file_holds_the_lines_that_run(tmp_path):
+    """World size and secret seed applied, as the official harness's case file; the record keeps the cases given."""
+    cases = [dict(c, world_size=4) for c in rs_smoke()[:2]]
+    plan = evaluator.make_plan("gemm-rs", "benchmark", submission=FIX / "rs_good.py", device="cpu", cases=cases,
+                               world_size=2, seed=5)
+    lines = (stage(plan, [0, 1], tmp_path / "run") / "cases.txt").read_text().splitlines()
+    for line, case in zip(lines, cases):
+        ran = problems.parse_case(line)
+        assert ran["world_size"] == 2 and ran["seed"] == problems.combine_seed(case["seed"], 5)
+        assert {k: v for k, v in ran.items() if k not in ("seed", "world_size")} == \
+            {k: v for k, v in case.items() if k not in ("seed", "world_size")}
+    assert plan.cases[0]["seed"] == cases[0]["seed"]
 
 
 def test_bad_requests_get_one_line_errors_naming_the_fix(tmp_path, monkeypatch):
@@ -106,7 +123,7 @@ def test_bad_requests_get_one_line_errors_naming_the_fix(tmp_path, monkeypatch):
         evaluator.run("fp8-mm", sub, mode="test", cases=fp8_smoke(), device="tpu")
     with pytest.raises(EvaluatorError, match="kbench gen"):
         evaluator.run("fp8-mm", tmp_path / "missing.py", mode="test", cases=fp8_smoke(), device="cpu")
-    with pytest.raises(EvaluatorError, match="single-GPU problem: drop --world-size"):
+    with pytest.raises(EvaluatorError, match="runs on one GPU: drop --world-size"):
         evaluator.run("fp8-mm", sub, mode="test", cases=fp8_smoke(), device="cpu", world_size=2)
     with pytest.raises(EvaluatorError, match="unknown protocol field"):
         evaluator.run("fp8-mm", sub, mode="test", cases=fp8_smoke(), device="cpu", protocol={"max_rounds": 1})
@@ -141,8 +158,11 @@ def test_popcorn_seed_is_read_and_removed_from_the_environment(monkeypatch):
 def test_results_of_ranks_running_ahead_are_kept():
     """Rank 0 can report case 1 before rank 1 reports case 0; nothing may be dropped (that once hung a run)."""
     group = type("FakeGroup", (), {"world_size": 2, "procs": [], "conns": []})()
-    results, events = {}, []
-    batch = _Batch(group, [(0, {"seed": 1}), (1, {"seed": 2})], 60.0, results, lambda *e: events.append(e[:2]), {})
+    events = []
+    run = GroupRun(run_dir=Path("."), keep=False, deadline=float("inf"), limit_s=60.0,
+                   progress=lambda *e: events.append(e[:2]), environment={})
+    results = run.results
+    batch = Supervisor(group, [(0, {"seed": 1}), (1, {"seed": 2})], run)
     ok = {"status": "pass", "message": "", "durations": [], "wall_s": 0.1}
     for rank, index in ((0, 0), (0, 1), (1, 0), (1, 1)):
         batch.handle(("result", rank, index, ok))
@@ -191,16 +211,20 @@ def test_a_submission_that_does_not_import_fails_every_case(tmp_path):
     assert_no_workers_left()
 
 
-def test_crash_and_hang_become_verdicts_and_the_next_case_still_runs(tmp_path):
-    cases = [fp8_case(m=64), fp8_case(m=128), fp8_case(m=192)]   # abort, hang, right
-    rec = judge("abort_or_hang.py", cases=cases, timeout_s=5, run_dir=tmp_path / "run")
-    crash, hang, good = rec.cases
+def test_crash_and_hang_become_verdicts_and_the_run_limit_bounds_everything(tmp_path):
+    # abort, right, hang, right: the crash costs only its case; the hang runs into the run's time limit, which
+    # bounds the whole run (as the official runner's does), so the case after it is reported as not run
+    cases = [fp8_case(m=64), fp8_case(m=192), fp8_case(m=128), fp8_case(m=192, seed=2)]
+    rec = judge("abort_or_hang.py", cases=cases, timeout_s=20, run_dir=tmp_path / "run")
+    crash, good, hang, after = rec.cases
     assert crash.status == "crash" and "signal SIGABRT" in crash.message, crash
-    assert hang.status == "timeout" and "time limit of 5 s" in hang.message, hang
     assert good.status == "pass", good
+    assert hang.status == "timeout" and "time limit of 20 s" in hang.message, hang
+    assert after.status == "skipped" and "time limit of 20 s was reached" in after.message, after
     log = (tmp_path / "run" / "logs" / "rank0.log").read_text()
     assert "Fatal Python error: Aborted" in log                 # the crash's stack
     assert log.count("in custom_kernel") >= 2                   # ... and the hang's, dumped before the kill
+    assert str(tmp_path / "run" / "logs" / "rank0.log") in crash.message   # a kept folder's log is named
     assert_no_workers_left()
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from kbench import generator
+from kbench import generator, problems
 from kbench.generator import GeneratorError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -136,10 +136,11 @@ def tree(tmp_path):
 
 @pytest.mark.parametrize("problem,backend", REAL, ids=[f"{p}/{b}" for p, b in REAL])
 def test_real_backend_renders_deterministic_and_clean(problem, backend):
-    for target in generator.TARGETS:
+    for target in [t for t in generator.runs_on(problem, backend) if t in generator.TARGETS]:
         text = generator.render(problem, backend, target)
         assert text == generator.render(problem, backend, target)  # byte-identical
-        assert text.startswith(generator.MARKER)
+        assert text.startswith(f"#!POPCORN leaderboard {problems.load_spec(problem).leaderboard}\n#!POPCORN gpu ")
+        assert generator.MARKER in text.splitlines()[2]
         h = header(text)
         assert (h["problem"], h["backend"], h["target"]) == (problem, backend, target)
         assert re.fullmatch(r"[0-9a-f]{64}", h["source-sha256"])

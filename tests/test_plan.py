@@ -1,7 +1,6 @@
 """evaluator/plan.py (choices -> cases, device, ranks) and run_by_world_size's merge (CPU, no workers: fast)."""
 from __future__ import annotations
 
-import dataclasses
 import os
 from types import SimpleNamespace
 
@@ -12,7 +11,8 @@ from kbench import problems
 from kbench.evaluator import plan
 from kbench.evaluator.plan import PlanError
 from kbench.evaluator.record import CaseResult, RunRecord
-from kbench.evaluator.runner import run_by_world_size, world_size_groups
+from kbench.evaluator.plan import world_size_groups
+from kbench.evaluator.runner import run_by_world_size
 
 FP8 = problems.load_spec("fp8-mm")
 RS = problems.load_spec("gemm-rs")
@@ -57,6 +57,9 @@ def test_case_files(tmp_path):
     path.write_text("# header\nm: 64; n: 64; k: 128; has_bias: True; seed: 1\n\n  # indented comment\n")
     assert plan.read_case_file(path) == [{"m": 64, "n": 64, "k": 128, "has_bias": "True", "seed": 1}]
     assert plan.read_case_file(path, intended_bools=True)[0]["has_bias"] is True
+    with pytest.raises(PlanError, match="unknown key has_bias: fp8-mm cases have keys m, n, k, seed"):
+        plan.select_cases(FP8, "test", "cpu", cases_from=str(path))
+    path.write_text("# header\nm: 64; n: 64; k: 128; seed: 1\n")
     assert plan.select_cases(FP8, "test", "cpu", cases_from=str(path))[0]["seed"] == 1
     path.write_text("m: 64; seed: 1\nm 64\n")
     with pytest.raises(PlanError, match=r"cases.txt:2: "):
@@ -77,17 +80,19 @@ def test_case_files(tmp_path):
 def test_apply_world_size_writes_checks_and_returns_the_override(monkeypatch):
     assert plan.apply_world_size(FP8, "cpu", [{"m": 1}], None) is None
     assert plan.apply_world_size(FP8, "cpu", [{"m": 1}], 1) is None
-    with pytest.raises(PlanError, match="runs on one GPU; drop --world-size"):
+    with pytest.raises(PlanError, match="runs on one GPU: drop --world-size"):
         plan.apply_world_size(FP8, "cpu", [{"m": 1}], 2)
     for bad in (0, -3):
         with pytest.raises(PlanError, match="positive number of ranks"):
             plan.apply_world_size(RS, "cpu", [{"m": 1}], bad)
 
-    cases = [{"world_size": 4, "m": 64}, {"m": 64}]
+    cases = [{"world_size": 4, "m": 96}, {"m": 96}]
     assert plan.apply_world_size(RS, "cpu", cases, None) is None
     assert [c["world_size"] for c in cases] == [4, RS.world_size]        # a missing one gets the spec's
     assert plan.apply_world_size(RS, "cpu", cases, 3) == 3
     assert [c["world_size"] for c in cases] == [3, 3]
+    with pytest.raises(PlanError, match="m=96 not divisible by world size 5"):     # settled here, once
+        plan.apply_world_size(RS, "cpu", cases, 5)
     for bad in ("two", True, 0):
         with pytest.raises(PlanError, match="--world-size N"):
             plan.apply_world_size(RS, "cpu", [{"world_size": bad}], None)
@@ -219,22 +224,23 @@ def test_ctrl_c_between_groups_keeps_the_earlier_groups():
         run_by_world_size(first_fails, CASES, world_size_groups(RS, CASES))
 
 
-def test_run_plan_reads_the_seed_once_and_calls_run_per_world_size(monkeypatch, tmp_path):
+def test_the_plan_reads_the_seed_once_and_execute_judges_per_world_size(monkeypatch, tmp_path):
     calls = []
 
-    def fake_run(problem, submission, *, mode, cases, device, seed=None, world_size=None, intended_bools=False,
-                 progress=None):
-        calls.append((problem, world_size, seed, [c["seed"] for c in cases]))
-        return _record(cases, world_size)
+    def fake_judge(plan, progress=None, deadline=None):
+        calls.append((plan.problem, plan.world_size, plan.seed, [c["seed"] for c in plan.cases]))
+        return _record(plan.cases, plan.world_size)
 
-    monkeypatch.setattr(evaluator, "run", fake_run)
+    monkeypatch.setattr(evaluator, "judge", fake_judge)
     monkeypatch.setenv("POPCORN_SEED", "4242")
-    p = plan.RunPlan(problem="gemm-rs", spec=RS, mode="test", device="cpu", cases=[dict(c) for c in CASES],
-                     world_size=None)
-    rec = plan.run_plan(p, tmp_path / "s.py")
-    assert "POPCORN_SEED" not in os.environ
+    sub = tmp_path / "s.py"
+    sub.write_text("def custom_kernel(data):\n    return data\n")
+    p = plan.make_plan("gemm-rs", "test", submission=sub, device="cpu", cases=[dict(c) for c in CASES])
+    assert "POPCORN_SEED" not in os.environ and p.seed == 4242
+    rec = evaluator.execute(p)
     assert calls == [("gemm-rs", 2, 4242, [1, 3]), ("gemm-rs", 4, 4242, [2, 4])]
     assert [c.case["seed"] for c in rec.cases] == [1, 2, 3, 4]
     calls.clear()
-    plan.run_plan(dataclasses.replace(p, world_size=2), tmp_path / "s.py", seed=9)
+    evaluator.execute(plan.make_plan("gemm-rs", "test", submission=sub, device="cpu", cases=CASES, world_size=2,
+                                     seed=9))
     assert calls == [("gemm-rs", 2, 9, [1, 2, 3, 4])]

@@ -4,6 +4,12 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/extension.h>
 
+#include <cstdio>
+#include <cstdlib>
+#include <mutex>
+#include <set>
+#include <tuple>
+
 #include "fp8_gemm_api.h"
 
 namespace {
@@ -11,9 +17,26 @@ namespace {
 bool is_kmajor(const torch::Tensor& t) { return t.stride(1) == 1 && t.stride(0) == t.size(1); }
 bool is_colmajor(const torch::Tensor& t) { return t.stride(0) == 1 && t.stride(1) == t.size(0); }
 
+// KBENCH_PRINT_CONFIG=1: print the configuration chosen for each new shape to stderr (DeepGEMM's habit).
+void maybe_print(int64_t m, int64_t n, int64_t k, const GemmConfig& c) {
+  static const bool on = [] {
+    const char* v = std::getenv("KBENCH_PRINT_CONFIG");
+    return v && *v && *v != '0';
+  }();
+  if (!on) return;
+  static std::mutex mu;
+  static std::set<std::tuple<int64_t, int64_t, int64_t>> seen;
+  std::lock_guard<std::mutex> lock(mu);
+  if (!seen.insert({m, n, k}).second) return;
+  char buf[160];
+  fp8_gemm_describe(c, buf, sizeof(buf));
+  fprintf(stderr, "fp8_gemm %lldx%lldx%lld: %s\n", (long long)m, (long long)n, (long long)k, buf);
+}
+
 // a [m,k], b [n,k] fp8 e4m3fnuz; a_scale [m,k/128], b_scale [ceil(n/128),k/128] fp32; c [m,n] bf16 (written).
+// config: nullptr = the automatic one for the shape.
 torch::Tensor run(torch::Tensor a, torch::Tensor b, torch::Tensor a_scale, torch::Tensor b_scale, torch::Tensor c,
-                  int bn, int splits, bool exact, int sched = -1) {
+                  const GemmConfig* config) {
   TORCH_CHECK(a.is_cuda() && b.is_cuda() && a_scale.is_cuda() && b_scale.is_cuda() && c.is_cuda(),
               "fp8_gemm: all inputs must be CUDA tensors (move them with .cuda())");
   TORCH_CHECK(a.scalar_type() == at::kFloat8_e4m3fnuz && b.scalar_type() == at::kFloat8_e4m3fnuz,
@@ -33,9 +56,8 @@ torch::Tensor run(torch::Tensor a, torch::Tensor b, torch::Tensor a_scale, torch
   TORCH_CHECK(c.dim() == 2 && c.size(0) == m && c.size(1) == n, "fp8_gemm: c must be [m, n]");
   const c10::cuda::CUDAGuard guard(a.device());
 
-  Fp8GemmPlan plan = fp8_gemm_plan(m, n, k, fp8_gemm_num_sms());
-  if (bn > 0) plan = Fp8GemmPlan{bn, splits, exact, 0};
-  if (sched >= 0) plan.sched = sched;
+  const GemmConfig plan = config ? *config : fp8_gemm_config(m, n, k, fp8_gemm_num_sms());
+  maybe_print(m, n, k, plan);
 
   // The transpose pass reads column-major operands (what the problem hands over); other layouts are normalised
   // to that, except that the FP8 path takes K-major operands as they are.
@@ -49,8 +71,8 @@ torch::Tensor run(torch::Tensor a, torch::Tensor b, torch::Tensor a_scale, torch
   const auto op_opts = a.options().dtype(plan.exact ? torch::kHalf : torch::kUInt8);
   torch::Tensor a_t = a_km ? torch::Tensor() : torch::empty({m, k}, op_opts);
   torch::Tensor b_t = b_km ? torch::Tensor() : torch::empty({n, k}, op_opts);
-  // Split-K workspace: one zeroed [m][n] slice for atomics, or one slice per split (plan.sched flag 16).
-  const int64_t ws_slices = (plan.sched & 16) ? plan.splits : 1;
+  // Split-K workspace: one zeroed [m][n] slice for atomics, or one slice per split.
+  const int64_t ws_slices = plan.split_slices ? plan.splits : 1;
   torch::Tensor ws =
       plan.splits > 1 ? torch::empty({ws_slices, m, n}, a.options().dtype(torch::kFloat)) : torch::Tensor();
 
@@ -82,35 +104,34 @@ torch::Tensor run(torch::Tensor a, torch::Tensor b, torch::Tensor a_scale, torch
 // The leaderboard entry point: configuration chosen from the shape.
 torch::Tensor fp8_gemm(torch::Tensor a, torch::Tensor b, torch::Tensor a_scale, torch::Tensor b_scale,
                        torch::Tensor c) {
-  return run(a, b, a_scale, b_scale, c, 0, 1, true);
+  return run(a, b, a_scale, b_scale, c, nullptr);
 }
 
-// For tuning and tests: force a tile width (64 or 128), a k-split count and the MMA kind (exact = fp16).
-torch::Tensor fp8_gemm_with_plan(torch::Tensor a, torch::Tensor b, torch::Tensor a_scale, torch::Tensor b_scale,
-                                 torch::Tensor c, int64_t bn, int64_t splits, bool exact) {
-  TORCH_CHECK(bn == 64 || bn == 128, "fp8_gemm_with_plan: bn must be 64 or 128");
-  TORCH_CHECK(splits >= 1, "fp8_gemm_with_plan: splits must be >= 1");
-  return run(a, b, a_scale, b_scale, c, static_cast<int>(bn), static_cast<int>(splits), exact);
+#ifdef KBENCH_DEV
+// Tuning and tests only (kernel.yml's dev block; never in the shipped submission): a forced configuration.
+// schedule: 0 lock_step, 1 ordered, 2 alternating, 3 split_chains_early, 4 split_chains (gemm.cuh).
+torch::Tensor fp8_gemm_with_config(torch::Tensor a, torch::Tensor b, torch::Tensor a_scale, torch::Tensor b_scale,
+                                   torch::Tensor c, int64_t tile_n, int64_t splits, bool exact, int64_t schedule,
+                                   bool half_c, bool split_slices) {
+  TORCH_CHECK(tile_n == 64 || tile_n == 128, "fp8_gemm_with_config: tile_n must be 64 or 128");
+  TORCH_CHECK(splits >= 1, "fp8_gemm_with_config: splits must be >= 1");
+  TORCH_CHECK(schedule >= 0 && schedule <= 4, "fp8_gemm_with_config: schedule must be 0 to 4");
+  GemmConfig config;
+  config.tile_n = static_cast<int>(tile_n);
+  config.splits = static_cast<int>(splits);
+  config.exact = exact;
+  config.schedule = static_cast<Schedule>(schedule);
+  config.half_c = half_c;
+  config.split_slices = split_slices;
+  return run(a, b, a_scale, b_scale, c, &config);
 }
 
-// Like fp8_gemm_with_plan, plus the exact path's consumer schedule (gemm.cuh: 0 lock step, 1 ordered issue,
-// 2 strict alternation, 3 split chains with early promotion, 4 split chains; + 8: C staged in halves and one
-// more pipeline stage, bn 128 only; + 16: split-K partials in per-split slices, plain stores); bn = 0 keeps the
-// automatic plan.
-torch::Tensor fp8_gemm_with_sched(torch::Tensor a, torch::Tensor b, torch::Tensor a_scale, torch::Tensor b_scale,
-                                  torch::Tensor c, int64_t bn, int64_t splits, bool exact, int64_t sched) {
-  TORCH_CHECK(bn == 0 || bn == 64 || bn == 128, "fp8_gemm_with_sched: bn must be 0 (automatic), 64 or 128");
-  TORCH_CHECK(splits >= 1, "fp8_gemm_with_sched: splits must be >= 1");
-  const int64_t base = sched & ~int64_t(16);
-  TORCH_CHECK(sched >= 0 && ((base >= 0 && base <= 4) || base == 8 || base == 11),
-              "fp8_gemm_with_sched: sched must be 0 to 4, 8 or 11, optionally + 16");
-  return run(a, b, a_scale, b_scale, c, static_cast<int>(bn), static_cast<int>(splits), exact,
-             static_cast<int>(sched));
+// The configuration fp8_gemm would use for a shape on this device:
+// [tile_n, splits, exact, schedule, half_c, split_slices].
+std::vector<int64_t> fp8_gemm_config_for(int64_t m, int64_t n, int64_t k) {
+  const GemmConfig c = fp8_gemm_config(static_cast<int>(m), static_cast<int>(n), static_cast<int>(k),
+                                       fp8_gemm_num_sms());
+  return {c.tile_n, c.splits, c.exact ? 1 : 0, static_cast<int64_t>(c.schedule), c.half_c ? 1 : 0,
+          c.split_slices ? 1 : 0};
 }
-
-// The plan fp8_gemm would use for a shape on the current device: (bn, splits, exact, sched).
-std::vector<int64_t> fp8_gemm_plan_for(int64_t m, int64_t n, int64_t k) {
-  const Fp8GemmPlan p = fp8_gemm_plan(static_cast<int>(m), static_cast<int>(n), static_cast<int>(k),
-                                      fp8_gemm_num_sms());
-  return {p.bn, p.splits, p.exact ? 1 : 0, p.sched};
-}
+#endif  // KBENCH_DEV

@@ -19,16 +19,31 @@ struct Fp8GemmArgs {
   int m, n, k;  // m, n multiples of 16; k multiple of 128
 };
 
-struct Fp8GemmPlan {
-  int bn;      // tile width: 128 or 64
-  int splits;  // k-splits (1 = no split-K)
-  bool exact;  // true: widen to fp16 and use FP16 wgmma (meets the official tolerance; needs column-major A, B);
-               // false: FP8 wgmma on the bytes (faster, misses atol on nearly cancelling outputs; gemm.cuh)
-  int sched = 0;  // exact path: consumer schedule (gemm.cuh: 0 lock step, 1 ordered, 2 alternating, 3/4 split chains)
+// Consumer schedules of the exact path, per k-block (gemm.cuh has the details and docs/fp8-mm-notes.md the
+// measurements: lock step is the default; the others were correct and slower on the official shapes).
+enum class Schedule : int {
+  kLockStep = 0,          // both consumer warpgroups issue as soon as the stage is full
+  kOrdered = 1,           // consumer 1 issues a block after consumer 0 did
+  kAlternating = 2,       // strict ping-pong at k-block granularity
+  kSplitChainsEarly = 3,  // the block's two stages in two accumulator chains, the first promoted early
+  kSplitChains = 4,       // two accumulator chains promoted together
 };
 
-// Configuration for a shape on a GPU with `sms` multiprocessors.
-Fp8GemmPlan fp8_gemm_plan(int m, int n, int k, int sms);
+// A named kernel configuration (fp8_gemm_config picks one per shape; KBENCH_PRINT_CONFIG=1 prints it).
+struct GemmConfig {
+  int tile_n = 128;                       // output tile width: 128 or 64 (tiles are 128 rows)
+  int splits = 1;                         // k-splits (1 = no split-K)
+  bool exact = true;                      // widen to fp16 and use FP16 wgmma (meets the official tolerance); false:
+                                          // FP8 wgmma on the bytes (faster, misses atol on cancelling outputs)
+  Schedule schedule = Schedule::kLockStep;
+  bool half_c = false;                    // C staged in column halves: one more pipeline stage (tile_n 128)
+  bool split_slices = false;              // split-K partials in per-split fp32 slices (plain stores, no atomics)
+};
+
+// The configuration for a shape on a GPU with `sms` multiprocessors.
+GemmConfig fp8_gemm_config(int m, int n, int k, int sms);
+// "GemmConfig{tile_n=128, splits=2, exact, lock_step, split_slices}" into buf (a one-line name for logs).
+void fp8_gemm_describe(const GemmConfig& c, char* buf, int size);
 int fp8_gemm_num_sms();
 // Enqueues the whole computation on `stream`; returns nullptr or a one-line error.
-const char* fp8_gemm_run(const Fp8GemmArgs& args, Fp8GemmPlan plan, cudaStream_t stream);
+const char* fp8_gemm_run(const Fp8GemmArgs& args, GemmConfig config, cudaStream_t stream);

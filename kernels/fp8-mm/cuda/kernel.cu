@@ -108,26 +108,32 @@ int ceil_div(long long a, long long b) { return static_cast<int>((a + b - 1) / b
 
 using namespace fp8mm;
 
-Fp8GemmPlan fp8_gemm_plan(int m, int n, int k, int sms) {
+GemmConfig fp8_gemm_config(int m, int n, int k, int sms) {
   // 128 x 128 tiles everywhere: 64-wide tiles re-read A from shared memory and lost on every shape measured
   // (docs/fp8-mm-notes.md, v1-v10 with the measurements behind each rule).
   const int tiles = ceil_div(m, kBM) * ceil_div(n, 128);
   const int kb = k / 128;
-  int splits = 1;
+  GemmConfig c;
   // Split K when the tiles fill less than half the GPU ...
-  if (2 * tiles <= sms) splits = std::max(1, std::min({4, sms / tiles, kb / 8}));
+  if (2 * tiles <= sms) c.splits = std::max(1, std::min({4, sms / tiles, kb / 8}));
   // ... or when a second wave would be less than half full and k is long (6144x512x7168: 192 tiles = 1.45 waves
   // -> 2.9 waves of half-length units, -3.6% measured; at 1.8 and 2.2 waves the slice traffic ate the gain).
   else if (tiles > sms && 2 * tiles <= 3 * sms && kb >= 32)
-    splits = 2;
-  int sched = 0;
+    c.splits = 2;
   // Split-K partials in per-split fp32 slices with plain stores, summed by the finishing pass: no memset and no
   // L2 atomics (-9% / -8% on 1024x576x7168 / 1024x512x7168 against the red.add version).
-  if (ceil_div(kb, ceil_div(kb, splits)) > 1) sched |= 16;
+  c.split_slices = ceil_div(kb, ceil_div(kb, c.splits)) > 1;
   // Short k (<= 4 blocks per tile): C staged in column halves for a 6th pipeline stage, so the next tile's loads
   // run under the epilogue (-1.5 to -3.5% on 6144x7168x256 / 6144x4096x512; even or slower on long k).
-  if (kb <= 4) sched |= 8;
-  return Fp8GemmPlan{128, splits, true, sched};
+  c.half_c = kb <= 4;
+  return c;
+}
+
+void fp8_gemm_describe(const GemmConfig& c, char* buf, int size) {
+  static const char* names[] = {"lock_step", "ordered", "alternating", "split_chains_early", "split_chains"};
+  snprintf(buf, size, "GemmConfig{tile_n=%d, splits=%d, %s, %s%s%s}", c.tile_n, c.splits,
+           c.exact ? "exact" : "fp8_mma", names[static_cast<int>(c.schedule) % 5], c.half_c ? ", half_c" : "",
+           c.split_slices ? ", split_slices" : "");
 }
 
 int fp8_gemm_num_sms() {
@@ -136,17 +142,20 @@ int fp8_gemm_num_sms() {
   return device_info(dev).sms;
 }
 
-const char* fp8_gemm_run(const Fp8GemmArgs& g, Fp8GemmPlan plan, cudaStream_t stream) {
+const char* fp8_gemm_run(const Fp8GemmArgs& g, GemmConfig config, cudaStream_t stream) {
   const int m = g.m, n = g.n, k = g.k;
   if (m <= 0 || n <= 0 || k <= 0 || m % 16 || n % 16 || k % 128)
     return "fp8_gemm: need m, n multiples of 16 and k a multiple of 128";
-  if (plan.bn != 128 && plan.bn != 64) return "fp8_gemm: plan.bn must be 64 or 128";
-  // Flag 16 of plan.sched: split-K partials go to per-split slices with plain stores (no memset, no atomics).
-  const bool plain_ws = (plan.sched & 16) != 0;
-  plan.sched &= ~16;
+  if (config.tile_n != 128 && config.tile_n != 64) return "fp8_gemm: config.tile_n must be 64 or 128";
+  const bool plain_ws = config.split_slices;
+  // The kernel's template flags: schedule in bits 0-2, half-size C staging in bit 3.
+  struct {
+    int bn, splits, sched;
+    bool exact;
+  } plan{config.tile_n, config.splits, static_cast<int>(config.schedule) | (config.half_c ? 8 : 0), config.exact};
   if (!(plan.sched >= 0 && plan.sched <= 4) && !(plan.bn == 128 && (plan.sched == 8 || plan.sched == 11)))
-    return "fp8_gemm: plan.sched must be 0 to 4, or 8 / 11 with bn 128 (+16 for plain split-K slices)";
-  if (plan.sched != 0 && !plan.exact) return "fp8_gemm: consumer schedules other than 0 need the exact path";
+    return "fp8_gemm: half_c needs tile_n 128 with the lock_step or split_chains_early schedule";
+  if (plan.sched != 0 && !plan.exact) return "fp8_gemm: consumer schedules other than lock_step need the exact path";
   if (!g.a_kmajor && !g.a_t) return "fp8_gemm: column-major A needs the a_t scratch buffer";
   if (!g.b_kmajor && !g.b_t) return "fp8_gemm: column-major B needs the b_t scratch buffer";
   if (plan.exact && (g.a_kmajor || g.b_kmajor))

@@ -1,0 +1,222 @@
+"""What the benchmark scripts under benchmarks/ share: in-process builds, timing, checks, tables and results files.
+
+    from kbench import benchlib
+    mod = benchlib.build("moe", "cuda", dev=True)           # the same text kbench gen packs, imported here
+    us = benchlib.Timer()(lambda: mod.custom_kernel(data))   # CUDA events, L2 flushed, median (us)
+    benchlib.record("moe", [benchlib.Row("H100", 1, "cuda", "kernel", case_line, us)])
+
+Timing goes through evaluator/timing.py, the timers the judge uses. Results are data: one CSV per problem,
+``benchmarks/results/<problem>.csv`` with the columns ``date,gpu,world_size,backend,metric,case,us`` (the folder is
+$KBENCH_RESULTS when set, so a device machine can write under $OUT and the rows be merged back with ``merge``).
+"""
+from __future__ import annotations
+
+import csv
+import datetime
+import math
+import os
+from dataclasses import astuple, dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterable, Sequence
+
+from . import generator, problems
+from .evaluator import timing
+
+COLUMNS = ("date", "gpu", "world_size", "backend", "metric", "case", "us")
+METRICS = ("official", "leaderboard", "kernel")
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# builds
+
+def build(problem: str, backend: str, target: str = "h100", dev: bool = False):
+    """Import kernels/<problem>/<backend>/ built exactly as the submission file is (generator.load_build);
+    dev=True adds the manifest's dev functions and flags. Returns the module (``custom_kernel``, ``ext``)."""
+    return generator.load_in_process(generator.load_build(problem, backend, target, dev=dev))
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# timing
+
+class Timer:
+    """Median device time (us) of ``fn`` with the judge's CUDA-event timer, the L2 flushed before every run."""
+
+    def __init__(self, flush: bool = True):
+        import torch
+
+        self._buf = torch.empty(64 * 1024 * 1024, dtype=torch.int32, device="cuda") if flush else None
+        self.clock = timing.Clock(sync=torch.cuda.synchronize, new_event=lambda: torch.cuda.Event(enable_timing=True),
+                                  record=torch.cuda.Event.record, elapsed_ms=torch.cuda.Event.elapsed_time,
+                                  flush=(lambda: self._buf.fill_(42)) if flush else None)
+
+    def samples(self, fn: Callable[[], Any], runs: int = 25, warmup: int = 3) -> list[float]:
+        for _ in range(warmup):
+            fn()
+        return [timing.cuda_event_window(self.clock, fn)[0] / 1e3 for _ in range(runs)]
+
+    def __call__(self, fn: Callable[[], Any], runs: int = 25, warmup: int = 3) -> float:
+        return median(self.samples(fn, runs, warmup))
+
+
+def host_time_us(fn: Callable[[], Any], runs: int = 10, warmup: int = 2) -> float:
+    """Median of the official host-clock timer (synchronize, clock, call, synchronize, clock), in us."""
+    import torch
+
+    clock = timing.Clock(sync=torch.cuda.synchronize)
+    for _ in range(warmup):
+        fn()
+    return median([timing.host_window(clock, fn)[0] / 1e3 for _ in range(runs)])
+
+
+def rank_time_us(fn: Callable[[], Any], runs: int = 20, warmup: int = 3, flush: bool = True) -> float:
+    """Kernel-level time of a collective call (us): on every rank the L2 is flushed, the ranks meet at a barrier,
+    CUDA events bracket the call; the run's time is the slowest rank's; the median over runs. Every rank calls it."""
+    import torch
+    import torch.distributed as dist
+
+    buf = torch.empty(64 * 1024 * 1024, dtype=torch.int32, device="cuda") if flush else None
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(runs):
+        if buf is not None:
+            buf.fill_(42)
+        torch.cuda.synchronize()
+        dist.barrier()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        t = torch.tensor([start.elapsed_time(end) * 1e3], device="cuda")
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        times.append(t.item())
+    return median(times)
+
+
+def median(xs: Sequence[float]) -> float:
+    s = sorted(xs)
+    n = len(s)
+    return s[n // 2] if n % 2 else 0.5 * (s[n // 2 - 1] + s[n // 2])
+
+
+def geomean(xs: Iterable[float | None]) -> float | None:
+    """Geometric mean; None when any value is missing (a partial geomean would mislead)."""
+    xs = list(xs)
+    if not xs or any(not x for x in xs):
+        return None
+    return math.exp(sum(math.log(x) for x in xs) / len(xs))
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# checks
+
+def tolerance_ratio(out, expected, rtol: float, atol: float) -> float:
+    """The worst |out - expected| / (atol + rtol |expected|) in fp32: the official check passes when it is <= 1.
+    Non-finite outputs give inf."""
+    import torch
+
+    out, expected = out.float(), expected.float()
+    if not bool(torch.isfinite(out).all()):
+        return math.inf
+    return float(((out - expected).abs() / (atol + rtol * expected.abs())).max().item())
+
+
+def poison(*tensors) -> None:
+    """Fill output buffers with NaN (or all ones bits for integers) so an unwritten element cannot pass."""
+    for t in tensors:
+        if t.is_floating_point():
+            t.fill_(float("nan"))
+        else:
+            t.fill_(-1)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# results
+
+@dataclass(frozen=True)
+class Row:
+    """One measured figure. metric: official (kbench perf, benchmark mode), leaderboard, kernel (CUDA events);
+    case: the official case line, or "geomean"."""
+    gpu: str
+    world_size: int
+    backend: str
+    metric: str
+    case: str
+    us: float
+    date: str = ""
+
+    def values(self) -> tuple:
+        date = self.date or datetime.date.today().isoformat()
+        return (date, self.gpu, self.world_size, self.backend, self.metric, self.case, f"{self.us:.2f}")
+
+
+def results_dir() -> Path:
+    """$KBENCH_RESULTS, else benchmarks/results under the current folder (run the scripts from the checkout)."""
+    return Path(os.environ.get("KBENCH_RESULTS") or Path.cwd() / "benchmarks" / "results")
+
+
+def record(problem: str, rows: Iterable[Row], folder: Path | None = None) -> Path:
+    """Append rows to <folder>/<problem>.csv (header written when the file is new)."""
+    problems.problem_dir(problem)  # an unknown problem is refused, not given a file
+    rows = list(rows)
+    for r in rows:
+        if r.metric not in METRICS:
+            raise ValueError(f"metric {r.metric!r}: choose one of {', '.join(METRICS)}")
+    path = (folder or results_dir()) / f"{problem}.csv"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    new = not path.is_file()
+    with open(path, "a", newline="") as f:
+        w = csv.writer(f)
+        if new:
+            w.writerow(COLUMNS)
+        for r in rows:
+            w.writerow(r.values())
+    return path
+
+
+def read(path: Path) -> list[dict]:
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def merge(src: Path, dst: Path) -> int:
+    """Append the rows of every <src>/<problem>.csv to <dst>/<problem>.csv; returns how many rows moved."""
+    moved = 0
+    for path in sorted(Path(src).glob("*.csv")):
+        rows = read(path)
+        out = Path(dst) / path.name
+        new = not out.is_file()
+        with open(out, "a", newline="") as f:
+            w = csv.writer(f)
+            if new:
+                w.writerow(COLUMNS)
+            for r in rows:
+                w.writerow([r[c] for c in COLUMNS])
+        moved += len(rows)
+    return moved
+
+
+def rows_from_record(record: dict, backend: str, metric: str | None = None) -> list[Row]:
+    """The per-case means and the score of a ``kbench perf --json`` record as rows (metric: the record's mode)."""
+    metric = metric or ("official" if record["mode"] == "benchmark" else "leaderboard")
+    env = record.get("environment") or {}
+    gpu, ws = env.get("gpu") or record["device"], record.get("world_size") or 1
+    rows = [Row(gpu, ws, backend, metric, problems.format_case(c["case"]), c["mean_ns"] / 1e3)
+            for c in record["cases"] if c["status"] == "pass" and c.get("mean_ns")]
+    if record.get("score_s"):
+        rows.append(Row(gpu, ws, backend, metric, "geomean", record["score_s"] * 1e6))
+    return rows
+
+
+def table(title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
+    """Print a table (rich), numbers right-aligned; the scripts print theirs last so a device reply ends with it."""
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title=title, title_justify="left")
+    for i, c in enumerate(columns):
+        t.add_column(c, justify="left" if i == 0 else "right", overflow="fold")
+    for r in rows:
+        t.add_row(*("—" if v is None else f"{v:.1f}" if isinstance(v, float) else str(v) for v in r))
+    Console(width=max(100, len(columns) * 12)).print(t)
