@@ -32,7 +32,9 @@ METRICS = ("official", "leaderboard", "kernel")
 def build(problem: str, backend: str, target: str = "h100", dev: bool = False):
     """Import kernels/<problem>/<backend>/ built exactly as the submission file is (generator.load_build);
     dev=True adds the manifest's dev functions and flags. Returns the module (``custom_kernel``, ``ext``)."""
-    return generator.load_in_process(generator.load_build(problem, backend, target, dev=dev))
+    mods = problems.load_modules(problem)
+    with problems.leaderboard_imports({"task": mods.task, "utils": mods.utils, "reference": mods.reference}):
+        return generator.load_in_process(generator.load_build(problem, backend, target, dev=dev))
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -17,12 +17,12 @@ from typing import Any, Callable
 import click
 
 from . import __version__
+from .generator import TARGETS
 
 EXIT_FAILED = 1          # a case did not pass
 EXIT_USAGE = 2           # bad input (click's own convention for usage errors)
 EXIT_INTERRUPTED = 130   # Ctrl-C, as a shell reports SIGINT
 
-TARGETS = ("h100", "h200", "mi300x")   # generator.TARGETS (kept literal so --help needs no import)
 KERNELS_HELP = "Your own kernels folder (<DIR>/<problem>/<backend>/), searched before the shipped kernels."
 
 

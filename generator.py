@@ -502,7 +502,10 @@ def _header(problem: str, target: str) -> dict:
         spec = problems.load_spec(problem)
     except Exception:  # noqa: BLE001 - a problem kbench does not judge still packs, without the popcorn lines
         return {"leaderboard": None, "gpu": None}
-    gpu = LEADERBOARD_GPU[target] + (f"x{spec.world_size}" if spec.world_size else "")
+    # the official GPU ("MI300X", "8x MI300X") in popcorn-cli's spelling ("MI300", "MI300x8"); other targets
+    # name their own GPU the same way
+    count = spec.official_gpu.split("x ")[0] if "x " in spec.official_gpu else ""
+    gpu = LEADERBOARD_GPU[target] + (f"x{count}" if count.isdigit() else "")
     return {"leaderboard": spec.leaderboard, "gpu": gpu}
 
 

@@ -16,7 +16,6 @@ import datetime
 import json
 import os
 import re
-import socket
 import sys
 import tempfile
 from dataclasses import asdict, dataclass, fields
@@ -83,18 +82,11 @@ def load_cached(gpu: str) -> Ceilings | None:
 
 def save(ceilings: Ceilings) -> Path:
     """Write the ceilings atomically (a half-written cache would poison every later % SOL)."""
+    from .results_io import atomic_write_text
+
     path = cache_path(ceilings.gpu)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(ceilings.to_json(), f, indent=2)
-            f.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+    return atomic_write_text(path, json.dumps(ceilings.to_json(), indent=2) + "\n")
 
 
 def load_or_measure(refresh: bool = False, say: Callable[[str], None] = lambda s: None) -> Ceilings:
@@ -125,22 +117,23 @@ def load_or_measure(refresh: bool = False, say: Callable[[str], None] = lambda s
 # measuring
 
 def _time_s(fn: Callable[[], Any], iters: int, repeats: int = 3) -> float:
-    """Best per-call time in seconds of ``fn`` over ``repeats`` CUDA-event windows of ``iters`` calls each."""
+    """Best per-call time in seconds of ``fn`` over ``repeats`` windows of ``iters`` back-to-back calls, each window
+    timed with the judge's CUDA-event timer (no L2 flush: the ceilings are steady-state rates)."""
     import torch
 
+    from .timing import Clock, cuda_event_window
+
+    clock = Clock(sync=torch.cuda.synchronize, new_event=lambda: torch.cuda.Event(enable_timing=True),
+                  record=torch.cuda.Event.record, elapsed_ms=torch.cuda.Event.elapsed_time)
     for _ in range(3):
         fn()
     torch.cuda.synchronize()
-    best = float("inf")
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
+
+    def window():
         for _ in range(iters):
             fn()
-        end.record()
-        end.synchronize()
-        best = min(best, start.elapsed_time(end) / 1e3 / iters)
-    return best
+
+    return min(cuda_event_window(clock, window)[0] for _ in range(repeats)) / 1e9 / iters
 
 
 def measure_matmul_bf16(n: int = MATMUL_N) -> float:
@@ -181,12 +174,6 @@ def measure_copy(nbytes: int = COPY_BYTES) -> float:
     return 2 * nbytes / _time_s(lambda: dst.copy_(src), iters=20)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _allreduce_rank(rank: int, world: int, port: int, out: str) -> None:
     """One rank of the all-reduce measurement (spawned); rank 0 writes the slowest rank's time to ``out``."""
     import torch
@@ -211,9 +198,11 @@ def measure_allreduce(world: int) -> float:
     """NCCL all-reduce bus bandwidth (bytes/s) of 256 MB fp32 over ``world`` GPUs: algbw * 2(n-1)/n, as nccl-tests."""
     import torch.multiprocessing as mp
 
+    from .workers import free_port
+
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "allreduce.json")
-        mp.spawn(_allreduce_rank, args=(world, _free_port(), out), nprocs=world, join=True)
+        mp.spawn(_allreduce_rank, args=(world, free_port(), out), nprocs=world, join=True)
         seconds = json.loads(Path(out).read_text())["seconds"]
     return ALLREDUCE_BYTES / seconds * 2 * (world - 1) / world
 

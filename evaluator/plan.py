@@ -59,7 +59,7 @@ class RunPlan:
 
     @property
     def distributed(self) -> bool:
-        return self.spec.world_size is not None
+        return self.spec.distributed
 
     def line(self, index: int) -> str:
         """The case line the worker reads: the case with the secret seed combined when the protocol says so."""

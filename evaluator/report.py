@@ -95,7 +95,8 @@ class RunProgress:
 
 
 def case_table(record: Any, sol: Mapping[int, float] | None = None,
-               speedups: Mapping[int, float] | None = None, noise: set[int] = frozenset()) -> Table:
+               speedups: Mapping[int, float] | None = None, noise: set[int] = frozenset(),
+               compact: bool = False) -> Table:
     """One row per case: case, status, mean ± err, best, worst, runs, and % SOL / speedup where known (a speedup
     within two standard errors of the difference reads "~": noise)."""
     # profile mode reports kernels, not means: its columns are the test table's unless the runner timed it too
@@ -109,7 +110,7 @@ def case_table(record: Any, sol: Mapping[int, float] | None = None,
     table.add_column("status", no_wrap=True)
     if timed:
         # numbers never wrap; the case text takes whatever width is left
-        for name in ("mean ± err", "best", "worst", "runs"):
+        for name in ("mean ± err", "runs") if compact else ("mean ± err", "best", "worst", "runs"):
             table.add_column(name, justify="right", no_wrap=True)
         if sol:
             table.add_column("% SOL", justify="right", no_wrap=True)
@@ -119,7 +120,8 @@ def case_table(record: Any, sol: Mapping[int, float] | None = None,
         row = [str(r.index), case_text(r.case), Text(r.status, style=STATUS_STYLE.get(r.status, ""))]
         if timed:
             mean = f"{fmt_ns(r.mean_ns)} ± {fmt_ns(r.err_ns)}" if r.mean_ns is not None else "—"
-            row += [mean, fmt_ns(r.best_ns), fmt_ns(r.worst_ns), str(r.runs or "—")]
+            row += [mean, str(r.runs or "—")] if compact else [mean, fmt_ns(r.best_ns), fmt_ns(r.worst_ns),
+                                                                str(r.runs or "—")]
             if sol:
                 row.append(f"{sol[r.index]:.1f}%" if r.index in sol else "—")
             if speedups is not None:
@@ -173,18 +175,20 @@ def output_lines(record: Any, max_cases: int = 5) -> list[str]:
 def print_report(record: Any, console: Console, sol: Mapping[int, float] | None = None,
                  comparison: Any = None) -> None:
     """The whole report of one run: table, score (geomean), comparison, failures, interruption."""
+    # narrow (a pipe is 80 columns): best and worst stay in --json, the case text keeps room to be read
     console.print(case_table(record, sol, comparison.speedups if comparison is not None else None,
-                             comparison.noise if comparison is not None else frozenset()))
+                             comparison.noise if comparison is not None else frozenset(),
+                             compact=console.width < 110))
     if record.mode == "profile":
         for r in record.cases:
             if r.status == "pass" and r.message:
                 console.print(f"[bold]#{r.index}[/] {case_text(r.case)}")
                 console.print(r.message, highlight=False, markup=False, soft_wrap=True)
     passed = sum(r.status == "pass" for r in record.cases)
-    skipped = sum(r.status == "skipped" for r in record.cases)
-    ran = len(record.cases) - skipped
-    why = "interrupted" if record.interrupted else "not run in this mode"
-    console.print(f"{passed}/{ran} cases passed" + (f" ({skipped} skipped: {why})" if skipped else ""))
+    skipped = [r for r in record.cases if r.status == "skipped"]
+    ran = len(record.cases) - len(skipped)
+    why = "interrupted" if record.interrupted else (skipped[0].message.removeprefix("not run: ") if skipped else "")
+    console.print(f"{passed}/{ran} cases passed" + (f" ({len(skipped)} skipped: {why})" if skipped else ""))
     if record.mode in ("benchmark", "leaderboard"):
         score = record.score_s()
         where = " (CPU)" if record.device == "cpu" else ""
@@ -208,7 +212,7 @@ def print_report(record: Any, console: Console, sol: Mapping[int, float] | None 
     if failures:
         console.print("[bold red]cases that did not pass:[/]")
         for line in failures:
-            console.print(line, highlight=False, markup=False)
+            console.print(line, highlight=False, markup=False, soft_wrap=True)
     printed = output_lines(record)
     if printed:
         console.print("[bold]what the submission printed (last lines per case):[/]")

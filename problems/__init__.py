@@ -30,6 +30,7 @@ PROBLEMS_ROOT = Path(__file__).resolve().parent
 UTILS_PATH = PROBLEMS_ROOT / "utils.py"
 
 Case = dict[str, Any]
+RANKING = "geometric mean of per-benchmark mean time"     # the only score the six leaderboards used
 
 
 class SpecError(ValueError):
@@ -91,6 +92,9 @@ def parse_case(line: str, intended_bools: bool = False) -> Case:
             continue
         key, sep, value = part.partition(":")
         key, value = key.strip(), value.strip()
+        if "," in value or "," in key:
+            raise BadCase(f"bad case {line.strip()!r}: separate the pairs with ';', not ',' "
+                          "(write it as 'key: value; key: value')")
         if not sep or not _CASE_KEY.match(key) or not value:
             raise BadCase(f"bad case {line.strip()!r}: write it as 'key: value; key: value' (e.g. 'm: 64; n: 64; k: 128; seed: 1')")
         if key in case:
@@ -325,6 +329,9 @@ def parse_spec(raw: Any, path: Path) -> Spec:
         raise SpecError(f"{where}: unknown keys {', '.join(sorted(unknown))}")
     if raw["name"] != path.parent.name:
         raise SpecError(f"{where}: name {raw['name']!r} differs from its folder {path.parent.name!r}")
+    if raw["ranking"] != RANKING:
+        raise SpecError(f"{where}: ranking {raw['ranking']!r}: kbench scores the one way the leaderboards did, "
+                        f"{RANKING!r} (evaluator/record.py score_s)")
 
     tol = raw["tolerance"]
     _require(tol if isinstance(tol, dict) else {}, ("rtol", "atol"), f"{where}: tolerance")

@@ -48,3 +48,41 @@ def test_torch_include_pattern_catches_torch():
     assert TORCH_INCLUDE.search('#include <cuda.h>\n  #  include <ATen/cuda/CUDAContext.h>\n')
     assert TORCH_INCLUDE.search('#include "torch/extension.h"')
     assert not TORCH_INCLUDE.search('#include <cuda_fp8.h>\n// #include is fine in prose: torch/\n')
+
+
+def _bindings():
+    out = []
+    for problem in generator.list_problems():
+        for backend in generator.list_backends(problem):
+            bdir = generator.backend_dir(problem, backend)
+            manifest = generator.load_manifest(bdir, str(bdir / "kernel.yml"))
+            out += [(bdir, src) for src in manifest.cpp_sources]
+    return out
+
+
+BINDINGS = _bindings()
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not on PATH")
+@pytest.mark.parametrize("bdir,src", BINDINGS or [(None, None)],
+                         ids=[f"{b.parent.name}/{b.name}/{s}" for b, s in BINDINGS] or ["none"])
+def test_binding_compiles_against_torch_headers(bdir, src, tmp_path):
+    """The torch-facing .cpp of every load_inline backend, with its dev entry points, passes g++'s syntax check
+    against the installed torch's headers (a CPU torch has the CUDA headers too; one generated header, which only
+    a CUDA build of torch writes, is stubbed)."""
+    if bdir is None:
+        pytest.skip("no load_inline backend")
+    import sysconfig
+
+    import torch.utils.cpp_extension as ext
+
+    stub = tmp_path / "c10" / "cuda" / "impl"
+    stub.mkdir(parents=True)
+    (stub / "cuda_cmake_macros.h").write_text("#pragma once\n")
+    cuda_home = ext.CUDA_HOME or "/usr/local/cuda"
+    includes = [tmp_path, *ext.include_paths(), Path(cuda_home) / "include", sysconfig.get_paths()["include"], bdir]
+    cmd = ["g++", "-std=c++20", "-fsyntax-only", "-DKBENCH_DEV", "-DTORCH_EXTENSION_NAME=kbench_check",
+           *(f"-I{d}" for d in includes), str(bdir / src)]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    errors = [ln for ln in r.stderr.splitlines() if "error" in ln]
+    assert r.returncode == 0, "\n".join(errors[:20]) or r.stderr[-3000:]
