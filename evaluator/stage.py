@@ -6,6 +6,7 @@
     utils.py        problems/utils.py (leaderboard helper names)
     harness.py      evaluator/harness.py: the code the workers run
     timing.py       evaluator/timing.py: timers, statistics and stopping rules the harness imports
+    guards.py       evaluator/guards.py: clones, aliasing and bitwise checks the harness imports
     cases.txt       the case lines that run, in the official ``k: v; k: v`` form (world size and secret seed
                     applied); the workers read their cases from it, as the official harness does
     plan.json       the run's plan (what was settled before anything ran)
@@ -23,7 +24,7 @@ from typing import Sequence
 from .. import problems
 
 HERE = Path(__file__).resolve().parent
-HARNESS_FILES = ("harness.py", "timing.py")
+HARNESS_FILES = ("harness.py", "timing.py", "guards.py")
 
 
 def stage(plan, indices: Sequence[int], dest: Path) -> Path:

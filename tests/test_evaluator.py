@@ -92,7 +92,7 @@ def test_stage_holds_what_the_leaderboard_holds(tmp_path):
     cases = fp8_smoke()
     plan = evaluator.make_plan("fp8-mm", "test", submission=FIX / "fp8_good.py", device="cpu", cases=cases)
     run_dir = stage(plan, range(len(cases)), tmp_path / "run")
-    for name in ("submission.py", "task.py", "reference.py", "utils.py", "harness.py", "timing.py", "cases.txt",
+    for name in ("submission.py", "task.py", "reference.py", "utils.py", "harness.py", "timing.py", "guards.py", "cases.txt",
                  "plan.json"):
         assert (run_dir / name).is_file(), name
     assert (run_dir / "submission.py").read_bytes() == (FIX / "fp8_good.py").read_bytes()
