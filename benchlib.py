@@ -133,6 +133,17 @@ def poison(*tensors) -> None:
             t.fill_(-1)
 
 
+def poison_allocator(nbytes: int = 8 << 30) -> None:
+    """Fill memory torch's caching allocator hands out next with NaN (half of what is free, up to nbytes): an output
+    or workspace element a kernel forgets to write then reads NaN instead of a plausible stale value."""
+    import torch
+
+    free = torch.cuda.mem_get_info()[0]
+    buf = torch.empty(min(nbytes, free // 2) // 2, dtype=torch.float16, device="cuda")
+    buf.fill_(float("nan"))
+    del buf
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # results
 

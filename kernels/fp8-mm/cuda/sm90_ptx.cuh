@@ -1,105 +1,12 @@
-// Thin wrappers over the Hopper (sm_90a) PTX the GEMM needs: mbarriers, TMA tile loads, wgmma fences and
-// shared-memory matrix descriptors, setmaxnreg. No torch, no CUTLASS: compiles standalone with nvcc.
+// The Hopper PTX wrappers fp8-mm uses: kbench's shared ones (kernels/_common/sm90.cuh), in this kernel's namespace.
 #pragma once
-#include <cstdint>
-#include <cuda.h>  // CUtensorMap (a 128-byte opaque struct); no driver symbols are linked from device code
+#include "sm90.cuh"
 
 namespace fp8mm {
 
-__device__ __forceinline__ uint32_t smem_u32(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
+using namespace kb::sm90;
 
-// ---- mbarrier -------------------------------------------------------------------------------------------
-__device__ __forceinline__ void mbar_init(uint64_t* bar, uint32_t count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(bar)), "r"(count));
-}
-
-__device__ __forceinline__ void fence_mbar_init() {
-  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-}
-
-__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_u32(bar)) : "memory");
-}
-
-// Arrive once and announce how many bytes the TMA copies of this phase will deliver.
-__device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(bar)), "r"(bytes)
-               : "memory");
-}
-
-// Spin until the phase with the given parity has completed.
-__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
-  asm volatile(
-      "{\n"
-      ".reg .pred done;\n"
-      "WAIT_%=:\n"
-      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-      "@!done bra WAIT_%=;\n"
-      "}\n" ::"r"(smem_u32(bar)),
-      "r"(parity)
-      : "memory");
-}
-
-// ---- TMA ------------------------------------------------------------------------------------------------
-__device__ __forceinline__ void tma_prefetch_desc(const CUtensorMap* map) {
-  asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
-}
-
-// 2-D tile load global -> shared; completion is signalled on `bar` as transaction bytes.
-__device__ __forceinline__ void tma_load_2d(void* dst, const CUtensorMap* map, uint64_t* bar, int c0, int c1) {
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4}], [%2];" ::
-          "r"(smem_u32(dst)),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_u32(bar)), "r"(c0), "r"(c1)
-      : "memory");
-}
-
-// ---- wgmma bookkeeping ----------------------------------------------------------------------------------
-// Orders prior register/shared accesses before the next wgmma reads them.
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void wgmma_wait() {
-  asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
-}
-
-// Keep the compiler from moving accumulator reads/writes across an in-flight wgmma.
-__device__ __forceinline__ void reg_fence(float& r) { asm volatile("" : "+f"(r)::"memory"); }
-
-// Shared-memory matrix descriptor for a K-major tile whose rows are exactly 128 bytes, written by TMA with
-// CU_TENSOR_MAP_SWIZZLE_128B into a 1024-byte aligned buffer: 8-row core groups are 1024 bytes apart (SBO);
-// the leading byte offset is unused for this layout. Advancing K by 32 fp8 = 32 bytes adds 2 to the address
-// field (16-byte units); the hardware applies the swizzle on the final address.
-__device__ __forceinline__ uint64_t make_desc_k128_sw128(const void* smem_tile) {
-  const uint64_t addr = smem_u32(smem_tile);
-  uint64_t desc = 0;
-  desc |= (addr & 0x3FFFF) >> 4;            // bits 0-13: start address / 16
-  desc |= uint64_t(1) << 16;                // bits 16-29: LBO / 16 (ignored for swizzled K-major)
-  desc |= uint64_t(1024 >> 4) << 32;        // bits 32-45: SBO / 16
-  desc |= uint64_t(1) << 62;                // bits 62-63: 1 = 128-byte swizzle
-  return desc;
-}
-
-// ---- register budget per warpgroup ------------------------------------------------------------------------
-template <int R>
-__device__ __forceinline__ void setmaxnreg_inc() {
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(R));
-}
-template <int R>
-__device__ __forceinline__ void setmaxnreg_dec() {
-  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(R));
-}
-
-// Named barrier among `count` threads (ids 1..15; id 0 is __syncthreads).
-__device__ __forceinline__ void named_bar_sync(int id, int count) {
-  asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(count) : "memory");
-}
-
-// Arrive on a named barrier without waiting (the other side of a bar.sync with the same id and count).
-__device__ __forceinline__ void named_bar_arrive(int id, int count) {
-  asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(count) : "memory");
-}
+// A K-major tile of 128-byte rows written by TMA with 128-byte swizzle (the leading byte offset is unused).
+__device__ __forceinline__ uint64_t make_desc_k128_sw128(const void* smem_tile) { return make_desc_sw128(smem_tile); }
 
 }  // namespace fp8mm

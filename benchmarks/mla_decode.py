@@ -1,0 +1,92 @@
+"""mla-decode on one Hopper GPU: the CUDA backend against the torch backend, in one process on the same inputs;
+correctness on every official case first, then time.
+
+    python benchmarks/mla_decode.py      # table last; rows into benchmarks/results/mla-decode.csv
+
+Times (us): "kernel" = kbench's CUDA-event timer around one call, L2 flushed, median. The attention kernel alone is
+timed on the call's own q and cache; GB/s counts the cache rows it must read (kv_len x 576 x 2 bytes per batch row).
+The projections' share is the end-to-end time minus the attention kernel. The official protocol's figure (host
+clock around the call) is `kbench perf mla-decode --backend cuda`. Floor: problems/mla-decode/spec.yml roofline at
+790 TF/s bf16 and 3.0 TB/s.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+import torch
+
+from kbench import benchlib, problems
+
+BF16_FLOPS, HBM_BPS = 790e12, 3.0e12
+
+
+def checks(mod, ref) -> list[str]:
+    failures = []
+    spec = problems.load_spec("mla-decode")
+    for case in list(spec.tests) + list(spec.benchmarks):
+        data = ref.generate_input(**problems.official_case(case))
+        check = ref.copy_data(data)
+        benchlib.poison_allocator()
+        ok, msg = ref.check_implementation(check, mod.custom_kernel(data))
+        line = f"official {problems.format_case(case)}: {'ok' if ok else msg}"
+        print(line, flush=True)
+        if not ok:
+            failures.append(line)
+        del data, check
+    return failures
+
+
+def time_case(case, cuda_mod, torch_mod, ref, runs) -> dict:
+    roofline = problems.load_spec("mla-decode").roofline
+    floor = 1e6 * max(roofline.flops(case) / BF16_FLOPS, roofline.bytes(case) / HBM_BPS)
+    timer = benchlib.Timer()
+    data = ref.generate_input(**problems.official_case(case))
+    config, x, cache = data
+    seq0 = cache.seq_len
+
+    def call(mod):
+        cache.seq_len = seq0  # the same decode step every run (the cache row is rewritten, not appended)
+        return mod.custom_kernel(data)
+
+    row = {"case": problems.format_case(case), "floor": floor, "cuda": timer(lambda: call(cuda_mod), runs),
+           "cuda_host": benchlib.host_time_us(lambda: call(cuda_mod), runs),
+           "torch": timer(lambda: call(torch_mod), runs)}
+    # the attention kernel alone, on this call's inputs
+    bs, kv_len = x.shape[0], seq0 + 1
+    q = torch.randn(bs, 128, 576, device="cuda").bfloat16()
+    cos, sin = cuda_mod._rope_tables(cache.data.shape[1], 64, x.device)
+    row["attention"] = timer(lambda: cuda_mod.ext.mla_attention(q, cache.data, kv_len, cos, sin), runs)
+    row["attention_GBps"] = bs * kv_len * 576 * 2 / (row["attention"] * 1e-6) / 1e9
+    row["projections"] = row["cuda"] - row["attention"]
+    return row
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--runs", type=int, default=20)
+    args = ap.parse_args()
+    gpu = torch.cuda.get_device_name()
+    ref = problems.load_modules("mla-decode").reference
+    cuda_mod = benchlib.build("mla-decode", "cuda")
+    failures = checks(cuda_mod, ref)
+    torch_mod = benchlib.build("mla-decode", "torch")
+    rows = [time_case(c, cuda_mod, torch_mod, ref, args.runs) for c in problems.load_spec("mla-decode").benchmarks]
+    names = [("cuda", "cuda"), ("torch", "torch"), ("attention", "cuda/attention"),
+             ("projections", "cuda/projections")]
+    results = [benchlib.Row(gpu, 1, name, "kernel", r["case"], r[key]) for r in rows for key, name in names]
+    results += [benchlib.Row(gpu, 1, name, "kernel", "geomean", benchlib.geomean(r[key] for r in rows))
+                for key, name in names]
+    benchlib.record("mla-decode", results)
+    cols = ["floor", "cuda", "cuda_host", "torch", "attention", "attention_GBps", "projections"]
+    benchlib.table(f"mla-decode on {gpu} (us; kernel = CUDA events, L2 flushed; cuda_host = host clock); "
+                   f"failures: {len(failures)}", ["case"] + cols,
+                   [[r["case"]] + [r[c] for c in cols] for r in rows] +
+                   [["geomean"] + [benchlib.geomean(r[c] for r in rows) for c in cols]])
+    for msg in failures[:10]:
+        print("  FAIL " + msg)
+    sys.exit(1 if failures else 0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,104 @@
+"""moe on one Hopper GPU: the CUDA backend against the torch backend and torch's grouped GEMM, in one process on the
+same inputs; correctness first (official tests and benchmarks), then time.
+
+    python benchmarks/moe.py             # check + time; table last; rows into benchmarks/results/moe.csv
+
+Synthetic routings (empty experts, skew, E = 4/8, K = 1) are checked in tests/test_moe_cuda_gpu.py.
+
+Times (us): "kernel" = kbench's CUDA-event timer around one call, L2 flushed, median; the CUDA backend's five
+stages come from events between its launches (a dev entry point). The official protocol's figure (host clock
+around the call) is `kbench perf moe --backend cuda`. Floor = max(FLOPs / 790 TF/s fp16, bytes / 3.0 TB/s).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+import torch
+import torch.nn.functional as F
+
+from kbench import benchlib, problems
+
+F16_FLOPS, HBM_BPS = 790e12, 3.0e12
+STAGES = ("route", "gather", "gemm1", "gemm2", "combine")
+
+
+def official_checks(mod, ref) -> list[str]:
+    spec = problems.load_spec("moe")
+    failures = []
+    for case in list(spec.tests) + list(spec.benchmarks):
+        data = ref.generate_input(**problems.official_case(case))
+        benchlib.poison_allocator()
+        ok, msg = ref.check_implementation(data, mod.custom_kernel(data))
+        line = f"official {problems.format_case(case)}: {'ok' if ok else msg}"
+        print(line, flush=True)
+        if not ok:
+            failures.append(line)
+        del data
+    return failures
+
+
+def floor_us(case) -> float:
+    roofline = problems.load_spec("moe").roofline
+    return 1e6 * max(roofline.flops(case) / F16_FLOPS, roofline.bytes(case) / HBM_BPS)
+
+
+def time_case(case, cuda_mod, torch_mod, runs) -> dict:
+    ref = problems.load_modules("moe").reference
+    data = ref.generate_input(**problems.official_case(case))
+    x, weights, config = data
+    timer = benchlib.Timer()
+    row = {"case": problems.format_case(case), "floor": floor_us(case),
+           "cuda": timer(lambda: cuda_mod.custom_kernel(data), runs),
+           "cuda_host": benchlib.host_time_us(lambda: cuda_mod.custom_kernel(data), runs)}
+    torch_mod.MOE_PATH = "loop"
+    row["torch"] = timer(lambda: torch_mod.custom_kernel(data), max(3, runs // 5))
+    if hasattr(torch, "_grouped_mm"):
+        torch_mod.MOE_PATH, torch_mod.GROUPED_DTYPE = "grouped", torch.bfloat16
+        try:
+            row["torch_grouped_bf16"] = timer(lambda: torch_mod.custom_kernel(data), max(3, runs // 5))
+        except Exception as exc:  # noqa: BLE001 - a torch without the bf16 fast path: no column
+            print(f"torch grouped bf16: {type(exc).__name__}: {exc}", flush=True)
+        torch_mod.MOE_PATH, torch_mod.GROUPED_DTYPE = "auto", None
+    # the five stages, from events between the launches (median per stage)
+    bs, seqlen, d = x.shape
+    k = config["n_experts_per_token"]
+    scores, experts = torch.topk(F.linear(x, weights["router.weight"]).softmax(-1), k=k, dim=-1, sorted=False)
+    names = [f"experts.{e}" for e in range(config["n_routed_experts"])] + ["shared_experts"]
+    args = (x.view(-1, d), experts.view(-1, k), scores.view(-1, k), [weights[f"{n}.0.weight"] for n in names],
+            [weights[f"{n}.1.weight"] for n in names], [weights[f"{n}.2.weight"] for n in names])
+    stage_runs = [cuda_mod.ext.moe_forward_staged(*args)[1] for _ in range(runs)]
+    for i, name in enumerate(STAGES):
+        row[name] = benchlib.median([r[i] * 1e3 for r in stage_runs])
+    return row
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--runs", type=int, default=15)
+    args = ap.parse_args()
+    gpu = torch.cuda.get_device_name()
+    cuda_mod = benchlib.build("moe", "cuda", dev=True)
+    failures = official_checks(cuda_mod, problems.load_modules("moe").reference)
+    torch_mod = benchlib.build("moe", "torch")
+    rows = [time_case(c, cuda_mod, torch_mod, args.runs) for c in problems.load_spec("moe").benchmarks]
+    backends = [("cuda", "cuda"), ("torch", "torch"), ("torch_grouped_bf16", "torch-grouped-bf16")] + \
+        [(s, f"cuda/{s}") for s in STAGES]
+    results = [benchlib.Row(gpu, 1, name, "kernel", r["case"], r[key]) for r in rows for key, name in backends
+               if r.get(key)]
+    results += [benchlib.Row(gpu, 1, name, "kernel", "geomean", benchlib.geomean(r.get(key) for r in rows))
+                for key, name in backends if benchlib.geomean(r.get(key) for r in rows)]
+    benchlib.record("moe", results)
+    cols = ["floor", "cuda", "cuda_host", "torch", "torch_grouped_bf16", *STAGES]
+    geo = {c: benchlib.geomean(r.get(c) for r in rows) for c in cols}
+    benchlib.table(f"moe on {gpu} (us; kernel = CUDA events, L2 flushed; cuda_host = host clock); "
+                   f"failures: {len(failures)}", ["case"] + cols + ["cuda / floor"],
+                   [[r["case"]] + [r.get(c) for c in cols] + [f"{r['cuda'] / r['floor']:.2f}x"] for r in rows] +
+                   [["geomean"] + [geo[c] for c in cols] + [f"{geo['cuda'] / geo['floor']:.2f}x"]])
+    for msg in failures[:10]:
+        print("  FAIL " + msg)
+    sys.exit(1 if failures else 0)
+
+
+if __name__ == "__main__":
+    main()

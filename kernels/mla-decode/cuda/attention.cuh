@@ -1,0 +1,298 @@
+// Absorbed MLA decode attention on Hopper: 128 query heads attend over one batch row's latent cache
+// (576 = latent 512 | rope 64 per position), as multi-query attention with the keys' RoPE applied on the fly.
+//
+// CTA = (batch row, head group of 64, kv split). Warpgroup 2 (the producer, one thread) loads Q once and streams the cache through a
+// 2-stage ring of 64-row tiles with TMA (9 boxes of 64 x 64, 128-byte swizzle). The two consumer warpgroups
+// (all 64 heads each, half of the tile's 64 positions each) per tile:
+//   1. rotate the tile's rope columns in shared memory with the reference's bf16 RoPE (cos/sin tables from the
+//      reference's own bf16 angles);
+//   2. S = Q K^T over their 32 positions (36 wgmma m64n32k16, bf16, fp32 accumulation);
+//   3. online softmax in fp32 (log2 domain), the row maxima exchanged between the two warpgroups;
+//   4. P (bf16) into shared memory, both halves;
+//   5. O += P V with V = the tile's latent columns (N-major B operand): each warpgroup owns 256 of the 512 output
+//      columns (4 wgmma m64n256k16).
+// Without a split the CTA writes the normalised output; with splits, fp32 partials + (max, sum) for the combine.
+#pragma once
+#include <cstdint>
+#include <cuda.h>
+#include <cuda_bf16.h>
+
+#include "sm90.cuh"
+#include "wgmma.cuh"
+
+namespace mla {
+
+using namespace kb::sm90;
+
+constexpr int kHeads = 128, kHG = 64;       // query heads; per CTA
+constexpr int kLatent = 512, kRope = 64, kWidth = kLatent + kRope;
+constexpr int kBlocks = kWidth / 64;       // 9 column blocks of 64 (one 128-byte swizzle span each)
+constexpr int kTile = 64;                  // cache rows per tile
+constexpr int kStages = 2;
+constexpr int kBlockBytes = 64 * 128;      // 64 rows x 128 bytes
+constexpr int kTileBytes = kBlocks * kBlockBytes;  // 73,728: one cache tile, also Q
+constexpr int kThreads = 384;              // consumer warpgroups 0, 1; producer warpgroup 2 (one thread issues)
+constexpr int kSmemBytes = 1024 + kTileBytes * (1 + kStages) + kBlockBytes + 4 * kHG * 4 + 8 * (1 + 2 * kStages);
+// Named barriers among the 256 consumer threads.
+constexpr int kBarRope = 1, kBarMax = 2, kBarP = 3, kBarSum = 4;
+
+struct Params {
+  const __nv_bfloat16* cos_tab;  // [max_seq][32]
+  const __nv_bfloat16* sin_tab;
+  __nv_bfloat16* out;            // [bs][128][512]
+  float* part_o;                 // [splits][bs][128][512] (splits > 1)
+  float* part_ml;                // [splits][bs][128][2]
+  int bs, max_seq, kv_len, splits, tiles_per_split;
+  float scale_log2;              // log2(e) / sqrt(192)
+};
+
+__device__ __forceinline__ float bf(float x) { return __bfloat162float(__float2bfloat16_rn(x)); }
+
+// Step 1: rope columns of tile rows [row, row + 1) for frequencies 8g .. 8g + 7, in place, with the reference's
+// roundings: out = bf16(bf16(x * cos) + bf16(rotate_half(x) * sin)).
+__device__ __forceinline__ void rope_in_place(uint8_t* rope_block, int r, int g, int pos, const Params& p) {
+  uint4* lo = reinterpret_cast<uint4*>(rope_block + sw128_offset(r, g));      // x[8g .. 8g+7]
+  uint4* hi = reinterpret_cast<uint4*>(rope_block + sw128_offset(r, g + 4));  // x[32+8g .. 32+8g+7]
+  const uint4 c4 = *reinterpret_cast<const uint4*>(p.cos_tab + static_cast<long long>(pos) * 32 + 8 * g);
+  const uint4 s4 = *reinterpret_cast<const uint4*>(p.sin_tab + static_cast<long long>(pos) * 32 + 8 * g);
+  uint4 a = *lo, b = *hi;
+  __nv_bfloat16* x1 = reinterpret_cast<__nv_bfloat16*>(&a);
+  __nv_bfloat16* x2 = reinterpret_cast<__nv_bfloat16*>(&b);
+  const __nv_bfloat16* cs = reinterpret_cast<const __nv_bfloat16*>(&c4);
+  const __nv_bfloat16* sn = reinterpret_cast<const __nv_bfloat16*>(&s4);
+#pragma unroll
+  for (int e = 0; e < 8; ++e) {
+    const float u = __bfloat162float(x1[e]), v = __bfloat162float(x2[e]);
+    const float c = __bfloat162float(cs[e]), s = __bfloat162float(sn[e]);
+    x1[e] = __float2bfloat16_rn(bf(u * c) - bf(v * s));  // rotate_half(x)[i] = -x[i + 32]
+    x2[e] = __float2bfloat16_rn(bf(v * c) + bf(u * s));  // rotate_half(x)[i + 32] = x[i]
+  }
+  *lo = a;
+  *hi = b;
+}
+
+__global__ void __launch_bounds__(kThreads, 1) mla_attention_kernel(const __grid_constant__ CUtensorMap tm_q,
+                                                                    const __grid_constant__ CUtensorMap tm_kv,
+                                                                    const Params p) {
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t* base = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
+  uint8_t* s_q = base;
+  uint8_t* s_kv = s_q + kTileBytes;
+  uint8_t* s_p = s_kv + kStages * kTileBytes;
+  float* s_max = reinterpret_cast<float*>(s_p + kBlockBytes);  // [2][64]
+  float* s_sum = s_max + 2 * kHG;                                // [2][64]
+  uint64_t* q_full = reinterpret_cast<uint64_t*>(s_sum + 2 * kHG);
+  uint64_t* full = q_full + 1;
+  uint64_t* empty = full + kStages;
+
+  const int b = blockIdx.x / (2 * p.splits);
+  const int hg = (blockIdx.x / p.splits) % 2;
+  const int split = blockIdx.x % p.splits;
+  const int num_tiles = (p.kv_len + kTile - 1) / kTile;
+  const int tile0 = split * p.tiles_per_split;
+  const int tile1 = min(num_tiles, tile0 + p.tiles_per_split);
+
+  if (threadIdx.x == 0) {
+    mbar_init(q_full, 1);
+    for (int s = 0; s < kStages; ++s) {
+      mbar_init(&full[s], 1);
+      mbar_init(&empty[s], 8);  // one arrive per consumer warp
+    }
+    fence_mbar_init();
+  }
+  __syncthreads();
+
+  if (threadIdx.x >= 256) {  // producer warpgroup: gives its registers to the consumers
+    setmaxnreg_dec<40>();
+    if (threadIdx.x == 256) {
+      tma_prefetch_desc(&tm_q);
+      tma_prefetch_desc(&tm_kv);
+      mbar_arrive_expect_tx(q_full, kTileBytes);
+      for (int j = 0; j < kBlocks; ++j)
+        tma_load_2d(s_q + j * kBlockBytes, &tm_q, q_full, j * 64, b * kHeads + hg * kHG);
+      int s = 0;
+      uint32_t phase = 0;
+      for (int tile = tile0; tile < tile1; ++tile) {
+        mbar_wait(&empty[s], phase ^ 1);
+        mbar_arrive_expect_tx(&full[s], kTileBytes);
+        for (int j = 0; j < kBlocks; ++j)
+          tma_load_2d(s_kv + s * kTileBytes + j * kBlockBytes, &tm_kv, &full[s], j * 64,
+                      b * p.max_seq + tile * kTile);
+        if (++s == kStages) {
+          s = 0;
+          phase ^= 1;
+        }
+      }
+    }
+    return;
+  }
+
+  setmaxnreg_inc<232>();
+  const int w = threadIdx.x / 128;  // this warpgroup's half: positions [32w, 32w + 32) of a tile, output cols 256w..
+  const int t = threadIdx.x % 128;
+  const int warp = t / 32, lane = t % 32;
+  const int frag_row = warp * 16 + lane / 4;  // heads frag_row and frag_row + 8 (within the CTA's 64)
+  const int frag_col = 2 * (lane % 4);
+
+  float o[128];
+#pragma unroll
+  for (int i = 0; i < 128; ++i) o[i] = 0.0f;
+  float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
+
+  mbar_wait(q_full, 0);
+  int s = 0;
+  uint32_t phase = 0;
+  for (int tile = tile0; tile < tile1; ++tile) {
+    uint8_t* kv = s_kv + s * kTileBytes;
+    mbar_wait(&full[s], phase);
+    {  // 1. RoPE on the tile's rope columns (block 8): thread -> (row, frequency group)
+      const int r = threadIdx.x >> 2, g = threadIdx.x & 3, pos = tile * kTile + r;
+      if (pos < p.kv_len) rope_in_place(kv + 8 * kBlockBytes, r, g, pos, p);
+      fence_proxy_async_smem();
+      named_bar_sync(kBarRope, 256);
+    }
+    // 2. S = Q K^T for this warpgroup's 32 positions.
+    float sc[16];
+    wgmma_fence();
+#pragma unroll
+    for (int blk = 0; blk < kBlocks; ++blk) {
+      const uint64_t da = make_desc_sw128(s_q + blk * kBlockBytes);
+      const uint64_t db = make_desc_sw128(kv + blk * kBlockBytes + w * 32 * 128);
+#pragma unroll
+      for (int q = 0; q < 4; ++q) wgmma_m64n32k16_bf16<0>(sc, da + 2 * q, db + 2 * q, blk > 0 || q > 0);
+    }
+    wgmma_commit();
+    wgmma_wait<0>();
+#pragma unroll
+    for (int i = 0; i < 16; ++i) reg_fence(sc[i]);
+
+    // 3. online softmax (log2 domain): scale, mask positions past kv_len, row maxima across both warpgroups.
+    float m_loc[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int c = 0; c < 4; ++c)
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int pos = tile * kTile + w * 32 + 8 * c + frag_col + e;
+          float& v = sc[4 * c + 2 * h + e];
+          v = pos < p.kv_len ? v * p.scale_log2 : -INFINITY;
+          m_loc[h] = fmaxf(m_loc[h], v);
+        }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      m_loc[h] = fmaxf(m_loc[h], __shfl_xor_sync(0xffffffff, m_loc[h], 1));
+      m_loc[h] = fmaxf(m_loc[h], __shfl_xor_sync(0xffffffff, m_loc[h], 2));
+      if ((lane & 3) == 0) s_max[w * kHG + frag_row + 8 * h] = m_loc[h];
+    }
+    named_bar_sync(kBarMax, 256);
+    float alpha[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int row = frag_row + 8 * h;
+      const float m_new = fmaxf(m_run[h], fmaxf(s_max[row], s_max[kHG + row]));
+      alpha[h] = exp2f(m_run[h] - m_new);
+      m_run[h] = m_new;
+    }
+    float l_loc[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int c = 0; c < 4; ++c)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const float p0 = exp2f(sc[4 * c + 2 * h] - m_run[h]), p1 = exp2f(sc[4 * c + 2 * h + 1] - m_run[h]);
+        l_loc[h] += p0 + p1;
+        // 4. P (bf16) into shared memory: row = head, column = position in the tile (128-byte swizzled rows)
+        *reinterpret_cast<__nv_bfloat162*>(s_p + sw128_offset(frag_row + 8 * h, 4 * w + c) + frag_col * 2) =
+            __floats2bfloat162_rn(p0, p1);
+      }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      l_loc[h] += __shfl_xor_sync(0xffffffff, l_loc[h], 1);
+      l_loc[h] += __shfl_xor_sync(0xffffffff, l_loc[h], 2);
+      l_run[h] = l_run[h] * alpha[h] + l_loc[h];
+    }
+#pragma unroll
+    for (int i = 0; i < 128; ++i) o[i] *= alpha[(i >> 1) & 1];
+    fence_proxy_async_smem();
+    named_bar_sync(kBarP, 256);
+
+    // 5. O += P V: V = the tile's latent columns [256w, 256w + 256) = blocks 4w .. 4w+3, rows = positions.
+    {
+      const uint64_t da = make_desc_sw128(s_p);
+      const uint64_t db = make_desc_sw128(kv + 4 * w * kBlockBytes, kBlockBytes, 1024);
+      wgmma_fence();
+#pragma unroll
+      for (int q = 0; q < 4; ++q) wgmma_m64n256k16_bf16<1>(o, da + 2 * q, db + (2048 >> 4) * q, 1);
+      wgmma_commit();
+      wgmma_wait<0>();
+#pragma unroll
+      for (int i = 0; i < 128; ++i) reg_fence(o[i]);
+    }
+    __syncwarp();
+    if (lane == 0) mbar_arrive(&empty[s]);
+    if (++s == kStages) {
+      s = 0;
+      phase ^= 1;
+    }
+  }
+
+  // The row sums: each warpgroup summed its own positions.
+#pragma unroll
+  for (int h = 0; h < 2; ++h)
+    if ((lane & 3) == 0) s_sum[w * kHG + frag_row + 8 * h] = l_run[h];
+  named_bar_sync(kBarSum, 256);
+  const int head0 = hg * kHG;
+  if (p.splits == 1) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int row = frag_row + 8 * h;
+      const float inv = 1.0f / (s_sum[row] + s_sum[kHG + row]);
+      __nv_bfloat16* dst = p.out + (static_cast<long long>(b) * kHeads + head0 + row) * kLatent + 256 * w;
+#pragma unroll
+      for (int c = 0; c < 32; ++c)
+        *reinterpret_cast<__nv_bfloat162*>(dst + 8 * c + frag_col) =
+            __floats2bfloat162_rn(o[4 * c + 2 * h] * inv, o[4 * c + 2 * h + 1] * inv);
+    }
+  } else {
+    const long long bh = (static_cast<long long>(split) * p.bs + b) * kHeads + head0;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int row = frag_row + 8 * h;
+      float* dst = p.part_o + (bh + row) * kLatent + 256 * w;
+#pragma unroll
+      for (int c = 0; c < 32; ++c)
+        *reinterpret_cast<float2*>(dst + 8 * c + frag_col) = make_float2(o[4 * c + 2 * h], o[4 * c + 2 * h + 1]);
+      if (w == 0 && (lane & 3) == 0) {
+        p.part_ml[(bh + row) * 2] = m_run[h];
+        p.part_ml[(bh + row) * 2 + 1] = s_sum[row] + s_sum[kHG + row];
+      }
+    }
+  }
+}
+
+// Splits > 1: out[b][h] = sum_s 2^(m_s - M) O_s / sum_s 2^(m_s - M) l_s; one warp per (b, h), 16 columns a lane.
+__global__ void mla_combine_kernel(const float* __restrict__ part_o, const float* __restrict__ part_ml,
+                                   __nv_bfloat16* __restrict__ out, int bs, int splits) {
+  const int bh = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (bh >= bs * kHeads) return;
+  const long long stride = static_cast<long long>(bs) * kHeads;
+  float m = -INFINITY;
+  for (int s = 0; s < splits; ++s) m = fmaxf(m, part_ml[(s * stride + bh) * 2]);
+  float acc[16] = {}, l = 0.0f;
+  for (int s = 0; s < splits; ++s) {
+    const float ms = part_ml[(s * stride + bh) * 2];
+    if (ms == -INFINITY) continue;  // a split with no position (cannot happen with whole tiles; kept safe)
+    const float f = exp2f(ms - m);
+    l += f * part_ml[(s * stride + bh) * 2 + 1];
+    const float* src = part_o + (s * stride + bh) * kLatent + lane * 16;
+#pragma unroll
+    for (int i = 0; i < 16; ++i) acc[i] += f * src[i];
+  }
+  __nv_bfloat16* dst = out + static_cast<long long>(bh) * kLatent + lane * 16;
+#pragma unroll
+  for (int i = 0; i < 16; i += 2)
+    *reinterpret_cast<__nv_bfloat162*>(dst + i) = __floats2bfloat162_rn(acc[i] / l, acc[i + 1] / l);
+}
+
+}  // namespace mla

@@ -1,0 +1,46 @@
+// Torch-facing side of the mla-decode CUDA backend: checks the tensors, takes the output (and, for split plans,
+// the partial buffers) from the caching allocator, hands raw pointers to mla.cu. The only file that sees torch.
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <torch/extension.h>
+
+#include "mla_api.h"
+
+// q [bs, 128, 576] bf16 (absorbed q_nope | roped q_rope); cache [bs, max_seq, 576] bf16 holding kv_len rows;
+// cos, sin [max_seq, 32] bf16 (the reference's RoPE of positions 0 .. max_seq-1). Returns [bs, 128, 512] bf16:
+// softmax(q k^T / sqrt(192)) @ latent per head, with RoPE applied to the cached keys on the fly.
+torch::Tensor mla_attention(torch::Tensor q, torch::Tensor cache, int64_t kv_len, torch::Tensor cos,
+                            torch::Tensor sin) {
+  TORCH_CHECK(q.is_cuda() && q.scalar_type() == at::kBFloat16 && q.is_contiguous() && q.dim() == 3 &&
+                  q.size(1) == 128 && q.size(2) == 576,
+              "mla_attention: q must be a contiguous bf16 CUDA tensor [bs, 128, 576]");
+  TORCH_CHECK(cache.scalar_type() == at::kBFloat16 && cache.is_contiguous() && cache.dim() == 3 &&
+                  cache.size(0) == q.size(0) && cache.size(2) == 576,
+              "mla_attention: cache must be a contiguous bf16 tensor [bs, max_seq, 576]");
+  TORCH_CHECK(cos.scalar_type() == at::kBFloat16 && sin.scalar_type() == at::kBFloat16 && cos.is_contiguous() &&
+                  sin.is_contiguous() && cos.size(0) >= cache.size(1) && cos.size(1) == 32 && sin.sizes() == cos.sizes(),
+              "mla_attention: cos and sin must be contiguous bf16 [max_seq, 32]");
+  const c10::cuda::CUDAGuard guard(q.device());
+  const int64_t bs = q.size(0), max_seq = cache.size(1);
+  torch::Tensor out = torch::empty({bs, 128, 512}, q.options());
+  MlaArgs a{};
+  a.q = q.data_ptr();
+  a.cache = cache.data_ptr();
+  a.cos_tab = cos.data_ptr();
+  a.sin_tab = sin.data_ptr();
+  a.out = out.data_ptr();
+  a.bs = static_cast<int>(bs);
+  a.max_seq = static_cast<int>(max_seq);
+  a.kv_len = static_cast<int>(kv_len);
+  a.splits = mla_splits(a.bs, a.kv_len, mla_num_sms());
+  torch::Tensor part_o, part_ml;
+  if (a.splits > 1) {
+    part_o = torch::empty({a.splits, bs, 128, 512}, q.options().dtype(torch::kFloat));
+    part_ml = torch::empty({a.splits, bs, 128, 2}, q.options().dtype(torch::kFloat));
+    a.part_o = part_o.data_ptr<float>();
+    a.part_ml = part_ml.data_ptr<float>();
+  }
+  const char* err = mla_run(a, c10::cuda::getCurrentCUDAStream().stream());
+  TORCH_CHECK(err == nullptr, err ? err : "");
+  return out;
+}

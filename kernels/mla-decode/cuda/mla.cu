@@ -1,0 +1,73 @@
+// Host side of the mla-decode CUDA backend: tensor maps of q and the cache, the split choice, the launches.
+// No torch here; binding.cpp owns the tensors.
+#include <cuda.h>
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdio>
+#include <mutex>
+
+#include "attention.cuh"
+#include "mla_api.h"
+#include "tma_host.h"
+
+using namespace mla;
+
+int mla_num_sms() {
+  static int sms[64] = {};
+  static std::mutex mu;
+  int dev = 0;
+  cudaGetDevice(&dev);
+  std::lock_guard<std::mutex> lock(mu);
+  if (sms[dev & 63] == 0) {
+    cudaDeviceGetAttribute(&sms[dev & 63], cudaDevAttrMultiProcessorCount, dev);
+    cudaFuncSetAttribute(mla_attention_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
+  }
+  return sms[dev & 63];
+}
+
+int mla_splits(int bs, int kv_len, int sms) {
+  // One CTA per (batch row, head group) already fills the GPU at batch 128 (256 CTAs, 1.9 waves of 132); smaller
+  // batches split the cache so that there are about two waves, keeping at least 4 tiles per split.
+  const int ctas = 2 * bs, tiles = (kv_len + kTile - 1) / kTile;
+  int splits = (2 * sms + ctas - 1) / ctas;
+  splits = std::min(splits, std::max(1, tiles / 4));
+  return std::max(1, splits);
+}
+
+const char* mla_run(const MlaArgs& a, cudaStream_t stream) {
+  if (a.kv_len < 1 || a.kv_len > a.max_seq || a.max_seq % kTile) return "mla cuda: need 1 <= kv_len <= max_seq, max_seq % 64 == 0";
+  const int sms = mla_num_sms();
+  CUtensorMap tm_q, tm_kv;
+  bool ok = kb::make_map_2d(&tm_q, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, a.q, kWidth, (uint64_t)a.bs * kHeads, kWidth * 2,
+                            64, kHG, CU_TENSOR_MAP_SWIZZLE_128B) &&
+            kb::make_map_2d(&tm_kv, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, a.cache, kWidth, (uint64_t)a.bs * a.max_seq,
+                            kWidth * 2, 64, kTile, CU_TENSOR_MAP_SWIZZLE_128B);
+  if (!ok) return "mla cuda: cuTensorMapEncodeTiled failed (driver entry point missing or misaligned tensors)";
+  Params p{};
+  p.cos_tab = static_cast<const __nv_bfloat16*>(a.cos_tab);
+  p.sin_tab = static_cast<const __nv_bfloat16*>(a.sin_tab);
+  p.out = static_cast<__nv_bfloat16*>(a.out);
+  p.part_o = a.part_o;
+  p.part_ml = a.part_ml;
+  p.bs = a.bs;
+  p.max_seq = a.max_seq;
+  p.kv_len = a.kv_len;
+  p.splits = a.splits;
+  const int tiles = (a.kv_len + kTile - 1) / kTile;
+  p.tiles_per_split = (tiles + a.splits - 1) / a.splits;
+  p.scale_log2 = static_cast<float>(1.4426950408889634 / std::sqrt(192.0));
+  if (a.splits > 1 && (!a.part_o || !a.part_ml)) return "mla cuda: a split plan needs the partial buffers";
+  mla_attention_kernel<<<2 * a.bs * a.splits, kThreads, kSmemBytes, stream>>>(tm_q, tm_kv, p);
+  if (a.splits > 1)
+    mla_combine_kernel<<<(a.bs * kHeads + 7) / 8, 256, 0, stream>>>(a.part_o, a.part_ml,
+                                                                    static_cast<__nv_bfloat16*>(a.out), a.bs,
+                                                                    a.splits);
+  const cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess) {
+    static thread_local char msg[256];
+    snprintf(msg, sizeof(msg), "mla cuda: launch failed: %s", cudaGetErrorString(err));
+    return msg;
+  }
+  return nullptr;
+}

@@ -1,0 +1,24 @@
+// The C++ interface between binding.cpp (torch side) and mla.cu (CUDA side). Plain types only.
+#pragma once
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+// The absorbed attention of one MLA decode step over the latent cache (DeepSeek dims: 128 heads, latent 512 +
+// rope 64, fixed by the kernel).
+struct MlaArgs {
+  const void* q;        // bf16 [bs][128][576]: per head, q_nope absorbed into the latent space (512) | roped q (64)
+  const void* cache;    // bf16 [bs][max_seq][576]: latent (512) | un-rotated k_rope (64); rows [0, kv_len) are read
+  const void* cos_tab;  // bf16 [max_seq][32]: cos of the reference's bf16 RoPE angles, position x frequency
+  const void* sin_tab;  // bf16 [max_seq][32]
+  void* out;            // bf16 [bs][128][512]: softmax(q k^T / sqrt(192)) @ latent, written
+  float* part_o;        // fp32 [splits][bs][128][512] partial outputs (splits > 1 only)
+  float* part_ml;       // fp32 [splits][bs][128][2] running max (log2 domain) and sum (splits > 1 only)
+  int bs, max_seq, kv_len;
+  int splits;           // the cache split over this many CTAs per (batch row, head group); 1: no combine pass
+};
+
+int mla_num_sms();
+// The number of kv splits for a shape (fills the GPU when the batch alone cannot).
+int mla_splits(int bs, int kv_len, int sms);
+const char* mla_run(const MlaArgs& args, cudaStream_t stream);

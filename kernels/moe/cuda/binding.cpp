@@ -1,0 +1,114 @@
+// Torch-facing side of the moe CUDA backend: checks shapes and dtypes, takes the workspaces from the caching
+// allocator (no cudaMalloc after the first call of a shape), hands raw pointers to moe.cu. The only file that sees
+// torch.
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <torch/extension.h>
+
+#include <vector>
+
+#include "moe_api.h"
+
+namespace {
+
+void check_weights(const std::vector<torch::Tensor>& ws, int64_t rows, int64_t cols, const char* what) {
+  for (const auto& w : ws) {
+    TORCH_CHECK(w.is_cuda() && w.scalar_type() == at::kHalf && w.is_contiguous() && w.dim() == 2 &&
+                    w.size(0) == rows && w.size(1) == cols,
+                "moe_forward: every ", what, " weight must be a contiguous fp16 CUDA tensor [", rows, ", ", cols, "]");
+  }
+}
+
+}  // namespace
+
+// x [T, d] fp16; experts [T, K] int64 and scores [T, K] fp16 (torch.topk of the router's softmax); gate, up
+// [d, dexp] and down [dexp, d] fp16 per routed expert, then the shared expert's three. Returns out [T, d] fp16.
+// stage_ms (dev builds): filled with the five stages' times (route, gather, GEMM 1, GEMM 2, combine) when given.
+static torch::Tensor run_moe(torch::Tensor x, torch::Tensor experts, torch::Tensor scores,
+                             std::vector<torch::Tensor> gate, std::vector<torch::Tensor> up,
+                             std::vector<torch::Tensor> down, std::vector<double>* stage_ms) {
+  TORCH_CHECK(x.is_cuda() && x.scalar_type() == at::kHalf && x.dim() == 2, "moe_forward: x must be fp16 [T, d]");
+  TORCH_CHECK(experts.scalar_type() == at::kLong && scores.scalar_type() == at::kHalf && experts.dim() == 2 &&
+                  scores.sizes() == experts.sizes() && experts.size(0) == x.size(0),
+              "moe_forward: experts (int64) and scores (fp16) must both be [T, K]");
+  TORCH_CHECK(gate.size() == up.size() && up.size() == down.size() && gate.size() >= 2,
+              "moe_forward: pass gate, up and down of every routed expert, then of the shared expert");
+  const int64_t T = x.size(0), d = x.size(1), K = experts.size(1);
+  const int64_t E = static_cast<int64_t>(gate.size()) - 1, dexp = gate[0].size(1);
+  const char* why = moe_supported(static_cast<int>(T), static_cast<int>(K), static_cast<int>(E),
+                                  static_cast<int>(d), static_cast<int>(dexp));
+  TORCH_CHECK(why == nullptr, why ? why : "");
+  check_weights(gate, d, dexp, "gate");
+  check_weights(up, d, dexp, "up");
+  check_weights(down, dexp, d, "down");
+  const c10::cuda::CUDAGuard guard(x.device());
+  x = x.contiguous();
+  experts = experts.contiguous();
+  scores = scores.contiguous();
+
+  const auto i32 = x.options().dtype(torch::kInt);
+  torch::Tensor meta = torch::empty({2 * (E + 2)}, i32);
+  torch::Tensor rows_token = torch::empty({T * K}, i32), rows_pair = torch::empty({T * K}, i32);
+  torch::Tensor xs = torch::empty({T * K, d}, x.options());
+  torch::Tensor h = torch::empty({T * K + T, dexp}, x.options());
+  torch::Tensor y = torch::empty({T * K + T, d}, x.options());
+  torch::Tensor out = torch::empty({T, d}, x.options());
+
+  MoeArgs a{};
+  a.x = x.data_ptr();
+  a.experts = experts.data_ptr<int64_t>();
+  a.scores = scores.data_ptr();
+  for (int64_t g = 0; g <= E; ++g) {
+    a.w_gate[g] = gate[g].data_ptr();
+    a.w_up[g] = up[g].data_ptr();
+    a.w_down[g] = down[g].data_ptr();
+  }
+  a.T = static_cast<int>(T);
+  a.K = static_cast<int>(K);
+  a.E = static_cast<int>(E);
+  a.d = static_cast<int>(d);
+  a.dexp = static_cast<int>(dexp);
+  a.meta = meta.data_ptr<int>();
+  a.rows_token = rows_token.data_ptr<int>();
+  a.rows_pair = rows_pair.data_ptr<int>();
+  a.xs = xs.data_ptr();
+  a.h = h.data_ptr();
+  a.y = y.data_ptr();
+  a.out = out.data_ptr();
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
+  cudaEvent_t events[6];
+  if (stage_ms)
+    for (auto& e : events) cudaEventCreate(&e);
+  const char* err = moe_run(a, stream, stage_ms ? events : nullptr);
+  if (stage_ms) {
+    cudaEventSynchronize(events[5]);
+    for (int i = 0; i < 5; ++i) {
+      float ms = 0;
+      cudaEventElapsedTime(&ms, events[i], events[i + 1]);
+      stage_ms->push_back(ms);
+    }
+    for (auto& e : events) cudaEventDestroy(e);
+  }
+  TORCH_CHECK(err == nullptr, err ? err : "");
+  return out;
+}
+
+torch::Tensor moe_forward(torch::Tensor x, torch::Tensor experts, torch::Tensor scores,
+                          std::vector<torch::Tensor> gate, std::vector<torch::Tensor> up,
+                          std::vector<torch::Tensor> down) {
+  return run_moe(x, experts, scores, gate, up, down, nullptr);
+}
+
+#ifdef KBENCH_DEV
+// Benchmarks only: the same call, plus the five stages' device times in ms (route, gather, GEMM 1, GEMM 2,
+// combine), recorded with CUDA events between the launches.
+std::tuple<torch::Tensor, std::vector<double>> moe_forward_staged(torch::Tensor x, torch::Tensor experts,
+                                                                  torch::Tensor scores,
+                                                                  std::vector<torch::Tensor> gate,
+                                                                  std::vector<torch::Tensor> up,
+                                                                  std::vector<torch::Tensor> down) {
+  std::vector<double> ms;
+  torch::Tensor out = run_moe(x, experts, scores, gate, up, down, &ms);
+  return {out, ms};
+}
+#endif  // KBENCH_DEV

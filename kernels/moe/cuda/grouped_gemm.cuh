@@ -1,0 +1,227 @@
+// Grouped fp16 GEMM for the MoE layer on Hopper: TMA -> 4-stage shared-memory ring -> wgmma m64n256k16, warp
+// specialized (one producer warpgroup, two consumer warpgroups of 64 rows each), persistent over (group, m-tile,
+// n-tile) work units whose counts only the device knows (route.cuh writes them).
+//
+// One template, two uses (kGlu):
+//   kGlu = true  (GEMM 1): A = the group's token rows [rows][d] (K-major), B = gate and up [d][dexp] (row-major: the
+//                N-major wgmma layout), tile = 128 rows x (128 gate + 128 up) columns; the epilogue writes
+//                h = silu(gate) * up (fp16, rounded as the reference rounds) into H at the group's sorted rows.
+//   kGlu = false (GEMM 2): A = H rows [rows][dexp], B = down [dexp][d], tile = 128 x 256; the epilogue writes the
+//                fp16 expert output to its (token, slot) row of Y (routed) or to the shared block of Y.
+// Groups 0..E-1 are the routed experts, group E the shared expert (all T tokens, in token order).
+#pragma once
+#include <cstdint>
+#include <cuda.h>
+#include <cuda_fp16.h>
+
+#include "sm90.cuh"
+#include "wgmma.cuh"
+
+namespace moe {
+
+using namespace kb::sm90;
+
+constexpr int kMaxGroups = 65;       // kMoeMaxRouted routed experts + the shared one
+constexpr int kBM = 128;             // rows per tile: two consumer warpgroups x 64
+constexpr int kBN = 256;             // B columns per tile (GEMM 1: 128 gate + 128 up)
+constexpr int kBK = 64;              // k per stage: one 128-byte swizzle span of fp16
+constexpr int kThreads = 384;        // warpgroup 0 produces, 1 and 2 consume
+constexpr int kStages = 4;
+constexpr int kABytes = kBM * kBK * 2;          // 16 KB
+constexpr int kBChunk = kBK * 64 * 2;           // one TMA box of B: 64 k-rows x 64 columns, 8 KB
+constexpr int kBBytes = 4 * kBChunk;            // 32 KB
+constexpr int kStageBytes = kABytes + kBBytes;  // 48 KB
+constexpr int kCPitch = 64 * 2 + 16;            // epilogue staging row: 64 fp16 + 16 bytes (conflict-free writes)
+constexpr int kCBytes = 64 * kCPitch;           // per consumer warpgroup
+constexpr int kSmemBytes = 1024 + kStages * kStageBytes + 2 * kCBytes + 2 * kStages * 8 + 2 * (kMaxGroups + 1) * 4;
+
+// meta (int32, written by route_kernel): [0, G]: first sorted row of group g (G = groups, so [G] = the end),
+// then [G+1, 2G+1]: first m-tile of group g (prefix of ceil(rows_g / 128)).
+struct GemmParams {
+  CUtensorMap a[2];               // kGlu: [0] gathered routed rows, [1] the tokens x (shared group); else [0] H
+  CUtensorMap b[2 * kMaxGroups];  // kGlu: gate of group g at [g], up at [kMaxGroups + g]; else down at [g]
+  const int* meta;
+  const int* out_rows;            // !kGlu: Y row of each sorted routed row (its pair index)
+  __half* out;                    // kGlu: H; else Y
+  int groups;                     // E + 1
+  int n_out;                      // output columns: dexp (kGlu) or d
+  int n_tiles;                    // output tiles per row block: n_out / 128 (kGlu) or n_out / 256
+  int k;                          // reduction length (multiple of 64)
+  int shared_out_row0;            // !kGlu: Y row of the shared group's first token (T*K)
+};
+
+struct Unit {
+  int g, mt, nt, rows;  // group, m-tile within it, n-tile, the group's row count
+  int row0;             // the group's first sorted row
+};
+
+// Units go group by group, n-tile by n-tile, m-tile fastest: CTAs working at the same time share B tiles (the
+// expert weights, read from DRAM once and from L2 by the group's other m-tiles).
+__device__ __forceinline__ Unit decode(const int* s_meta, int G, int n_tiles, int u) {
+  const int* mt_off = s_meta + G + 1;
+  const int gm = u / n_tiles;  // which m-tile block, counted over all groups (only to find the group)
+  int g = 0;
+  while (g + 1 < G && mt_off[g + 1] <= gm) ++g;
+  const int m_tiles = mt_off[g + 1] - mt_off[g];
+  const int local = u - mt_off[g] * n_tiles;
+  Unit w;
+  w.g = g;
+  w.nt = local / m_tiles;
+  w.mt = local % m_tiles;
+  w.row0 = s_meta[g];
+  w.rows = s_meta[g + 1] - s_meta[g];
+  return w;
+}
+
+// h = silu(gate) * up with the reference's roundings: the GEMM outputs are fp16 (F.linear), silu computes in fp32
+// and rounds to fp16, and the product of two fp16 tensors rounds once more.
+__device__ __forceinline__ __half glu(float gate, float up) {
+  const float g = __half2float(__float2half_rn(gate));
+  const float s = __half2float(__float2half_rn(g / (1.0f + expf(-g))));
+  return __float2half_rn(s * __half2float(__float2half_rn(up)));
+}
+
+template <bool kGlu>
+__global__ void __launch_bounds__(kThreads, 1) grouped_gemm_kernel(const __grid_constant__ GemmParams p) {
+  extern __shared__ uint8_t smem_raw[];
+  // 128B-swizzled TMA tiles and wgmma descriptors both assume 1024-byte aligned tiles.
+  uint8_t* base = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
+  uint8_t* s_a = base;
+  uint8_t* s_b = s_a + kStages * kABytes;
+  uint8_t* s_c = s_b + kStages * kBBytes;
+  uint64_t* full = reinterpret_cast<uint64_t*>(s_c + 2 * kCBytes);
+  uint64_t* empty = full + kStages;
+  int* s_meta = reinterpret_cast<int*>(empty + kStages);
+
+  const int G = p.groups;
+  for (int i = threadIdx.x; i < 2 * (G + 1); i += blockDim.x) s_meta[i] = p.meta[i];
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      mbar_init(&full[s], 1);   // the producer's arrive_expect_tx; TMA bytes complete the phase
+      mbar_init(&empty[s], 8);  // one arrive per consumer warp
+    }
+    fence_mbar_init();
+  }
+  __syncthreads();
+  const int units = s_meta[2 * G + 1] * p.n_tiles;
+  const int num_kb = p.k / kBK;
+  const int wg = threadIdx.x / 128;
+
+  if (wg == 0) {
+    setmaxnreg_dec<40>();
+    if (threadIdx.x == 0) {
+      int s = 0;
+      uint32_t phase = 0;
+      for (int u = blockIdx.x; u < units; u += gridDim.x) {
+        const Unit w = decode(s_meta, G, p.n_tiles, u);
+        const bool shared_x = kGlu && w.g == G - 1;  // GEMM 1 reads the shared expert's rows from x itself
+        const CUtensorMap* amap = &p.a[shared_x ? 1 : 0];
+        const int a_row = (shared_x ? 0 : w.row0) + w.mt * kBM;
+        for (int kb = 0; kb < num_kb; ++kb) {
+          mbar_wait(&empty[s], phase ^ 1);
+          mbar_arrive_expect_tx(&full[s], kStageBytes);
+          tma_load_2d(s_a + s * kABytes, amap, &full[s], kb * kBK, a_row);
+          uint8_t* sb = s_b + s * kBBytes;
+#pragma unroll
+          for (int j = 0; j < 4; ++j) {
+            if constexpr (kGlu) {  // chunks 0, 1: gate columns n0 .. n0 + 127; chunks 2, 3: the same up columns
+              const CUtensorMap* bmap = &p.b[(j < 2 ? 0 : kMaxGroups) + w.g];
+              tma_load_2d(sb + j * kBChunk, bmap, &full[s], w.nt * 128 + (j & 1) * 64, kb * kBK);
+            } else {
+              tma_load_2d(sb + j * kBChunk, &p.b[w.g], &full[s], w.nt * 256 + j * 64, kb * kBK);
+            }
+          }
+          if (++s == kStages) {
+            s = 0;
+            phase ^= 1;
+          }
+        }
+      }
+    }
+    return;
+  }
+
+  setmaxnreg_inc<232>();
+  const int cw = wg - 1;  // consumer index: rows [64 cw, 64 cw + 64) of the tile
+  const int t = threadIdx.x % 128;
+  const int warp = t / 32, lane = t % 32;
+  const int frag_row = warp * 16 + lane / 4;  // accumulator rows frag_row and frag_row + 8 (within 64)
+  const int frag_col = 2 * (lane % 4);        // accumulator columns 8c + frag_col + {0, 1}
+  uint8_t* my_c = s_c + cw * kCBytes;
+  int s = 0;
+  uint32_t phase = 0;
+
+  for (int u = blockIdx.x; u < units; u += gridDim.x) {
+    const Unit w = decode(s_meta, G, p.n_tiles, u);
+    float acc[128];
+    int prev = -1;
+    for (int kb = 0; kb < num_kb; ++kb) {
+      mbar_wait(&full[s], phase);
+      const uint64_t da = make_desc_sw128(s_a + s * kABytes + cw * 64 * 128);
+      const uint64_t db = make_desc_sw128(s_b + s * kBBytes, kBChunk, 1024);
+      wgmma_fence();
+#pragma unroll
+      for (int q = 0; q < 4; ++q)  // k16 steps: A advances 32 bytes, B 16 rows of 128 bytes
+        wgmma_m64n256k16_f16<1>(acc, da + 2 * q, db + (2048 >> 4) * q, kb > 0 || q > 0);
+      wgmma_commit();
+      if (prev >= 0) {  // the previous stage's MMAs are done once at most this group is in flight
+        wgmma_wait<1>();
+        __syncwarp();
+        if (lane == 0) mbar_arrive(&empty[prev]);
+      }
+      prev = s;
+      if (++s == kStages) {
+        s = 0;
+        phase ^= 1;
+      }
+    }
+    wgmma_wait<0>();
+#pragma unroll
+    for (int i = 0; i < 128; ++i) reg_fence(acc[i]);
+    __syncwarp();
+    if (lane == 0 && prev >= 0) mbar_arrive(&empty[prev]);
+
+    // Epilogue: 64-column passes through shared memory, so global stores are 128-byte row segments.
+    constexpr int kPasses = kGlu ? 2 : 4;
+    const int row_base = w.mt * kBM + cw * 64;  // first row of this warpgroup within the group
+#pragma unroll
+    for (int pass = 0; pass < kPasses; ++pass) {
+      named_bar_sync(1 + cw, 128);  // the previous pass's readers are done with my_c
+#pragma unroll
+      for (int cc = 0; cc < 8; ++cc) {
+        const int c = pass * 8 + cc;  // 8-column group of the accumulator
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          __half2 v;
+          if constexpr (kGlu) {
+            v = __halves2half2(glu(acc[4 * c + 2 * h], acc[4 * (c + 16) + 2 * h]),
+                               glu(acc[4 * c + 2 * h + 1], acc[4 * (c + 16) + 2 * h + 1]));
+          } else {
+            v = __floats2half2_rn(acc[4 * c + 2 * h], acc[4 * c + 2 * h + 1]);
+          }
+          *reinterpret_cast<__half2*>(my_c + (frag_row + 8 * h) * kCPitch + (8 * cc + frag_col) * 2) = v;
+        }
+      }
+      named_bar_sync(1 + cw, 128);
+      const int col0 = w.nt * (kGlu ? 128 : 256) + pass * 64;
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int idx = t + 128 * i;
+        const int r = idx / 8, ch = idx % 8;
+        const int local = row_base + r;
+        if (local < w.rows) {
+          long long out_row;
+          if constexpr (kGlu) {
+            out_row = w.row0 + local;  // H keeps the sorted order (routed rows, then the shared expert's)
+          } else {
+            out_row = w.g == G - 1 ? p.shared_out_row0 + local : p.out_rows[w.row0 + local];
+          }
+          *reinterpret_cast<uint4*>(p.out + out_row * p.n_out + col0 + ch * 8) =
+              *reinterpret_cast<const uint4*>(my_c + r * kCPitch + ch * 16);
+        }
+      }
+    }
+  }
+}
+
+}  // namespace moe

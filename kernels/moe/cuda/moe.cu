@@ -1,0 +1,109 @@
+// Host side of the MoE CUDA backend: tensor maps for every expert weight (read in place, no stacking), then
+// route -> gather -> grouped GEMM 1 -> grouped GEMM 2 -> combine, back to back on one stream. No torch here.
+#include <cuda.h>
+#include <cuda_runtime.h>
+
+#include <cstdio>
+#include <mutex>
+
+#include "grouped_gemm.cuh"
+#include "moe_api.h"
+#include "route.cuh"
+#include "tma_host.h"
+
+namespace moe {
+namespace {
+
+// 2-D fp16 map over a row-major [rows][cols] array, 64 x box_rows boxes (128 bytes of a row: one swizzle span).
+// Rows past the end read as zeros (the last m-tile of the shared group, the last gathered rows).
+bool map_f16(CUtensorMap* map, const void* ptr, uint64_t cols, uint64_t rows, uint32_t box_rows) {
+  return kb::make_map_2d(map, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, ptr, cols, rows, cols * 2, 64, box_rows,
+                         CU_TENSOR_MAP_SWIZZLE_128B);
+}
+
+struct DeviceInfo {
+  int sms = 0;
+};
+
+const DeviceInfo& device_info() {
+  static DeviceInfo info[64];
+  static std::mutex mu;
+  int dev = 0;
+  cudaGetDevice(&dev);
+  std::lock_guard<std::mutex> lock(mu);
+  DeviceInfo& d = info[dev & 63];
+  if (d.sms == 0) {
+    cudaDeviceGetAttribute(&d.sms, cudaDevAttrMultiProcessorCount, dev);
+    cudaFuncSetAttribute(grouped_gemm_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
+    cudaFuncSetAttribute(grouped_gemm_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
+  }
+  return d;
+}
+
+}  // namespace
+}  // namespace moe
+
+using namespace moe;
+
+const char* moe_supported(int T, int K, int E, int d, int dexp) {
+  if (E < 1 || E > kMoeMaxRouted) return "moe cuda: 1 to 64 routed experts";
+  if (K < 1 || K > E) return "moe cuda: 1 <= experts per token <= experts";
+  if (T < 1) return "moe cuda: no tokens";
+  if (d % 256 || dexp % 128) return "moe cuda: d_hidden must be a multiple of 256 and d_expert of 128";
+  return nullptr;
+}
+
+const char* moe_run(const MoeArgs& a, cudaStream_t stream, cudaEvent_t* events) {
+  if (const char* why = moe_supported(a.T, a.K, a.E, a.d, a.dexp)) return why;
+  const DeviceInfo& info = device_info();
+  const int G = a.E + 1, pairs = a.T * a.K;
+
+  // Host work first (tensor maps: ~100 of them), the launches after, back to back.
+  GemmParams g1{}, g2{};
+  bool ok = map_f16(&g1.a[0], a.xs, a.d, pairs, kBM) && map_f16(&g1.a[1], a.x, a.d, a.T, kBM) &&
+            map_f16(&g2.a[0], a.h, a.dexp, pairs + a.T, kBM);
+  for (int g = 0; ok && g < G; ++g) {
+    ok = map_f16(&g1.b[g], a.w_gate[g], a.dexp, a.d, kBK) &&
+         map_f16(&g1.b[kMaxGroups + g], a.w_up[g], a.dexp, a.d, kBK) &&
+         map_f16(&g2.b[g], a.w_down[g], a.d, a.dexp, kBK);
+  }
+  if (!ok) return "moe cuda: cuTensorMapEncodeTiled failed (driver entry point missing or misaligned weights)";
+  g1.meta = g2.meta = a.meta;
+  g1.groups = g2.groups = G;
+  g1.out = static_cast<__half*>(a.h);
+  g1.n_out = a.dexp;
+  g1.n_tiles = a.dexp / 128;
+  g1.k = a.d;
+  g2.out = static_cast<__half*>(a.y);
+  g2.out_rows = a.rows_pair;
+  g2.n_out = a.d;
+  g2.n_tiles = a.d / 256;
+  g2.k = a.dexp;
+  g2.shared_out_row0 = pairs;
+
+  auto mark = [&](int i) {
+    if (events) cudaEventRecord(events[i], stream);
+  };
+  mark(0);
+  route_kernel<<<1, kRouteThreads, 0, stream>>>(a.experts, a.T, a.K, a.E, a.meta, a.rows_token, a.rows_pair);
+  mark(1);
+  gather_kernel<<<pairs, 256, 0, stream>>>(static_cast<const __half*>(a.x), a.rows_token,
+                                          static_cast<__half*>(a.xs), a.d);
+  mark(2);
+  grouped_gemm_kernel<true><<<info.sms, kThreads, kSmemBytes, stream>>>(g1);
+  mark(3);
+  grouped_gemm_kernel<false><<<info.sms, kThreads, kSmemBytes, stream>>>(g2);
+  mark(4);
+  const long long chunks = static_cast<long long>(a.T) * (a.d / 8);
+  combine_kernel<<<static_cast<int>((chunks + 255) / 256), 256, 0, stream>>>(
+      static_cast<const __half*>(a.y), static_cast<const __half*>(a.scores), static_cast<__half*>(a.out), a.T, a.K,
+      a.d);
+  mark(5);
+  const cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess) {
+    static thread_local char msg[256];
+    snprintf(msg, sizeof(msg), "moe cuda: launch failed: %s", cudaGetErrorString(err));
+    return msg;
+  }
+  return nullptr;
+}

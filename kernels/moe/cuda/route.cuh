@@ -1,0 +1,101 @@
+// The MoE layer's data movement around the two grouped GEMMs, all on the device (no host synchronisation):
+//   route_kernel    sort the (token, slot) pairs by expert: counts, offsets, m-tile offsets, the permutation
+//   gather_kernel   copy each routed pair's token row into expert order (GEMM 1's A operand, read by TMA)
+//   combine_kernel  out[t] = shared(t) + sum_k score[t, k] * expert_k(t), summed in fp32 in slot order, rounded once
+#pragma once
+#include <cstdint>
+#include <cuda_fp16.h>
+
+#include "grouped_gemm.cuh"  // kMaxGroups, kBM
+
+namespace moe {
+
+constexpr int kRouteThreads = 1024;
+
+// One block. experts [T*K] (int64, torch.topk's indices); writes meta (see GemmParams), rows_token and rows_pair
+// ([T*K]: for each expert-sorted pair, its token and its pair index t*K + k). Groups: E routed experts, then the
+// shared expert with all T tokens. Within an expert the pair order is whatever the atomics give: each output row
+// depends only on its own row, so the results do not.
+__global__ void __launch_bounds__(kRouteThreads) route_kernel(const int64_t* __restrict__ experts, int T, int K,
+                                                              int E, int* __restrict__ meta,
+                                                              int* __restrict__ rows_token,
+                                                              int* __restrict__ rows_pair) {
+  __shared__ int cnt[kMaxGroups + 1], cur[kMaxGroups + 1];
+  const int pairs = T * K, G = E + 1;
+  for (int e = threadIdx.x; e <= kMaxGroups; e += blockDim.x) cnt[e] = 0;
+  __syncthreads();
+  for (int i = threadIdx.x; i < pairs; i += blockDim.x) {
+    const int e = static_cast<int>(experts[i]);
+    if (e >= 0 && e < E) atomicAdd(&cnt[e], 1);
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    int row = 0, mtile = 0;
+    for (int g = 0; g < G; ++g) {
+      const int rows = g < E ? cnt[g] : T;  // the shared expert takes every token
+      meta[g] = row;
+      meta[G + 1 + g] = mtile;
+      cur[g] = row;
+      row += rows;
+      mtile += (rows + kBM - 1) / kBM;
+    }
+    meta[G] = row;
+    meta[2 * G + 1] = mtile;
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < pairs; i += blockDim.x) {
+    const int e = static_cast<int>(experts[i]);
+    if (e < 0 || e >= E) continue;
+    const int pos = atomicAdd(&cur[e], 1);
+    rows_token[pos] = i / K;
+    rows_pair[pos] = i;
+  }
+}
+
+// xs[r] = x[rows_token[r]] for the T*K routed rows; one block per row, 16-byte copies. d % 8 == 0.
+__global__ void gather_kernel(const __half* __restrict__ x, const int* __restrict__ rows_token, __half* __restrict__ xs,
+                              int d) {
+  const int r = blockIdx.x;
+  const uint4* src = reinterpret_cast<const uint4*>(x + static_cast<long long>(rows_token[r]) * d);
+  uint4* dst = reinterpret_cast<uint4*>(xs + static_cast<long long>(r) * d);
+  for (int c = threadIdx.x; c < d / 8; c += blockDim.x) dst[c] = src[c];
+}
+
+// out[t] = fp16(y_shared[t] + sum_k score[t, k] * y[t*K + k]) in fp32; one thread per 8 columns of a token.
+// y: [T*K + T][d] (pair rows, then the shared expert's rows); scores fp16 [T][K].
+__global__ void combine_kernel(const __half* __restrict__ y, const __half* __restrict__ scores,
+                               __half* __restrict__ out, int T, int K, int d) {
+  const long long idx = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int chunks = d / 8;
+  if (idx >= static_cast<long long>(T) * chunks) return;
+  const int t = static_cast<int>(idx / chunks), c = static_cast<int>(idx % chunks);
+  float acc[8];
+  {
+    const uint4 v = *reinterpret_cast<const uint4*>(y + (static_cast<long long>(T) * K + t) * d + c * 8);
+    const __half2* h = reinterpret_cast<const __half2*>(&v);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const float2 f = __half22float2(h[j]);
+      acc[2 * j] = f.x;
+      acc[2 * j + 1] = f.y;
+    }
+  }
+  for (int k = 0; k < K; ++k) {
+    const float w = __half2float(scores[static_cast<long long>(t) * K + k]);
+    const uint4 v = *reinterpret_cast<const uint4*>(y + (static_cast<long long>(t) * K + k) * d + c * 8);
+    const __half2* h = reinterpret_cast<const __half2*>(&v);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const float2 f = __half22float2(h[j]);
+      acc[2 * j] += w * f.x;
+      acc[2 * j + 1] += w * f.y;
+    }
+  }
+  uint4 o;
+  __half2* oh = reinterpret_cast<__half2*>(&o);
+#pragma unroll
+  for (int j = 0; j < 4; ++j) oh[j] = __floats2half2_rn(acc[2 * j], acc[2 * j + 1]);
+  *reinterpret_cast<uint4*>(out + static_cast<long long>(t) * d + c * 8) = o;
+}
+
+}  // namespace moe

@@ -1,0 +1,81 @@
+"""GPU tier: the mla-decode CUDA backend (kernels/mla-decode/cuda). The attention kernel alone against an fp32
+definition (batch sizes that split the cache and that do not, kv lengths across tile edges, the allocator poisoned
+with NaN); then the generated submission through the evaluator: every official case, extra prefills at the official
+dims, and 200 reseeded leaderboard-mode runs, every one checked."""
+import math
+
+import pytest
+
+from kbench import benchlib, evaluator, generator, problems
+
+
+@pytest.fixture(scope="module")
+def mla():
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("needs a Hopper (sm_90) GPU for the sm_90a kernels")
+    return benchlib.build("mla-decode", "cuda")
+
+
+def attention_definition(q, cache, kv_len, cos, sin):
+    """fp32: keys = latent | RoPE(k_rope) with the kernel's tables (bf16 roundings as the reference), softmax(q k^T /
+    sqrt(192)) @ latent. q [bs, 128, 576], cache [bs, max_seq, 576] -> [bs, 128, 512]."""
+    import torch
+
+    kv = cache[:, :kv_len]
+    latent, kr = kv[..., :512], kv[..., 512:]
+    c, s = torch.cat([cos[:kv_len]] * 2, -1), torch.cat([sin[:kv_len]] * 2, -1)
+    kr = kr * c + torch.cat((-kr[..., 32:], kr[..., :32]), -1) * s          # bf16 ops, as the reference
+    keys = torch.cat([latent, kr], -1).float()
+    p = torch.softmax(q.float() @ keys.transpose(1, 2) / math.sqrt(192), -1)
+    return p @ latent.float()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("bs,kv_len", [(1, 2), (3, 65), (16, 1025), (128, 130), (2, 8192), (128, 4097)])
+def test_attention_matches_the_definition(mla, bs, kv_len):
+    import torch
+
+    gen = torch.Generator(device="cuda")
+    gen.manual_seed(bs * 10000 + kv_len)
+    max_seq = 8192
+    q = torch.randn(bs, 128, 576, generator=gen, device="cuda").bfloat16()
+    cache = torch.zeros(bs, max_seq, 576, device="cuda", dtype=torch.bfloat16)
+    cache[:, :kv_len] = torch.randn(bs, kv_len, 576, generator=gen, device="cuda").bfloat16()
+    cos, sin = mla._rope_tables(max_seq, 64, q.device)
+    expected = attention_definition(q, cache, kv_len, cos, sin)
+    for attempt in range(2):
+        benchlib.poison_allocator()
+        out = mla.ext.mla_attention(q, cache, kv_len, cos, sin)
+        torch.cuda.synchronize()
+        rel = ((out.float() - expected).norm() / expected.norm()).item()
+        ratio = benchlib.tolerance_ratio(out, expected, 2e-2, 8e-3)
+        assert rel < 1e-2 and ratio <= 1, f"call {attempt + 1}: relative error {rel:.2e}, worst {ratio:.2f}x tolerance"
+
+
+def _judge(tmp_path, cases, mode="test", **kw):
+    sub = generator.generate("mla-decode", "cuda", out=tmp_path / "submission.py")
+    record = evaluator.run("mla-decode", sub, mode=mode, cases=[problems.official_case(c) for c in cases],
+                           device="cuda", **kw)
+    failed = [(problems.format_case(c.case), c.status, c.message) for c in record.cases if c.status != "pass"]
+    assert not failed, failed
+    return record
+
+
+@pytest.mark.gpu
+def test_every_official_case(mla, tmp_path):
+    spec = problems.load_spec("mla-decode")
+    _judge(tmp_path, list(spec.tests) + list(spec.benchmarks))
+
+
+@pytest.mark.gpu
+def test_extra_prefills_at_the_official_dims(mla, tmp_path):
+    _judge(tmp_path, [{"batchsize": 16, "dim": 7168, "dq": 1536, "prefill": p, "seed": 100 + p}
+                      for p in (1, 127, 1000, 8191)])
+
+
+@pytest.mark.gpu
+def test_200_reseeded_leaderboard_runs(mla, tmp_path):
+    record = _judge(tmp_path, [{"batchsize": 8, "dim": 7168, "dq": 1536, "prefill": 1024, "seed": 7}],
+                    mode="leaderboard", protocol={"max_runs": 200, "rel_err_stop": 0.0, "leaderboard_cases": "all"})
+    assert record.cases[0].runs == 200

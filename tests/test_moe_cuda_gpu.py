@@ -1,0 +1,75 @@
+"""GPU tier: the moe CUDA backend (kernels/moe/cuda). Synthetic routings the official generator rarely makes (empty
+experts, every token on a few experts, one token, E = 4 and 8, K = 1) against an fp32 definition, the allocator
+poisoned with NaN before every call; then the generated submission through the evaluator on every official test and
+benchmark case. compute-sanitizer runs the synthetic test in benchmarks/gpu_session.sh."""
+import math
+
+import pytest
+
+from kbench import benchlib, evaluator, generator, problems
+
+
+@pytest.fixture(scope="module")
+def moe():
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("needs a Hopper (sm_90) GPU for the sm_90a kernels")
+    return benchlib.build("moe", "cuda")
+
+
+def definition(x, experts, scores, gate, up, down):
+    """out = shared(x) + sum_k score * expert_k(x), in fp32 from the fp16 operands (last weights: the shared expert)."""
+    import torch.nn.functional as F
+
+    xf = x.float()
+
+    def ffn(v, g):
+        return (F.silu(v @ gate[g].float()) * (v @ up[g].float())) @ down[g].float()
+
+    out = ffn(xf, len(gate) - 1)
+    for e in range(len(gate) - 1):
+        t, k = (experts == e).nonzero(as_tuple=True)
+        if t.numel():
+            out.index_add_(0, t, ffn(xf[t], e) * scores[t, k].float().unsqueeze(1))
+    return out
+
+
+# (tokens, experts, slots, skew): skew = every token picks among the first `skew` experts (the others get none)
+ROUTINGS = [(1, 4, 4, None), (7, 8, 2, None), (300, 8, 4, 4), (1000, 32, 4, None), (513, 4, 1, 1),
+            (2048, 32, 4, 6), (129, 64, 8, None)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tokens,n_experts,k,skew", ROUTINGS)
+def test_synthetic_routings_match_the_definition(moe, tokens, n_experts, k, skew):
+    import torch
+
+    gen = torch.Generator(device="cuda")
+    gen.manual_seed(tokens + n_experts)
+    d, dexp = 512, 256
+
+    def w(r, c):
+        return (torch.randn(r, c, generator=gen, device="cuda") / math.sqrt(c)).half()
+
+    x = torch.randn(tokens, d, generator=gen, device="cuda").half()
+    gate, up = [w(d, dexp) for _ in range(n_experts + 1)], [w(d, dexp) for _ in range(n_experts + 1)]
+    down = [w(dexp, d) for _ in range(n_experts + 1)]
+    pool = skew or n_experts
+    experts = torch.stack([torch.randperm(pool, generator=gen, device="cuda")[:k] for _ in range(tokens)])
+    scores = torch.rand(tokens, k, generator=gen, device="cuda").half()
+    for attempt in range(2):  # twice: nothing may depend on what the previous call left in the workspaces
+        benchlib.poison_allocator()
+        out = moe.ext.moe_forward(x, experts, scores, gate, up, down)
+        torch.cuda.synchronize()
+        ratio = benchlib.tolerance_ratio(out, definition(x, experts, scores, gate, up, down), 1e-2, 1e-2)
+        assert ratio <= 1, f"call {attempt + 1}: worst error {ratio:.3f}x the tolerance"
+
+
+@pytest.mark.gpu
+def test_generated_submission_passes_every_official_case(moe, tmp_path):
+    spec = problems.load_spec("moe")
+    sub = generator.generate("moe", "cuda", out=tmp_path / "submission.py")
+    cases = [problems.official_case(c) for c in spec.tests + spec.benchmarks]
+    record = evaluator.run("moe", sub, mode="test", cases=cases, device="cuda")
+    failed = [(problems.format_case(c.case), c.status, c.message) for c in record.cases if c.status != "pass"]
+    assert not failed, failed
