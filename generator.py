@@ -661,11 +661,12 @@ def scaffold(problem: str, backend: str, kernels: Path, source: str = "torch") -
     if dest.exists():
         raise GeneratorError(f"{dest} already exists; pick another backend name or remove it")
     dest.mkdir(parents=True)
+    # modules shared between shipped backends (../_shared/x.py) are copied in beside the entry
     for rel in [m.entry, *m.modules]:
-        (dest / rel).parent.mkdir(parents=True, exist_ok=True)
-        (dest / rel).write_text(_read(src / rel), encoding="utf-8")
+        (dest / Path(rel).name).write_text(_read(src / rel), encoding="utf-8")
     (dest / "kernel.yml").write_text(
         f"# {problem}/{backend}: started from kbench's {source} backend (kbench new). kernel.yml keys: see kbench's\n"
         f"# generator.py docstring. A CUDA backend uses template: load_inline with cuda_sources / cpp_sources.\n"
-        f"template: python\nentry: {m.entry}\nmodules: {json.dumps(m.modules)}\n", encoding="utf-8")
+        f"template: python\nentry: {Path(m.entry).name}\nmodules: {json.dumps([Path(x).name for x in m.modules])}\n",
+        encoding="utf-8")
     return dest

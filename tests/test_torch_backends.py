@@ -1,6 +1,6 @@
 """The torch backends (kernels/<problem>/torch/entry.py), each judged as a leaderboard submission against its reference.
 
-Each test stages a run directory the way the leaderboard does (entry.py as submission.py beside the problem's task.py,
+Each test stages a run directory the way the leaderboard does (the generated submission.py beside the problem's task.py,
 reference.py and utils.py) and runs this file as a driver script in a fresh interpreter, so the submission imports
 `task`/`utils` exactly as it will in a generated submission.py and no module names leak between problems.
 
@@ -21,6 +21,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from kbench import generator
 
 REPO = Path(__file__).resolve().parents[1]
 SINGLE = ("fp8-mm", "moe", "mla-decode")
@@ -136,11 +138,11 @@ def _drive(run_dir: str, problem: str, cases_json: str) -> None:
 # pytest side
 
 def _stage(problem: str, run_dir: Path) -> Path:
-    """A leaderboard-like run directory: the backend's entry as submission.py + task.py, reference.py, utils.py."""
-    from problems import problem_dir
+    """A leaderboard-like run directory: the generated submission.py + task.py, reference.py, utils.py."""
+    from kbench.problems import problem_dir
     src = problem_dir(problem)
     run_dir.mkdir(parents=True, exist_ok=True)
-    shutil.copy(REPO / "kernels" / problem / "torch" / "entry.py", run_dir / "submission.py")
+    generator.generate(problem, "torch", out=run_dir / "submission.py")   # the packed file (entry + modules)
     for name in ("task.py", "reference.py"):
         shutil.copy(src / name, run_dir / name)
     shutil.copy(REPO / "problems" / "utils.py", run_dir / "utils.py")
@@ -148,7 +150,7 @@ def _stage(problem: str, run_dir: Path) -> Path:
 
 
 def _cases(problem: str, which: str) -> list[dict]:
-    from problems import load_spec, official_case
+    from kbench.problems import load_spec, official_case
     spec = load_spec(problem)
     cases = list(spec.smoke) + EXTRA_CASES.get(problem, []) if which == "smoke" else list(spec.tests)
     # Real booleans, so has_bias: false really runs the no-bias path (the official text round trip makes it truthy).

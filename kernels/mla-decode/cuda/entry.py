@@ -5,10 +5,13 @@ Per head h, Wkvu holds W_UK[h] [128, 512] and W_UV[h] [128, 512], so q_nope . (W
 and sum_t p_t W_UV latent_t = W_UV (sum_t p_t latent_t): attention runs once over the 576-wide latent cache, read in
 place by ext.mla_attention (kernels/mla-decode/cuda/attention.cuh), which applies the keys' RoPE on the fly from
 cos/sin tables built with the reference's own bf16 ops. `ext` is the load_inline module the template defines above.
+Tiny problems (under 256 MB of per-head keys and values, e.g. prefill 1 at batch 16) follow the reference's op order
+instead (kernels/mla-decode/_shared/reference_order.py): there its bf16 roundings are as large as the tolerance.
 """
 import torch
 import torch.nn.functional as F
 
+import reference_order
 from task import input_t, output_t
 
 _tables = {}  # (device, max_seq, rope) -> (cos, sin) [max_seq, rope/2] bf16: a constant of the problem
@@ -35,7 +38,11 @@ def custom_kernel(data: input_t) -> output_t:
         raise ValueError("the mla-decode cuda backend is built for DeepSeek's dims (128 heads, latent 512, nope 128, "
                          "rope 64, v 128); use the torch backend for others")
     q = F.linear(F.linear(x, config.Q_proj_down_weight), config.Q_proj_up_weight).view(bs, heads, nope + rope)
-    _, kv_len = kv_cache(F.linear(x, config.KV_proj_down_weight))             # writes row seq_len
+    kv, kv_len = kv_cache(F.linear(x, config.KV_proj_down_weight))            # writes row seq_len
+    if reference_order.affordable(bs, kv_len, config):
+        # tiny problems: the reference's bf16 roundings are as large as the tolerance; follow its op order
+        y = reference_order.attend(q, kv[..., :lora], kv[..., lora:], config, kv_len)
+        return F.linear(y.reshape(bs, 1, heads * dv), config.wo_weight), kv_cache.data
     cos, sin = _rope_tables(kv_cache.data.shape[1], rope, x.device)
     w_kvu = config.KV_proj_up_weight.view(heads, nope + dv, lora)
     q_full = torch.empty((bs, heads, lora + rope), dtype=x.dtype, device=x.device)
