@@ -4,19 +4,23 @@
 # Parts (one GPU): probe, fp8-check, fp8-perf, moe-check, moe-perf, mla-check, mla-perf, tier (the GPU test tier),
 #   sanitize (compute-sanitizer on small cases of the CUDA backends);
 # several GPUs: dist-check, dist-perf, dist-tier.
-# Measured rows land in $OUT/results/<problem>.csv (KBENCH_RESULTS): merge them with
-#   python -c "from kbench import benchlib; benchlib.merge('<fetched>/results', 'benchmarks/results')".
+# Everything lands in one archive, $OUT/session.tgz (logs/, records/, results/<problem>.csv from KBENCH_RESULTS):
+# unpack it and merge the rows with
+#   python -c "from kbench import benchlib; benchlib.merge('<unpacked>/results', 'benchmarks/results')".
 set -uo pipefail
 export PYTHONUNBUFFERED=1 COLUMNS=160 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-OUT=${OUT:-$PWD/gpu-out}; mkdir -p "$OUT/results"
-export KBENCH_RESULTS="$OUT/results" KBENCH_CACHE="$OUT/cache"
-python3 -m pip install --no-build-isolation --no-deps -q -e . >"$OUT/pip.log" 2>&1 || cat "$OUT/pip.log"
+OUT=${OUT:-$PWD/gpu-out}; mkdir -p "$OUT"
+W=$(mktemp -d); mkdir -p "$W/logs" "$W/results" "$W/records"
+pack() { tar czf "$OUT/session.tgz" -C "$W" logs results records; }
+trap pack EXIT
+export KBENCH_RESULTS="$W/results" KBENCH_CACHE="$W/cache"
+python3 -m pip install --no-build-isolation --no-deps -q -e . >"$W/logs/pip.log" 2>&1 || cat "$W/logs/pip.log"
 stamp() { echo "== $(date +%T) $*"; }
 step() {  # step SECONDS LOGNAME command...: run, keep the whole log, print its tail
   local limit=$1 log=$2; shift 2
   stamp "$*"
-  timeout "$limit" "$@" >"$OUT/$log.log" 2>&1; local rc=$?
-  tail -n "${TAIL:-25}" "$OUT/$log.log"; echo "-- rc=$rc ($log)"
+  timeout "$limit" "$@" >"$W/logs/$log.log" 2>&1; local rc=$?
+  tail -n "${TAIL:-25}" "$W/logs/$log.log"; echo "-- rc=$rc ($log)"
 }
 nvidia-smi -L; python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
 n=$(nvidia-smi -L | wc -l)
@@ -25,22 +29,23 @@ for part in "$@"; do
   probe) step 300 probe python3 benchmarks/wgmma_layout_probe.py ;;
   fp8-check) step 400 fp8_check python3 -m pytest -q -x -p no:cacheprovider tests/test_fp8_cuda_plans_gpu.py tests/test_fp8_backends_gpu.py -k "not triton" ;;
   fp8-perf) step 500 fp8_bench python3 benchmarks/fp8_mm.py --no-triton
-            step 200 fp8_perf kbench perf fp8-mm --backend cuda --json "$OUT/perf_fp8-mm_cuda.json" ;;
+            step 200 fp8_perf kbench perf fp8-mm --backend cuda --json "$W/records/perf_fp8-mm_cuda.json" ;;
   moe-check) step 500 moe_check python3 -m pytest -q -x -p no:cacheprovider tests/test_moe_cuda_gpu.py ;;
   moe-perf) step 400 moe_bench python3 benchmarks/moe.py
-            step 300 moe_perf kbench perf moe --backend cuda --json "$OUT/perf_moe_cuda.json"
-            step 400 moe_lb kbench perf moe --backend cuda --mode leaderboard --json "$OUT/lb_moe_cuda.json" ;;
+            KBENCH_MOE_PREGATHER=1 step 300 moe_bench_pregather python3 benchmarks/moe.py --runs 7
+            step 300 moe_perf kbench perf moe --backend cuda --json "$W/records/perf_moe_cuda.json"
+            step 400 moe_lb kbench perf moe --backend cuda --mode leaderboard --json "$W/records/lb_moe_cuda.json" ;;
   mla-check) step 500 mla_check python3 -m pytest -q -x -p no:cacheprovider tests/test_mla_cuda_gpu.py ;;
   mla-perf) step 400 mla_bench python3 benchmarks/mla_decode.py
-            step 300 mla_perf kbench perf mla-decode --backend cuda --json "$OUT/perf_mla-decode_cuda.json"
-            step 400 mla_lb kbench perf mla-decode --backend cuda --mode leaderboard --json "$OUT/lb_mla-decode_cuda.json" ;;
+            step 300 mla_perf kbench perf mla-decode --backend cuda --json "$W/records/perf_mla-decode_cuda.json"
+            step 400 mla_lb kbench perf mla-decode --backend cuda --mode leaderboard --json "$W/records/lb_mla-decode_cuda.json" ;;
   tier) step 600 tier python3 -m pytest -m gpu -q -rs -p no:cacheprovider tests ;;
   sanitize) step 400 sanitize compute-sanitizer --tool memcheck python3 -m pytest -q -x -p no:cacheprovider \
               tests/test_moe_cuda_gpu.py tests/test_mla_cuda_gpu.py -k "synthetic and 7-8 or definition and 3-65" ;;
   dist-check) step 500 dist_check python3 -m pytest -q -x -p no:cacheprovider tests/test_dist_cuda_gpu.py ;;
   dist-perf) for p in all2all gemm-rs ag-gemm; do
                step 300 "bench_$p" torchrun --nproc-per-node "$n" benchmarks/distributed.py "$p"
-               step 300 "perf_$p" kbench perf "$p" --backend cuda --world-size "$n" --json "$OUT/perf_${p}_cuda.json"
+               step 300 "perf_$p" kbench perf "$p" --backend cuda --world-size "$n" --json "$W/records/perf_${p}_cuda.json"
              done ;;
   dist-tier) step 600 dist_tier python3 -m pytest -m gpu -q -rs -p no:cacheprovider tests/test_problems_distributed.py \
                tests/test_torch_backends.py tests/test_evaluator.py tests/test_cli.py ;;

@@ -103,7 +103,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_attention_kernel(const __grid
   __syncthreads();
 
   if (threadIdx.x >= 256) {  // producer warpgroup: gives its registers to the consumers
-    setmaxnreg_dec<40>();
+    setmaxnreg_dec<56>();
     if (threadIdx.x == 256) {
       tma_prefetch_desc(&tm_q);
       tma_prefetch_desc(&tm_kv);
@@ -127,7 +127,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_attention_kernel(const __grid
     return;
   }
 
-  setmaxnreg_inc<232>();
+  setmaxnreg_inc<224>();
   const int w = threadIdx.x / 128;  // this warpgroup's half: positions [32w, 32w + 32) of a tile, output cols 256w..
   const int t = threadIdx.x % 128;
   const int warp = t / 32, lane = t % 32;

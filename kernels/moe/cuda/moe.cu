@@ -5,6 +5,7 @@
 
 #include <cstdio>
 #include <mutex>
+#include <unordered_map>
 
 #include "grouped_gemm.cuh"
 #include "moe_api.h"
@@ -15,10 +16,37 @@ namespace moe {
 namespace {
 
 // 2-D fp16 map over a row-major [rows][cols] array, 64 x box_rows boxes (128 bytes of a row: one swizzle span).
-// Rows past the end read as zeros (the last m-tile of the shared group, the last gathered rows).
+// Rows past the end read as zeros (the last m-tile of the shared group). A map's bytes depend only on these
+// arguments, so maps are kept by them: the weights of the next call usually sit at the same addresses.
 bool map_f16(CUtensorMap* map, const void* ptr, uint64_t cols, uint64_t rows, uint32_t box_rows) {
-  return kb::make_map_2d(map, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, ptr, cols, rows, cols * 2, 64, box_rows,
-                         CU_TENSOR_MAP_SWIZZLE_128B);
+  struct Key {
+    const void* ptr;
+    uint64_t cols, rows;
+    uint32_t box_rows;
+    bool operator==(const Key& o) const {
+      return ptr == o.ptr && cols == o.cols && rows == o.rows && box_rows == o.box_rows;
+    }
+  };
+  struct KeyHash {
+    size_t operator()(const Key& k) const {
+      return std::hash<const void*>()(k.ptr) ^ (k.cols * 0x9E3779B97F4A7C15ull) ^ (k.rows << 20) ^ k.box_rows;
+    }
+  };
+  static std::unordered_map<Key, CUtensorMap, KeyHash> cache;
+  static std::mutex mu;
+  const Key key{ptr, cols, rows, box_rows};
+  std::lock_guard<std::mutex> lock(mu);
+  auto hit = cache.find(key);
+  if (hit != cache.end()) {
+    *map = hit->second;
+    return true;
+  }
+  if (!kb::make_map_2d(map, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, ptr, cols, rows, cols * 2, 64, box_rows,
+                       CU_TENSOR_MAP_SWIZZLE_128B))
+    return false;
+  if (cache.size() > 4096) cache.clear();  // bounded: addresses of freed tensors accumulate otherwise
+  cache.emplace(key, *map);
+  return true;
 }
 
 struct DeviceInfo {
@@ -57,11 +85,20 @@ const char* moe_run(const MoeArgs& a, cudaStream_t stream, cudaEvent_t* events) 
   if (const char* why = moe_supported(a.T, a.K, a.E, a.d, a.dexp)) return why;
   const DeviceInfo& info = device_info();
   const int G = a.E + 1, pairs = a.T * a.K;
-
-  // Host work first (tensor maps: ~100 of them), the launches after, back to back.
+  auto mark = [&](int i) {
+    if (events) cudaEventRecord(events[i], stream);
+  };
+  // The routing launches first; the ~100 tensor maps are made (or found in the cache) while it runs.
+  mark(0);
+  route_kernel<<<1, kRouteThreads, 0, stream>>>(a.experts, a.T, a.K, a.E, a.meta, a.rows_token, a.rows_pair);
+  mark(1);
+  if (a.xs)
+    gather_kernel<<<pairs, 256, 0, stream>>>(static_cast<const __half*>(a.x), a.rows_token,
+                                            static_cast<__half*>(a.xs), a.d);
+  mark(2);
   GemmParams g1{}, g2{};
-  bool ok = map_f16(&g1.a[0], a.xs, a.d, pairs, kBM) && map_f16(&g1.a[1], a.x, a.d, a.T, kBM) &&
-            map_f16(&g2.a[0], a.h, a.dexp, pairs + a.T, kBM);
+  bool ok = (a.xs ? map_f16(&g1.a[0], a.xs, a.d, pairs, kBM) : map_f16(&g1.a[0], a.x, a.d, a.T, 1)) &&
+            map_f16(&g1.a[1], a.x, a.d, a.T, kBM) && map_f16(&g2.a[0], a.h, a.dexp, pairs + a.T, kBM);
   for (int g = 0; ok && g < G; ++g) {
     ok = map_f16(&g1.b[g], a.w_gate[g], a.dexp, a.d, kBK) &&
          map_f16(&g1.b[kMaxGroups + g], a.w_up[g], a.dexp, a.d, kBK) &&
@@ -70,6 +107,7 @@ const char* moe_run(const MoeArgs& a, cudaStream_t stream, cudaEvent_t* events) 
   if (!ok) return "moe cuda: cuTensorMapEncodeTiled failed (driver entry point missing or misaligned weights)";
   g1.meta = g2.meta = a.meta;
   g1.groups = g2.groups = G;
+  g1.a_rows = a.xs ? nullptr : a.rows_token;
   g1.out = static_cast<__half*>(a.h);
   g1.n_out = a.dexp;
   g1.n_tiles = a.dexp / 128;
@@ -80,16 +118,6 @@ const char* moe_run(const MoeArgs& a, cudaStream_t stream, cudaEvent_t* events) 
   g2.n_tiles = a.d / 256;
   g2.k = a.dexp;
   g2.shared_out_row0 = pairs;
-
-  auto mark = [&](int i) {
-    if (events) cudaEventRecord(events[i], stream);
-  };
-  mark(0);
-  route_kernel<<<1, kRouteThreads, 0, stream>>>(a.experts, a.T, a.K, a.E, a.meta, a.rows_token, a.rows_pair);
-  mark(1);
-  gather_kernel<<<pairs, 256, 0, stream>>>(static_cast<const __half*>(a.x), a.rows_token,
-                                          static_cast<__half*>(a.xs), a.d);
-  mark(2);
   grouped_gemm_kernel<true><<<info.sms, kThreads, kSmemBytes, stream>>>(g1);
   mark(3);
   grouped_gemm_kernel<false><<<info.sms, kThreads, kSmemBytes, stream>>>(g2);

@@ -1,6 +1,7 @@
 // The MoE layer's data movement around the two grouped GEMMs, all on the device (no host synchronisation):
 //   route_kernel    sort the (token, slot) pairs by expert: counts, offsets, m-tile offsets, the permutation
-//   gather_kernel   copy each routed pair's token row into expert order (GEMM 1's A operand, read by TMA)
+//   gather_kernel   copy each routed pair's token row into expert order (GEMM 1's A operand, read by TMA), where
+//                   GEMM 1 does not gather its A rows itself
 //   combine_kernel  out[t] = shared(t) + sum_k score[t, k] * expert_k(t), summed in fp32 in slot order, rounded once
 #pragma once
 #include <cstdint>
@@ -14,28 +15,36 @@ constexpr int kRouteThreads = 1024;
 
 // One block. experts [T*K] (int64, torch.topk's indices); writes meta (see GemmParams), rows_token and rows_pair
 // ([T*K]: for each expert-sorted pair, its token and its pair index t*K + k). Groups: E routed experts, then the
-// shared expert with all T tokens. Within an expert the pair order is whatever the atomics give: each output row
-// depends only on its own row, so the results do not.
+// shared expert with all T tokens. Each warp counts its own pairs (pair i belongs to warp (i / 32) % 32), so the
+// shared-memory atomics contend only within a warp; expert e's rows are ordered by warp, then by arrival.
 __global__ void __launch_bounds__(kRouteThreads) route_kernel(const int64_t* __restrict__ experts, int T, int K,
                                                               int E, int* __restrict__ meta,
                                                               int* __restrict__ rows_token,
                                                               int* __restrict__ rows_pair) {
-  __shared__ int cnt[kMaxGroups + 1], cur[kMaxGroups + 1];
-  const int pairs = T * K, G = E + 1;
-  for (int e = threadIdx.x; e <= kMaxGroups; e += blockDim.x) cnt[e] = 0;
+  constexpr int kWarps = kRouteThreads / 32;
+  __shared__ int cnt[kWarps][kMaxGroups];  // per warp, per expert: count, then the warp's first row of the expert
+  const int pairs = T * K, G = E + 1, warp = threadIdx.x / 32;
+  for (int i = threadIdx.x; i < kWarps * kMaxGroups; i += blockDim.x) (&cnt[0][0])[i] = 0;
   __syncthreads();
   for (int i = threadIdx.x; i < pairs; i += blockDim.x) {
     const int e = static_cast<int>(experts[i]);
-    if (e >= 0 && e < E) atomicAdd(&cnt[e], 1);
+    if (e >= 0 && e < E) atomicAdd(&cnt[warp][e], 1);
   }
   __syncthreads();
   if (threadIdx.x == 0) {
     int row = 0, mtile = 0;
     for (int g = 0; g < G; ++g) {
-      const int rows = g < E ? cnt[g] : T;  // the shared expert takes every token
       meta[g] = row;
       meta[G + 1 + g] = mtile;
-      cur[g] = row;
+      int rows = T;  // the shared expert takes every token
+      if (g < E) {
+        rows = 0;
+        for (int w = 0; w < kWarps; ++w) {  // counts -> each warp's first row of expert g
+          const int c = cnt[w][g];
+          cnt[w][g] = row + rows;
+          rows += c;
+        }
+      }
       row += rows;
       mtile += (rows + kBM - 1) / kBM;
     }
@@ -46,7 +55,7 @@ __global__ void __launch_bounds__(kRouteThreads) route_kernel(const int64_t* __r
   for (int i = threadIdx.x; i < pairs; i += blockDim.x) {
     const int e = static_cast<int>(experts[i]);
     if (e < 0 || e >= E) continue;
-    const int pos = atomicAdd(&cur[e], 1);
+    const int pos = atomicAdd(&cnt[warp][e], 1);
     rows_token[pos] = i / K;
     rows_pair[pos] = i;
   }
