@@ -32,7 +32,6 @@ for part in "$@"; do
             step 200 fp8_perf kbench perf fp8-mm --backend cuda --json "$W/records/perf_fp8-mm_cuda.json" ;;
   moe-check) step 500 moe_check python3 -m pytest -q -x -p no:cacheprovider tests/test_moe_cuda_gpu.py ;;
   moe-perf) step 400 moe_bench python3 benchmarks/moe.py
-            KBENCH_MOE_PREGATHER=1 step 300 moe_bench_pregather python3 benchmarks/moe.py --runs 7
             step 300 moe_perf kbench perf moe --backend cuda --json "$W/records/perf_moe_cuda.json"
             step 400 moe_lb kbench perf moe --backend cuda --mode leaderboard --json "$W/records/lb_moe_cuda.json" ;;
   mla-check) step 500 mla_check python3 -m pytest -q -x -p no:cacheprovider tests/test_mla_cuda_gpu.py ;;

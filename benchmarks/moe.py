@@ -12,7 +12,6 @@ around the call) is `kbench perf moe --backend cuda`. Floor = max(FLOPs / 790 TF
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 
 import torch
@@ -83,9 +82,8 @@ def main():
     failures = official_checks(cuda_mod, problems.load_modules("moe").reference)
     torch_mod = benchlib.build("moe", "torch")
     rows = [time_case(c, cuda_mod, torch_mod, args.runs) for c in problems.load_spec("moe").benchmarks]
-    ours = "cuda-pregather" if os.environ.get("KBENCH_MOE_PREGATHER") == "1" else "cuda"  # binding.cpp's switch
-    backends = [("cuda", ours), ("torch", "torch"), ("torch_grouped_bf16", "torch-grouped-bf16")] + \
-        [(s, f"{ours}/{s}") for s in STAGES]
+    backends = [("cuda", "cuda"), ("torch", "torch"), ("torch_grouped_bf16", "torch-grouped-bf16")] + \
+        [(s, f"cuda/{s}") for s in STAGES]
     results = [benchlib.Row(gpu, 1, name, "kernel", r["case"], r[key]) for r in rows for key, name in backends
                if r.get(key)]
     results += [benchlib.Row(gpu, 1, name, "kernel", "geomean", benchlib.geomean(r.get(key) for r in rows))

@@ -5,7 +5,6 @@
 #include <c10/cuda/CUDAStream.h>
 #include <torch/extension.h>
 
-#include <cstdlib>
 #include <vector>
 
 #include "moe_api.h"
@@ -50,13 +49,7 @@ static torch::Tensor run_moe(torch::Tensor x, torch::Tensor experts, torch::Tens
   const auto i32 = x.options().dtype(torch::kInt);
   torch::Tensor meta = torch::empty({2 * (E + 2)}, i32);
   torch::Tensor rows_token = torch::empty({T * K}, i32), rows_pair = torch::empty({T * K}, i32);
-  // GEMM 1 gathers its routed A rows itself (TMA, one row a box); KBENCH_MOE_PREGATHER=1 copies them into expert
-  // order first instead (a separate pass; kept to measure what the gather inside GEMM 1 saves).
-  static const bool pregather = [] {
-    const char* v = std::getenv("KBENCH_MOE_PREGATHER");
-    return v && *v == '1';
-  }();
-  torch::Tensor xs = pregather ? torch::empty({T * K, d}, x.options()) : torch::Tensor();
+  torch::Tensor xs = torch::empty({T * K, d}, x.options());
   torch::Tensor h = torch::empty({T * K + T, dexp}, x.options());
   torch::Tensor y = torch::empty({T * K + T, d}, x.options());
   torch::Tensor out = torch::empty({T, d}, x.options());
@@ -78,7 +71,7 @@ static torch::Tensor run_moe(torch::Tensor x, torch::Tensor experts, torch::Tens
   a.meta = meta.data_ptr<int>();
   a.rows_token = rows_token.data_ptr<int>();
   a.rows_pair = rows_pair.data_ptr<int>();
-  a.xs = pregather ? xs.data_ptr() : nullptr;
+  a.xs = xs.data_ptr();
   a.h = h.data_ptr();
   a.y = y.data_ptr();
   a.out = out.data_ptr();

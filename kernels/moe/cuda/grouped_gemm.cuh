@@ -3,8 +3,8 @@
 // n-tile) work units whose counts only the device knows (route.cuh writes them).
 //
 // One template, two uses (kGlu):
-//   kGlu = true  (GEMM 1): A = the group's token rows of x [T][d] (K-major; a routed expert's rows are gathered by
-//                TMA one row a box, at the row indices route_kernel wrote), B = gate and up [d][dexp] (row-major: the
+//   kGlu = true  (GEMM 1): A = the group's token rows [rows][d] (K-major: a routed expert's rows gathered into
+//                expert order by gather_kernel, the shared expert's x itself), B = gate and up [d][dexp] (row-major: the
 //                N-major wgmma layout), tile = 128 rows x (128 gate + 128 up) columns; the epilogue writes
 //                h = silu(gate) * up (fp16, rounded as the reference rounds) into H at the group's sorted rows.
 //   kGlu = false (GEMM 2): A = H rows [rows][dexp], B = down [dexp][d], tile = 128 x 256; the epilogue writes the
@@ -39,13 +39,10 @@ constexpr int kSmemBytes = 1024 + kStages * kStageBytes + 2 * kCBytes + 2 * kSta
 // meta (int32, written by route_kernel): [0, G]: first sorted row of group g (G = groups, so [G] = the end),
 // then [G+1, 2G+1]: first m-tile of group g (prefix of ceil(rows_g / 128)).
 struct GemmParams {
-  CUtensorMap a[2];               // kGlu: [0] x in 1-row boxes (or the pre-gathered rows, a_rows null), [1] x in
-                                  // 128-row boxes (the shared group); else [0] H
+  CUtensorMap a[2];               // kGlu: [0] the gathered routed rows, [1] x (the shared group); else [0] H
   CUtensorMap b[2 * kMaxGroups];  // kGlu: gate of group g at [g], up at [kMaxGroups + g]; else down at [g]
   const int* meta;
   const int* out_rows;            // !kGlu: Y row of each sorted routed row (its pair index)
-  const int* a_rows;              // kGlu: token of each sorted routed row (A rows gathered by TMA); null: a[0] holds
-                                  // the routed rows already gathered in sorted order
   __half* out;                    // kGlu: H; else Y
   int groups;                     // E + 1
   int n_out;                      // output columns: dexp (kGlu) or d
@@ -85,48 +82,31 @@ __device__ __forceinline__ __half glu(float gate, float up) {
   return __float2half_rn(s * __half2float(__float2half_rn(up)));
 }
 
-// The producer warp: for each of this CTA's units, every k-block's A tile and four B boxes into the next free stage.
-// Routed A rows of GEMM 1 are gathered: each lane loads four rows (one TMA box each) of the tile's 128.
+// The producer (one thread): for each of this CTA's units, every k-block's A tile and four B boxes into the next
+// free stage.
 template <bool kGlu>
 __device__ __forceinline__ void produce(const GemmParams& p, const int* s_meta, uint8_t* s_a, uint8_t* s_b,
                                         uint64_t* full, uint64_t* empty, int units, int num_kb) {
-  const int lane = threadIdx.x;
   const int G = p.groups;
   int s = 0;
   uint32_t phase = 0;
   for (int u = blockIdx.x; u < units; u += gridDim.x) {
     const Unit w = decode(s_meta, G, p.n_tiles, u);
     const bool shared_x = kGlu && w.g == G - 1;  // GEMM 1 reads the shared expert's rows from x itself
-    const bool gather = kGlu && !shared_x && p.a_rows != nullptr;
-    int tok[4];
-#pragma unroll
-    for (int i = 0; i < 4; ++i)  // rows past the group's end repeat its last row (their results are not stored)
-      tok[i] = gather ? p.a_rows[w.row0 + min(w.mt * kBM + lane * 4 + i, w.rows - 1)] : 0;
     const CUtensorMap* amap = &p.a[shared_x ? 1 : 0];
     const int a_row = (shared_x ? 0 : w.row0) + w.mt * kBM;
     for (int kb = 0; kb < num_kb; ++kb) {
-      if (lane == 0) {
-        mbar_wait(&empty[s], phase ^ 1);
-        mbar_arrive_expect_tx(&full[s], kStageBytes);
-      }
-      __syncwarp();
-      if (gather) {
+      mbar_wait(&empty[s], phase ^ 1);
+      mbar_arrive_expect_tx(&full[s], kStageBytes);
+      tma_load_2d(s_a + s * kABytes, amap, &full[s], kb * kBK, a_row);
+      uint8_t* sb = s_b + s * kBBytes;
 #pragma unroll
-        for (int i = 0; i < 4; ++i)
-          tma_load_2d(s_a + s * kABytes + (lane * 4 + i) * 128, &p.a[0], &full[s], kb * kBK, tok[i]);
-      } else if (lane == 0) {
-        tma_load_2d(s_a + s * kABytes, amap, &full[s], kb * kBK, a_row);
-      }
-      if (lane == 0) {
-        uint8_t* sb = s_b + s * kBBytes;
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          if constexpr (kGlu) {  // chunks 0, 1: gate columns n0 .. n0 + 127; chunks 2, 3: the same up columns
-            const CUtensorMap* bmap = &p.b[(j < 2 ? 0 : kMaxGroups) + w.g];
-            tma_load_2d(sb + j * kBChunk, bmap, &full[s], w.nt * 128 + (j & 1) * 64, kb * kBK);
-          } else {
-            tma_load_2d(sb + j * kBChunk, &p.b[w.g], &full[s], w.nt * 256 + j * 64, kb * kBK);
-          }
+      for (int j = 0; j < 4; ++j) {
+        if constexpr (kGlu) {  // chunks 0, 1: gate columns n0 .. n0 + 127; chunks 2, 3: the same up columns
+          const CUtensorMap* bmap = &p.b[(j < 2 ? 0 : kMaxGroups) + w.g];
+          tma_load_2d(sb + j * kBChunk, bmap, &full[s], w.nt * 128 + (j & 1) * 64, kb * kBK);
+        } else {
+          tma_load_2d(sb + j * kBChunk, &p.b[w.g], &full[s], w.nt * 256 + j * 64, kb * kBK);
         }
       }
       if (++s == kStages) {
@@ -165,7 +145,7 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_kernel(const __grid_
 
   if (wg == 0) {
     setmaxnreg_dec<56>();
-    if (threadIdx.x < 32) produce<kGlu>(p, s_meta, s_a, s_b, full, empty, units, num_kb);
+    if (threadIdx.x == 0) produce<kGlu>(p, s_meta, s_a, s_b, full, empty, units, num_kb);
     return;
   }
 

@@ -88,17 +88,16 @@ const char* moe_run(const MoeArgs& a, cudaStream_t stream, cudaEvent_t* events) 
   auto mark = [&](int i) {
     if (events) cudaEventRecord(events[i], stream);
   };
-  // The routing launches first; the ~100 tensor maps are made (or found in the cache) while it runs.
+  // The routing and the gather launch first; the ~100 tensor maps are made (or found in the cache) while they run.
   mark(0);
   route_kernel<<<1, kRouteThreads, 0, stream>>>(a.experts, a.T, a.K, a.E, a.meta, a.rows_token, a.rows_pair);
   mark(1);
-  if (a.xs)
-    gather_kernel<<<pairs, 256, 0, stream>>>(static_cast<const __half*>(a.x), a.rows_token,
-                                            static_cast<__half*>(a.xs), a.d);
+  gather_kernel<<<pairs, 256, 0, stream>>>(static_cast<const __half*>(a.x), a.rows_token,
+                                          static_cast<__half*>(a.xs), a.d);
   mark(2);
   GemmParams g1{}, g2{};
-  bool ok = (a.xs ? map_f16(&g1.a[0], a.xs, a.d, pairs, kBM) : map_f16(&g1.a[0], a.x, a.d, a.T, 1)) &&
-            map_f16(&g1.a[1], a.x, a.d, a.T, kBM) && map_f16(&g2.a[0], a.h, a.dexp, pairs + a.T, kBM);
+  bool ok = map_f16(&g1.a[0], a.xs, a.d, pairs, kBM) && map_f16(&g1.a[1], a.x, a.d, a.T, kBM) &&
+            map_f16(&g2.a[0], a.h, a.dexp, pairs + a.T, kBM);
   for (int g = 0; ok && g < G; ++g) {
     ok = map_f16(&g1.b[g], a.w_gate[g], a.dexp, a.d, kBK) &&
          map_f16(&g1.b[kMaxGroups + g], a.w_up[g], a.dexp, a.d, kBK) &&
@@ -107,7 +106,6 @@ const char* moe_run(const MoeArgs& a, cudaStream_t stream, cudaEvent_t* events) 
   if (!ok) return "moe cuda: cuTensorMapEncodeTiled failed (driver entry point missing or misaligned weights)";
   g1.meta = g2.meta = a.meta;
   g1.groups = g2.groups = G;
-  g1.a_rows = a.xs ? nullptr : a.rows_token;
   g1.out = static_cast<__half*>(a.h);
   g1.n_out = a.dexp;
   g1.n_tiles = a.dexp / 128;

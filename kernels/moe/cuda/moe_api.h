@@ -18,7 +18,7 @@ struct MoeArgs {
   int* meta;          // [2 * (E + 2)]: group row offsets, then m-tile offsets
   int* rows_token;    // [T*K] token of each expert-sorted (token, slot) pair
   int* rows_pair;     // [T*K] its pair index t*K + k (the row of Y it lands in)
-  void* xs;           // fp16 [T*K][d]: the routed rows gathered in expert order (null: GEMM 1 gathers by TMA)
+  void* xs;           // fp16 [T*K][d]: the routed rows gathered in expert order
   void* h;            // fp16 [T*K + T][dexp]: silu(gate) * up, routed rows then the shared expert's
   void* y;            // fp16 [T*K + T][d]: expert outputs, pair order, then the shared expert's
   void* out;          // fp16 [T][d], written

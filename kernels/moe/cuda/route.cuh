@@ -1,7 +1,7 @@
 // The MoE layer's data movement around the two grouped GEMMs, all on the device (no host synchronisation):
 //   route_kernel    sort the (token, slot) pairs by expert: counts, offsets, m-tile offsets, the permutation
-//   gather_kernel   copy each routed pair's token row into expert order (GEMM 1's A operand, read by TMA), where
-//                   GEMM 1 does not gather its A rows itself
+//   gather_kernel   copy each routed pair's token row into expert order (GEMM 1's A operand, read by TMA; loading
+//                   one row a TMA box inside GEMM 1 instead made it 4.5x slower, docs/moe-notes.md)
 //   combine_kernel  out[t] = shared(t) + sum_k score[t, k] * expert_k(t), summed in fp32 in slot order, rounded once
 #pragma once
 #include <cstdint>
@@ -21,15 +21,27 @@ __global__ void __launch_bounds__(kRouteThreads) route_kernel(const int64_t* __r
                                                               int E, int* __restrict__ meta,
                                                               int* __restrict__ rows_token,
                                                               int* __restrict__ rows_pair) {
-  constexpr int kWarps = kRouteThreads / 32;
+  constexpr int kWarps = kRouteThreads / 32, kBatch = 16;
   __shared__ int cnt[kWarps][kMaxGroups];  // per warp, per expert: count, then the warp's first row of the expert
   const int pairs = T * K, G = E + 1, warp = threadIdx.x / 32;
   for (int i = threadIdx.x; i < kWarps * kMaxGroups; i += blockDim.x) (&cnt[0][0])[i] = 0;
   __syncthreads();
-  for (int i = threadIdx.x; i < pairs; i += blockDim.x) {
-    const int e = static_cast<int>(experts[i]);
-    if (e >= 0 && e < E) atomicAdd(&cnt[warp][e], 1);
-  }
+  // One block streams every pair twice: kBatch independent loads in flight per thread before their atomics, or the
+  // passes are a chain of global-memory latencies (87 us at 32768 pairs with one load at a time).
+  auto for_pairs = [&](auto&& visit) {
+    for (int base = 0; base < pairs; base += kBatch * kRouteThreads) {
+      int e[kBatch];
+#pragma unroll
+      for (int j = 0; j < kBatch; ++j) {
+        const int i = base + j * kRouteThreads + threadIdx.x;
+        e[j] = i < pairs ? static_cast<int>(experts[i]) : -1;
+      }
+#pragma unroll
+      for (int j = 0; j < kBatch; ++j)
+        if (e[j] >= 0 && e[j] < E) visit(base + j * kRouteThreads + threadIdx.x, e[j]);
+    }
+  };
+  for_pairs([&](int, int e) { atomicAdd(&cnt[warp][e], 1); });
   __syncthreads();
   if (threadIdx.x == 0) {
     int row = 0, mtile = 0;
@@ -52,13 +64,11 @@ __global__ void __launch_bounds__(kRouteThreads) route_kernel(const int64_t* __r
     meta[2 * G + 1] = mtile;
   }
   __syncthreads();
-  for (int i = threadIdx.x; i < pairs; i += blockDim.x) {
-    const int e = static_cast<int>(experts[i]);
-    if (e < 0 || e >= E) continue;
+  for_pairs([&](int i, int e) {
     const int pos = atomicAdd(&cnt[warp][e], 1);
     rows_token[pos] = i / K;
     rows_pair[pos] = i;
-  }
+  });
 }
 
 // xs[r] = x[rows_token[r]] for the T*K routed rows; one block per row, 16-byte copies. d % 8 == 0.
