@@ -1,0 +1,129 @@
+"""The distributed problems on several GPUs of one host: the CUDA backend against the torch backend (NCCL + cuBLAS)
+and PyTorch's symmetric-memory fused op, and the parts alone, in one process group on the same inputs.
+
+    torchrun --nproc-per-node 2 benchmarks/distributed.py gemm-rs     # or ag-gemm, all2all; table on rank 0
+
+Every official benchmark case (world_size replaced by the number of ranks) is checked first on every rank against
+the reference's collective-free ref_kernel_local, then timed at kernel level: on every rank the L2 is flushed, the
+ranks meet at a barrier, CUDA events bracket the call; a run's time is the slowest rank's, the median over runs.
+Columns (us): ours (cuda), torch (the NCCL + cuBLAS backend), fused (torch symmetric memory's
+fused_matmul_reduce_scatter / fused_all_gather_matmul; all2all: NCCL all_to_all_single of the same rows), gemm (the
+local GEMM alone), comm (the collective alone); overlap = max(gemm, comm) / ours. all2all's floor: the bytes one
+rank sends over NVLink (its dispatch and its combine) at 450 GB/s. Rows go to benchmarks/results/<problem>.csv.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
+os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+from kbench import benchlib, problems  # noqa: E402
+
+NVLINK_BPS = 450e9
+
+
+def peers_ops(problem: str, rank: int, ws: int, data, case: dict) -> dict:
+    """The comparison callables of one case on this rank: name -> zero-argument function."""
+    group = dist.group.WORLD.group_name
+    ops = {}
+    if problem == "gemm-rs":
+        a, w, bias = data
+        full = torch.empty((a.shape[0], w.shape[0]), dtype=a.dtype, device=a.device)
+        out = torch.empty((a.shape[0] // ws, w.shape[0]), dtype=a.dtype, device=a.device)
+        ops["gemm"] = lambda: torch.mm(a, w.T, out=full)
+        ops["comm"] = lambda: dist.reduce_scatter_tensor(out, full)
+        ops["fused"] = lambda: torch.ops.symm_mem.fused_matmul_reduce_scatter(a, w.T, "sum", 0, group)
+    elif problem == "ag-gemm":
+        a, w, bias = data
+        gathered = torch.empty((a.shape[0] * ws, a.shape[1]), dtype=a.dtype, device=a.device)
+        ops["gemm"] = lambda: torch.mm(gathered, w.T)
+        ops["comm"] = lambda: dist.all_gather_into_tensor(gathered, a)
+        ops["fused"] = lambda: torch.ops.symm_mem.fused_all_gather_matmul(a, [w.T], 0, group)
+    else:
+        cfg, rank_data, _, _ = data
+        k = cfg.experts_per_token
+        dest = rank_data.indices.reshape(-1).long() // (cfg.num_experts // ws)
+        order = torch.argsort(dest, stable=True)
+        send = torch.bincount(dest, minlength=ws)
+        recv = torch.empty_like(send)
+        dist.all_to_all_single(recv, send)
+        sc, rc = send.tolist(), recv.tolist()
+        rows = rank_data.x[order // k].contiguous()
+        got = rows.new_empty((sum(rc), rows.shape[1]))
+        ops["fused"] = lambda: (dist.all_to_all_single(got, rows, rc, sc), dist.all_to_all_single(rows, got, sc, rc))
+    return ops
+
+
+def floor_us(problem: str, data, ws: int) -> float | None:
+    if problem != "all2all":
+        return None
+    cfg, rank_data, rank, _ = data
+    remote = (rank_data.indices.long() // (cfg.num_experts // ws) != rank).sum().item()
+    return 1e6 * 2 * remote * cfg.hidden_dim * 2 / NVLINK_BPS
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("problem", choices=("all2all", "gemm-rs", "ag-gemm"))
+    ap.add_argument("--runs", type=int, default=20)
+    args = ap.parse_args()
+    rank, ws = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    torch.cuda.set_device(rank)
+    dist.init_process_group("nccl", device_id=torch.device("cuda", rank))
+    os.environ["KBENCH_DEVICE"] = "cuda"
+    ref = problems.load_modules(args.problem).reference
+    ours, theirs = benchlib.build(args.problem, "cuda"), benchlib.build(args.problem, "torch")
+    gpu = torch.cuda.get_device_name()
+    rows, failures = [], []
+    for case in problems.load_spec(args.problem).benchmarks:
+        case = problems.official_case(dict(case, world_size=ws))
+        data = ref.generate_input(**case, rank=rank)
+        expected = ref.ref_kernel_local(rank, **case)
+        for name, mod in (("cuda", ours), ("torch", theirs)):
+            ok, msg = ref.compare(mod.custom_kernel(data), expected)
+            if not ok:
+                failures.append(f"rank {rank} {name} {problems.format_case(case)}: {msg[:200]}")
+        row = {"case": problems.format_case(case), "floor": floor_us(args.problem, data, ws),
+               "cuda": benchlib.rank_time_us(lambda: ours.custom_kernel(data), args.runs),
+               "torch": benchlib.rank_time_us(lambda: theirs.custom_kernel(data), args.runs)}
+        for name, fn in peers_ops(args.problem, rank, ws, data, case).items():
+            try:
+                row[name] = benchlib.rank_time_us(fn, args.runs)
+            except Exception as exc:  # noqa: BLE001 - a peer this torch lacks: no column
+                if rank == 0:
+                    print(f"{name}: {type(exc).__name__}: {str(exc)[:160]}", flush=True)
+                row[name] = None
+        if row.get("gemm") and row.get("comm"):
+            row["overlap"] = max(row["gemm"], row["comm"]) / row["cuda"]
+        rows.append(row)
+        del data, expected
+    gathered = [None] * ws
+    dist.all_gather_object(gathered, failures)
+    if rank == 0:
+        failures = [f for fs in gathered for f in fs]
+        names = ["cuda", "torch", "fused", "gemm", "comm"]
+        results = [benchlib.Row(gpu, ws, n, "kernel", r["case"], r[n]) for r in rows for n in names if r.get(n)]
+        results += [benchlib.Row(gpu, ws, n, "kernel", "geomean", benchlib.geomean(r.get(n) for r in rows))
+                    for n in names if benchlib.geomean(r.get(n) for r in rows)]
+        benchlib.record(args.problem, results)
+        cols = ["floor", "cuda", "torch", "fused", "gemm", "comm"]
+        ratio = lambda x: None if x is None else f"{x:.2f}"  # noqa: E731
+        benchlib.table(f"{args.problem} on {ws}x {gpu} (us, kernel level: events on every rank, slowest rank, "
+                       f"median); failures: {len(failures)}", ["case"] + cols + ["overlap"],
+                       [[r["case"]] + [r.get(c) for c in cols] + [ratio(r.get("overlap"))] for r in rows] +
+                       [["geomean"] + [benchlib.geomean(r.get(c) for r in rows) for c in cols] + [None]])
+        for f in failures[:10]:
+            print("  FAIL " + f)
+    dist.barrier()
+    dist.destroy_process_group()
+    sys.exit(1 if failures else 0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,37 @@
+// Flags between GPUs of one host for the distributed backends: epoch-stamped uint32 flags in symmetric memory
+// (torch.distributed's symmetric memory maps every rank's buffer into every rank's address space). A rank announces
+// "my data for you is complete" by storing the call's epoch into the receiver's flag for it (release, system
+// scope); the receiver spins until the flag holds that epoch (acquire). Epochs only grow, so flags are never reset.
+#pragma once
+#include <cstdint>
+
+#include "sm90.cuh"
+
+namespace kb {
+
+constexpr int kMaxRanks = 8;
+
+struct PeerPtrs {
+  uint64_t p[kMaxRanks];  // rank r's buffer, mapped into this process
+};
+
+// Lane i < count stores `epoch` at word `word` of peers.p[i]'s buffer (whatever that rank waits on). Launched after
+// the work whose results the flag announces, on the same stream.
+__global__ void signal_peers_kernel(PeerPtrs peers, int count, int word, uint32_t epoch) {
+  const int i = threadIdx.x;
+  if (i < count) {
+    __threadfence_system();
+    sm90::st_release_sys(reinterpret_cast<uint32_t*>(peers.p[i]) + word, epoch);
+  }
+}
+
+// Lane i < count spins until flags[first + i] == epoch; the kernels after it on the stream see what the flags
+// announced.
+__global__ void wait_flags_kernel(const uint32_t* flags, int first, int count, uint32_t epoch) {
+  const int i = threadIdx.x;
+  if (i < count) sm90::wait_flag_sys(flags + first + i, epoch);
+  __syncthreads();
+  __threadfence_system();
+}
+
+}  // namespace kb

@@ -1,0 +1,33 @@
+// The torch-facing wrappers of peer_ops.h, included by the distributed backends' binding.cpp (one definition each).
+#pragma once
+#include <c10/cuda/CUDAStream.h>
+#include <torch/extension.h>
+
+#include <vector>
+
+#include "peer_ops.h"
+
+namespace kbpeer {
+
+inline std::vector<uint64_t> addresses(const std::vector<int64_t>& v) {
+  TORCH_CHECK(!v.empty() && v.size() <= 8, "1 to 8 peer addresses");
+  return std::vector<uint64_t>(v.begin(), v.end());
+}
+
+inline void check(const char* err) { TORCH_CHECK(err == nullptr, err ? err : ""); }
+
+}  // namespace kbpeer
+
+// Store `epoch` at word `word` of each peer buffer, on the current stream after its earlier work.
+void signal_peers(std::vector<int64_t> peers, int64_t word, int64_t epoch) {
+  const auto p = kbpeer::addresses(peers);
+  kbpeer::check(peer_signal(p.data(), static_cast<int>(p.size()), static_cast<int>(word),
+                            static_cast<uint32_t>(epoch), c10::cuda::getCurrentCUDAStream().stream()));
+}
+
+// Hold the current stream until this rank's flag words [first, first + count) hold `epoch`.
+void wait_flags(int64_t flags, int64_t first, int64_t count, int64_t epoch) {
+  kbpeer::check(peer_wait(reinterpret_cast<const uint32_t*>(flags), static_cast<int>(first),
+                          static_cast<int>(count), static_cast<uint32_t>(epoch),
+                          c10::cuda::getCurrentCUDAStream().stream()));
+}

@@ -1,0 +1,52 @@
+"""gemm-rs CUDA backend entry: GEMM + reduce-scatter with the partial products written straight into their owners'
+symmetric buffers.
+
+data = (A [m, k/ws] bf16, W [n, k/ws] bf16, bias [n] bf16 or None), one shard of k per rank. Output on rank r: rows
+[r*m/ws, (r+1)*m/ws) of sum over ranks of (A W^T + bias), [m/ws, n] bf16. Every rank calls this together.
+
+Large row blocks (m/ws >= CHUNK_ROWS): rank r computes the partial of each owner's rows in turn, its own last, each
+cuBLAS GEMM writing its output straight into the owner's buffer (slot r) over NVLink while the next one computes;
+a flag per chunk tells the owner. The owner sums its ws slots in rank order (fp32, one rounding): deterministic.
+Small ones: one GEMM of all m rows into this rank's own buffer (chunking would read W ws times), a flag to every
+peer, and the owner pulls its rows from every rank's buffer while it sums. Buffers alternate by call parity, and
+a rank reuses one only after the flags of the call between prove its readers are done (notes: gemm-rs).
+`ext` is the load_inline module the template defines above this code.
+"""
+import torch
+import torch.distributed as dist
+
+import symm
+from task import input_t, output_t
+
+CHUNK_ROWS = 1024  # rows per owner from which a GEMM per owner beats one GEMM + pulling (W read once per chunk)
+_calls = [0]
+
+
+def custom_kernel(data: input_t) -> output_t:
+    a, w, bias = data
+    ws, rank = dist.get_world_size(), dist.get_rank()
+    m, n = a.shape[0], w.shape[0]
+    rows = m // ws
+    _calls[0] += 1
+    epoch, parity = _calls[0], _calls[0] % 2
+    region = m * n * 2                        # bytes of one parity's region: ws slots of [rows, n], or one [m, n]
+    _, peers = symm.buffer(symm.FLAG_BYTES + 2 * region, a.device)
+    base = symm.FLAG_BYTES + parity * region
+    dev, wt = a.device, w.T
+
+    def gemm(src, out):
+        return torch.mm(src, wt, out=out) if bias is None else torch.addmm(bias, src, wt, out=out)
+
+    out = torch.empty((rows, n), dtype=a.dtype, device=dev)
+    if rows >= CHUNK_ROWS:
+        for i in range(1, ws + 1):            # owners r+1, r+2, ..., r: this rank's own block last
+            dst = (rank + i) % ws
+            gemm(a[dst * rows:(dst + 1) * rows], symm.view(dev, dst, base + rank * rows * n * 2, (rows, n), a.dtype))
+            ext.signal_peers([peers[dst]], rank, epoch)  # noqa: F821 (ext: template)
+        slots = [peers[rank] + base + s * rows * n * 2 for s in range(ws)]
+    else:
+        gemm(a, symm.view(dev, rank, base, (m, n), a.dtype))
+        ext.signal_peers(peers, rank, epoch)  # noqa: F821
+        slots = [peers[s] + base + rank * rows * n * 2 for s in range(ws)]
+    ext.sum_rows(out, slots, symm.flags_address(dev), epoch)  # noqa: F821
+    return out

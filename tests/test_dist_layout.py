@@ -1,0 +1,45 @@
+"""CPU tier: the host-side layout of the distributed CUDA backends' symmetric buffers (kernels/all2all/cuda/layout.py)
+and the flag words every backend uses, for every official shape at world sizes 2, 4 and 8."""
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+from kbench import problems
+
+KERNELS = Path(__file__).resolve().parents[1] / "kernels"
+
+
+def _module(path: Path):
+    spec = importlib.util.spec_from_file_location(path.stem + "_under_test", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+LAYOUT = _module(KERNELS / "all2all" / "cuda" / "layout.py")
+
+
+@pytest.mark.parametrize("ws", [1, 2, 4, 8])
+def test_all2all_regions_are_aligned_disjoint_and_large_enough(ws):
+    spec = problems.load_spec("all2all")
+    for case in spec.tests + spec.benchmarks:
+        lay = LAYOUT.layout(ws, case["max_num_tokens"], case["experts_per_token"], case["hidden_dim"])
+        P, H = case["max_num_tokens"] * case["experts_per_token"], case["hidden_dim"]
+        regions = [(lay.off_count, 4 * ws), (lay.off_pair, 4 * ws * P), (lay.off_x, 2 * ws * P * H),
+                   (lay.off_ret, 2 * P * H)]
+        assert lay.P == P and lay.off_count >= LAYOUT.FLAG_BYTES >= 16 * 4      # 16 flag words come first
+        for (start, size), (nxt, _) in zip(regions, regions[1:]):
+            assert start % LAYOUT.ALIGN == 0 and start + size <= nxt
+        assert regions[-1][0] + regions[-1][1] <= lay.nbytes
+        assert lay.nbytes < 320 << 20          # the official shapes fit the first allocation (symm.MIN_BYTES)
+
+
+def test_symm_minimum_covers_the_largest_official_gemm_cases():
+    symm = _module(KERNELS / "_common" / "symm.py")
+    for problem in ("gemm-rs", "ag-gemm"):
+        spec = problems.load_spec(problem)
+        for case in spec.tests + spec.benchmarks:
+            width = case["n"] if problem == "gemm-rs" else case["k"]
+            need = symm.FLAG_BYTES + 2 * case["m"] * width * 2     # two parities of [m, n] (or [m, k]) bf16
+            assert need <= symm.MIN_BYTES, (problem, case)
