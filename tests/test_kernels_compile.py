@@ -56,7 +56,7 @@ def _bindings():
         for backend in generator.list_backends(problem):
             bdir = generator.backend_dir(problem, backend)
             manifest = generator.load_manifest(bdir, str(bdir / "kernel.yml"))
-            out += [(bdir, src) for src in manifest.cpp_sources]
+            out += [(bdir, src, [(bdir / d).resolve() for d in manifest.include_dirs]) for src in manifest.cpp_sources]
     return out
 
 
@@ -64,9 +64,9 @@ BINDINGS = _bindings()
 
 
 @pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not on PATH")
-@pytest.mark.parametrize("bdir,src", BINDINGS or [(None, None)],
-                         ids=[f"{b.parent.name}/{b.name}/{s}" for b, s in BINDINGS] or ["none"])
-def test_binding_compiles_against_torch_headers(bdir, src, tmp_path):
+@pytest.mark.parametrize("bdir,src,dirs", BINDINGS or [(None, None, None)],
+                         ids=[f"{b.parent.name}/{b.name}/{s}" for b, s, _ in BINDINGS] or ["none"])
+def test_binding_compiles_against_torch_headers(bdir, src, dirs, tmp_path):
     """The torch-facing .cpp of every load_inline backend, with its dev entry points, passes g++'s syntax check
     against the installed torch's headers (a CPU torch has the CUDA headers too; one generated header, which only
     a CUDA build of torch writes, is stubbed)."""
@@ -80,7 +80,8 @@ def test_binding_compiles_against_torch_headers(bdir, src, tmp_path):
     stub.mkdir(parents=True)
     (stub / "cuda_cmake_macros.h").write_text("#pragma once\n")
     cuda_home = ext.CUDA_HOME or "/usr/local/cuda"
-    includes = [tmp_path, *ext.include_paths(), Path(cuda_home) / "include", sysconfig.get_paths()["include"], bdir]
+    includes = [tmp_path, *ext.include_paths(), Path(cuda_home) / "include", sysconfig.get_paths()["include"], bdir,
+                *dirs]
     cmd = ["g++", "-std=c++20", "-fsyntax-only", "-DKBENCH_DEV", "-DTORCH_EXTENSION_NAME=kbench_check",
            *(f"-I{d}" for d in includes), str(bdir / src)]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
