@@ -3,7 +3,7 @@
 #   bash benchmarks/gpu_session.sh PART [PART...]      logs and results under $OUT (or ./gpu-out)
 # Parts (one GPU): probe, fp8-check, fp8-perf, moe-check, moe-perf, mla-check, mla-perf, tier (the GPU test tier),
 #   sanitize (compute-sanitizer on small cases of the CUDA backends);
-# several GPUs: dist-check, dist-perf, dist-tier.
+# several GPUs: dist-check, dist-bench (benchmarks/distributed.py), dist-perf (kbench perf), dist-tier.
 # Everything lands in one archive, $OUT/session.tgz (logs/, records/, results/<problem>.csv from KBENCH_RESULTS):
 # unpack it and merge the rows with
 #   python -c "from kbench import benchlib; benchlib.merge('<unpacked>/results', 'benchmarks/results')".
@@ -41,10 +41,12 @@ for part in "$@"; do
   tier) step 600 tier python3 -m pytest -m gpu -q -rs -p no:cacheprovider tests ;;
   sanitize) step 400 sanitize compute-sanitizer --tool memcheck python3 -m pytest -q -x -p no:cacheprovider \
               tests/test_moe_cuda_gpu.py tests/test_mla_cuda_gpu.py -k "synthetic and 7-8 or definition and 3-65" ;;
-  dist-check) step 500 dist_check python3 -m pytest -q -x -p no:cacheprovider tests/test_dist_cuda_gpu.py ;;
+  dist-check) step "${CHECK_S:-500}" dist_check python3 -m pytest -q -x -p no:cacheprovider tests/test_dist_cuda_gpu.py ;;
+  dist-bench) for p in all2all gemm-rs ag-gemm; do
+               step 150 "bench_$p" torchrun --nproc-per-node "$n" benchmarks/distributed.py "$p" --runs "${RUNS:-20}"
+             done ;;
   dist-perf) for p in all2all gemm-rs ag-gemm; do
-               step 300 "bench_$p" torchrun --nproc-per-node "$n" benchmarks/distributed.py "$p"
-               step 300 "perf_$p" kbench perf "$p" --backend cuda --world-size "$n" --json "$W/records/perf_${p}_cuda.json"
+               step 200 "perf_$p" kbench perf "$p" --backend cuda --world-size "$n" --json "$W/records/perf_${p}_cuda.json"
              done ;;
   dist-tier) step 600 dist_tier python3 -m pytest -m gpu -q -rs -p no:cacheprovider tests/test_problems_distributed.py \
                tests/test_torch_backends.py tests/test_evaluator.py tests/test_cli.py ;;
