@@ -23,7 +23,9 @@ from . import generator, problems
 from .evaluator import timing
 
 COLUMNS = ("date", "gpu", "world_size", "backend", "metric", "case", "us")
-METRICS = ("official", "leaderboard", "kernel")
+# official: `kbench perf` benchmark mode; leaderboard: its leaderboard mode; kernel: CUDA events around one call;
+# profiler: one call's device time per kernel from the torch profiler (`kbench profile`), where events cannot split it.
+METRICS = ("official", "leaderboard", "kernel", "profiler")
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -149,8 +151,8 @@ def poison_allocator(nbytes: int = 8 << 30) -> None:
 
 @dataclass(frozen=True)
 class Row:
-    """One measured figure. metric: official (kbench perf, benchmark mode), leaderboard, kernel (CUDA events);
-    case: the official case line, or "geomean"."""
+    """One measured figure. metric: one of METRICS; case: the official case line, or "geomean"; backend: a backend
+    name, a peer's name, or "<backend>/<stage>" for one stage of a backend's call."""
     gpu: str
     world_size: int
     backend: str
@@ -193,11 +195,14 @@ def read(path: Path) -> list[dict]:
         return list(csv.DictReader(f))
 
 
-def merge(src: Path, dst: Path) -> int:
-    """Append the rows of every <src>/<problem>.csv to <dst>/<problem>.csv; returns how many rows moved."""
+def merge(src: Path, dst: Path, rename: Callable[[str], str] | None = None) -> int:
+    """Append the rows of every <src>/<problem>.csv to <dst>/<problem>.csv, backends passed through ``rename``
+    (a session that measured an experiment under the name of the backend); returns how many rows moved."""
     moved = 0
     for path in sorted(Path(src).glob("*.csv")):
         rows = read(path)
+        for r in rows:
+            r["backend"] = rename(r["backend"]) if rename else r["backend"]
         out = Path(dst) / path.name
         new = not out.is_file()
         with open(out, "a", newline="") as f:
@@ -233,3 +238,81 @@ def table(title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> 
     for r in rows:
         t.add_row(*("—" if v is None else f"{v:.1f}" if isinstance(v, float) else str(v) for v in r))
     Console(width=max(100, len(columns) * 12)).print(t)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# README tables: made from the results files, never typed
+
+README_BEGIN = "<!-- results:begin (made by `python benchmarks/readme_tables.py` from benchmarks/results/*.csv) -->"
+README_END = "<!-- results:end -->"
+
+
+def _case_labels(cases: Sequence[str]) -> dict[str, str]:
+    """Short labels: only the keys whose values differ between the cases (the seed only where labels would clash)."""
+    parsed = {c: dict(kv.split(": ", 1) for kv in c.split("; ")) for c in cases if c != "geomean"}
+    keys = [k for c in parsed.values() for k in c]
+    varying = [k for k in dict.fromkeys(keys) if len({c.get(k) for c in parsed.values()}) > 1]
+    labels = {c: "; ".join(f"{k}: {v[k]}" for k in varying if k != "seed" and k in v) for c, v in parsed.items()}
+    if len(set(labels.values())) < len(labels):
+        labels = {c: "; ".join(f"{k}: {v[k]}" for k in varying if k in v) for c, v in parsed.items()}
+    return {**{c: (label or c) for c, label in labels.items()}, "geomean": "**geomean**"}
+
+
+def _markdown(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    return (["| " + " | ".join(header) + " |", "|" + "---|" * len(header)] +
+            ["| " + " | ".join(r) + " |" for r in rows])
+
+
+def results_markdown(folder: Path) -> str:
+    """Markdown tables of every <folder>/<problem>.csv. Per problem and per (metric, GPU, world size): cases x
+    backends, each cell the latest figure (us); "<backend>/<stage>" rows go to a table of stages below it."""
+    order = {m: i for i, m in enumerate(METRICS)}
+    out = []
+    for path in sorted(Path(folder).glob("*.csv")):
+        rows = read(path)
+        labels = _case_labels(list(dict.fromkeys(r["case"] for r in rows)))
+        out.append(f"#### {path.stem}")
+        groups = dict.fromkeys((r["metric"], r["gpu"], r["world_size"]) for r in rows)
+        for metric, gpu, ws in sorted(groups, key=lambda g: (order.get(g[0], 99), g[1], int(g[2]))):
+            sel = [r for r in rows if (r["metric"], r["gpu"], r["world_size"]) == (metric, gpu, ws)]
+            latest = {(r["backend"], r["case"]): r for r in sorted(sel, key=lambda r: r["date"])}
+            cases = list(dict.fromkeys(r["case"] for r in sel if r["case"] != "geomean"))
+            cases += ["geomean"] if any(r["case"] == "geomean" for r in sel) else []
+            backends = list(dict.fromkeys(r["backend"] for r in sel))
+            dates = sorted({r["date"] for r in sel})
+            span = dates[0] if len(dates) == 1 else f"{dates[0]} to {dates[-1]}"
+            out += ["", f"{metric} · {gpu} · world size {ws} · {span} (µs)", ""]
+
+            def cell(b, c):
+                r = latest.get((b, c))
+                return f"{float(r['us']):.1f}" if r else "—"
+
+            whole = [b for b in backends if "/" not in b]
+            if whole:
+                out += _markdown(["case"] + whole, [[labels[c]] + [cell(b, c) for b in whole] for c in cases])
+            stages = [b for b in backends if "/" in b]
+            if stages:
+                owners = list(dict.fromkeys(b.split("/", 1)[0] for b in stages))
+                names = list(dict.fromkeys(b.split("/", 1)[1] for b in stages))
+                out += [""] + _markdown(["stages of", "case"] + names,
+                                        [[o, labels[c]] + [cell(f"{o}/{n}", c) for n in names]
+                                         for o in owners for c in cases
+                                         if any((f"{o}/{n}", c) in latest for n in names)])
+        out.append("")
+    return "\n".join(out).rstrip() + "\n"
+
+
+def update_readme(readme: Path, folder: Path, check: bool = False) -> bool:
+    """Rewrite the README's block between README_BEGIN and README_END from the results; True if it was current.
+    check=True only compares."""
+    text = readme.read_text()
+    head, sep, rest = text.partition(README_BEGIN)
+    body, sep2, tail = rest.partition(README_END)
+    if not sep or not sep2:
+        raise ValueError(f"{readme} lacks the markers {README_BEGIN!r} ... {README_END!r}")
+    fresh = "\n" + results_markdown(folder) + "\n"
+    if body == fresh:
+        return True
+    if not check:
+        readme.write_text(head + README_BEGIN + fresh + README_END + tail)
+    return False

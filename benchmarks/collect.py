@@ -10,7 +10,6 @@ the backend name now stands for (an experiment that was reverted, an earlier ver
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 from pathlib import Path
 
@@ -34,19 +33,8 @@ def main():
     args = ap.parse_args()
     renames = dict(r.split("=", 1) for r in args.rename)
     if args.kind == "rows":
-        for path in sorted(Path(args.path).glob("*.csv")):
-            rows = benchlib.read(path)
-            for r in rows:
-                r["backend"] = renamed(r["backend"], renames)
-            out = RESULTS / path.name
-            new = not out.is_file()
-            with open(out, "a", newline="") as f:
-                w = csv.writer(f)
-                if new:
-                    w.writerow(benchlib.COLUMNS)
-                for r in rows:
-                    w.writerow([r[c] for c in benchlib.COLUMNS])
-            print(f"{path.name}: {len(rows)} rows")
+        moved = benchlib.merge(Path(args.path), RESULTS, rename=lambda b: renamed(b, renames))
+        print(f"{moved} rows into {RESULTS}")
         return
     record = json.loads(Path(args.path).read_text())
     backend = renamed(args.backend or record["environment"].get("backend") or "submission", renames)

@@ -2,7 +2,9 @@
 # One device-machine session: install kbench in place, then run the named parts (several in one call).
 #   bash benchmarks/gpu_session.sh PART [PART...]      logs and results under $OUT (or ./gpu-out)
 # Parts (one GPU): probe, fp8-check, fp8-perf, moe-check, moe-perf, mla-check, mla-perf, tier (the GPU test tier),
+#   profile (kbench profile of the moe and mla-decode cuda backends),
 #   sanitize (compute-sanitizer on small cases of the CUDA backends);
+# Limits: TIER_S, PROFILE_S, SANITIZE_S seconds; TIER_FILES = the test files of the tier, in the order given.
 # several GPUs: dist-check, dist-bench (benchmarks/distributed.py), dist-perf (kbench perf), dist-tier.
 # Everything lands in one archive, $OUT/session.tgz (logs/, records/, results/<problem>.csv from KBENCH_RESULTS):
 # unpack it and merge the rows with
@@ -38,8 +40,11 @@ for part in "$@"; do
   mla-perf) step 400 mla_bench python3 benchmarks/mla_decode.py
             step 300 mla_perf kbench perf mla-decode --backend cuda --json "$W/records/perf_mla-decode_cuda.json"
             step 400 mla_lb kbench perf mla-decode --backend cuda --mode leaderboard --json "$W/records/lb_mla-decode_cuda.json" ;;
-  tier) step 600 tier python3 -m pytest -m gpu -q -rs -p no:cacheprovider tests ;;
-  sanitize) step 400 sanitize compute-sanitizer --tool memcheck python3 -m pytest -q -x -p no:cacheprovider \
+  tier) step "${TIER_S:-600}" tier python3 -m pytest -m gpu -q -rs --durations=15 -p no:cacheprovider ${TIER_FILES:-tests} ;;
+  profile) for p in moe mla-decode; do  # the torch profiler's top kernels of one call per benchmark case
+             step "${PROFILE_S:-120}" "profile_$p" kbench profile "$p" --backend cuda
+           done ;;
+  sanitize) step "${SANITIZE_S:-400}" sanitize compute-sanitizer --tool memcheck python3 -m pytest -q -x -p no:cacheprovider \
               tests/test_moe_cuda_gpu.py tests/test_mla_cuda_gpu.py -k "synthetic and 7-8 or definition and 3-65" ;;
   dist-check) step "${CHECK_S:-500}" dist_check python3 -m pytest -q -x -p no:cacheprovider tests/test_dist_cuda_gpu.py ;;
   dist-bench) for p in all2all gemm-rs ag-gemm; do

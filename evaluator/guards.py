@@ -1,10 +1,14 @@
-"""What the harness checks besides values: the official clone of inputs, tensors reachable from inputs and outputs,
-outputs that alias inputs, bitwise equality (for the work-left-on-a-side-stream check).
+"""What the harness checks and says besides values: the official clone of inputs, tensors reachable from inputs and
+outputs, outputs that alias inputs, bitwise equality (for the work-left-on-a-side-stream check), and the one line
+that describes an exception a submission raised.
 
 Staged into the run directory as ``guards.py`` beside ``harness.py``; the harness sets ``torch`` when it starts.
 """
 from __future__ import annotations
 
+import os
+import sys
+import traceback
 import types
 
 torch = None  # set by harness.main() once torch is imported
@@ -92,3 +96,35 @@ def bitwise_equal(a, b) -> bool:
     if as_int is None or a.is_complex():
         return bool(torch.equal(a, b))
     return bool(torch.equal(a.view(as_int), b.view(as_int)))
+
+
+def describe(exc: BaseException, what: str) -> str:
+    """'custom_kernel raised ValueError: msg (submission.py line 12)' from an exception; the whole traceback goes
+    to the worker's log (the parent shows its tail under the verdict)."""
+    traceback.print_exception(type(exc), exc, exc.__traceback__, file=sys.stderr)
+    sys.stderr.flush()
+    where = ""
+    for frame in reversed(traceback.extract_tb(exc.__traceback__)):
+        if os.path.basename(frame.filename) == "submission.py":
+            where = f" (submission.py line {frame.lineno})"
+            break
+    root, seen = exc, {id(exc)}
+    while root.__cause__ is not None and id(root.__cause__) not in seen:  # raise ... from ...: the compiler's own error
+        root = root.__cause__
+        seen.add(id(root))
+    text = _gist(exc, header_will_do=root is not exc)
+    if root is not exc:
+        text += f" [caused by {type(root).__name__}: {_gist(root)}]"
+    return f"{what} raised {type(exc).__name__}: {text}{where}".rstrip()
+
+
+def _gist(exc: BaseException, header_will_do: bool = False) -> str:
+    """The line of an exception's message that says what went wrong: the first, unless it is only a location header
+    ending in ':' (Triton's CompilationError: 'at 1:0:', the source excerpt, a caret line, then the error, if any):
+    then the last line that is not a caret, or the header itself where a cause will follow it."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip().strip("^~")]
+    if not lines:
+        return ""
+    if not lines[0].endswith(":") or len(lines) == 1 or header_will_do:
+        return lines[0]
+    return lines[-1]

@@ -36,11 +36,11 @@ _perf_ns = time.perf_counter_ns
 
 if __package__:
     from . import guards, timing
-    from .guards import bad_aliases, bitwise_equal, clone, leaves
+    from .guards import bad_aliases, bitwise_equal, clone, describe, leaves
 else:  # staged in the run directory
     import guards
     import timing
-    from guards import bad_aliases, bitwise_equal, clone, leaves
+    from guards import bad_aliases, bitwise_equal, clone, describe, leaves
 
 _should_stop = timing.should_stop
 CASE_MARK = "[kbench] case "
@@ -73,20 +73,6 @@ def parse_line(line: str, intended_bools: bool = False) -> dict:
 def read_case_file(run_dir: str) -> list[str]:
     with open(os.path.join(run_dir, "cases.txt"), encoding="utf-8") as f:
         return [line.rstrip("\n") for line in f if line.strip()]
-
-
-def describe(exc: BaseException, what: str) -> str:
-    """'custom_kernel raised ValueError: msg (submission.py line 12)' from an exception; the whole traceback goes
-    to the worker's log (the parent shows its tail under the verdict)."""
-    traceback.print_exception(type(exc), exc, exc.__traceback__, file=sys.stderr)
-    sys.stderr.flush()
-    where = ""
-    for frame in reversed(traceback.extract_tb(exc.__traceback__)):
-        if os.path.basename(frame.filename) == "submission.py":
-            where = f" (submission.py line {frame.lineno})"
-            break
-    text = str(exc).strip().splitlines()
-    return f"{what} raised {type(exc).__name__}: {text[0] if text else ''}{where}".rstrip()
 
 
 def _noop(*_a, **_k):

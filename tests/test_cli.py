@@ -589,12 +589,12 @@ def test_ceilings_cache_measures_once_per_model(tmp_path, monkeypatch):
     assert wider.bf16_flops == refreshed.bf16_flops and ceilings.load_cached(first.gpu) == wider
 
 
-def _render(record, **kw) -> str:
+def _render(record, width=200, **kw) -> str:
     from rich.console import Console
 
     from kbench.evaluator import report
 
-    console = Console(record=True, width=200, color_system=None)
+    console = Console(record=True, width=width, color_system=None)
     report.print_report(record, console, **kw)
     return console.export_text()
 
@@ -614,6 +614,16 @@ def test_report_table_sol_score_and_failures():
     text = _render(ok)
     assert "CPU" in text.splitlines()[0] and "% SOL" not in text
     assert "score (geomean of means) (CPU): 2 µs" in text
+
+
+def test_report_reads_at_80_columns():
+    """A pipe is 80 columns: no line is longer, and no figure is broken across lines (the case text folds)."""
+    results = [make_result(i, c, mean=31.2e3 * (i + 1)) for i, c in enumerate(CASES)]
+    text = _render(make_record(results), width=80, sol={0: 50.0, 1: 12.5, 2: 3.0})
+    lines = text.splitlines()
+    assert max(len(ln) for ln in lines) <= 80
+    assert "31.2 µs ± 93.6 ns" in text and "62.4 µs" in text and "50.0%" in text
+    assert "best" not in text.split("\n", 3)[2]  # best and worst stay in --json when narrow
 
 
 def test_report_comparison_warns_across_gpu_models():

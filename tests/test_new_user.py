@@ -231,3 +231,27 @@ def test_compare_marks_noise_and_warns_about_differences(tmp_path):
     cmp = results_io.compare(old, rec("leaderboard", [990.0, 500.0], [10.0, 10.0], "H200"))
     assert cmp.noise == {0}                         # 10 ns apart with 10 ns errors: noise; 2x: a real speedup
     assert any("leaderboard mode" in w for w in cmp.warnings) and any("H100" in w for w in cmp.warnings)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# 7. messages that help: a compiler's error, not only its header
+
+def test_a_compile_error_shows_its_cause():
+    from kbench.evaluator import guards
+
+    class CompilationError(Exception):  # Triton's: a location header, the source excerpt, then (maybe) the error
+        pass
+
+    try:
+        try:
+            raise RuntimeError("type fp8e4b8 not supported in this architecture.\nThe supported fp8 dtypes are ...")
+        except RuntimeError as cause:
+            raise CompilationError("at 1:0:\ndef kernel(a_ptr):\n^") from cause
+    except CompilationError as exc:
+        line = guards.describe(exc, "custom_kernel")
+    assert line == ("custom_kernel raised CompilationError: at 1:0: [caused by RuntimeError: type fp8e4b8 not "
+                    "supported in this architecture.]"), line
+    try:
+        raise CompilationError("at 3:4:\n  x = tl.load(p)\n  ^\nunsupported pointer type")
+    except CompilationError as exc:
+        assert guards.describe(exc, "custom_kernel").endswith(": unsupported pointer type")

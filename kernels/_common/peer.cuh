@@ -1,7 +1,8 @@
 // Flags between GPUs of one host for the distributed backends: epoch-stamped uint32 flags in symmetric memory
 // (torch.distributed's symmetric memory maps every rank's buffer into every rank's address space). A rank announces
 // "my data for you is complete" by storing the call's epoch into the receiver's flag for it (release, system
-// scope); the receiver spins until the flag holds that epoch (acquire). Epochs only grow, so flags are never reset.
+// scope); the receiver spins until the flag has reached that epoch (acquire). Epochs only grow, so flags are never
+// reset, and a sender is at most one epoch ahead of a receiver that has not yet read its flag.
 #pragma once
 #include <cstdint>
 
@@ -25,7 +26,7 @@ __global__ void signal_peers_kernel(PeerPtrs peers, int count, int word, uint32_
   }
 }
 
-// Lane i < count spins until flags[first + i] == epoch; the kernels after it on the stream see what the flags
+// Lane i < count spins until flags[first + i] has reached epoch; the kernels after it on the stream see what the flags
 // announced.
 __global__ void wait_flags_kernel(const uint32_t* flags, int first, int count, uint32_t epoch) {
   const int i = threadIdx.x;

@@ -25,7 +25,7 @@ void signal_peers(std::vector<int64_t> peers, int64_t word, int64_t epoch) {
                             static_cast<uint32_t>(epoch), c10::cuda::getCurrentCUDAStream().stream()));
 }
 
-// Hold the current stream until this rank's flag words [first, first + count) hold `epoch`.
+// Hold the current stream until this rank's flag words [first, first + count) reach `epoch`.
 void wait_flags(int64_t flags, int64_t first, int64_t count, int64_t epoch) {
   kbpeer::check(peer_wait(reinterpret_cast<const uint32_t*>(flags), static_cast<int>(first),
                           static_cast<int>(count), static_cast<uint32_t>(epoch),

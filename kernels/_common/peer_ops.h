@@ -6,9 +6,9 @@
 
 // Store `epoch` at word `word` of each of the `count` buffers `peers` (after the stream's earlier work).
 const char* peer_signal(const uint64_t* peers, int count, int word, uint32_t epoch, cudaStream_t stream);
-// Hold the stream until flags[first .. first + count) all hold `epoch`.
+// Hold the stream until flags[first .. first + count) all reach `epoch`.
 const char* peer_wait(const uint32_t* flags, int first, int count, uint32_t epoch, cudaStream_t stream);
 // out = bf16(sum of the `count` bf16 arrays `srcs`, in that order, fp32 accumulation); first waits for this
-// rank's flags [0, count) to hold `epoch`. elems % 8 == 0.
+// rank's flags [0, count) to reach `epoch`. elems % 8 == 0.
 const char* peer_sum_rows(const uint64_t* srcs, int count, void* out, long long elems, const uint32_t* flags,
                           uint32_t epoch, cudaStream_t stream);

@@ -129,9 +129,11 @@ __device__ __forceinline__ uint32_t ld_acquire_sys(const uint32_t* p) {
   asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
   return v;
 }
-// Spin until *p == v (an epoch written by a peer with st_release_sys).
+// Spin until the epoch at *p (written by one peer with st_release_sys, only ever growing) has reached v. "Reached",
+// not "equals": a fast peer may already have stamped epoch v + 1 (its next call) before this rank reads the word,
+// and its data for epoch v is complete either way. The signed difference keeps this right across a wrap.
 __device__ __forceinline__ void wait_flag_sys(const uint32_t* p, uint32_t v) {
-  while (ld_acquire_sys(p) != v) {
+  while (static_cast<int32_t>(ld_acquire_sys(p) - v) < 0) {
   }
 }
 

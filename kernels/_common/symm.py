@@ -53,6 +53,18 @@ def buffer(nbytes: int, device: torch.device):
     return have[0], have[2]
 
 
+def half(nbytes: int, parity: int, device: torch.device) -> tuple[int, list]:
+    """(byte offset of half `parity` of this process's buffer, the peers' addresses), each half at least nbytes.
+
+    Calls alternate halves by parity. The halves are fixed for the buffer's life whatever each call needs, so a
+    call writing its half never touches the other half, which a peer may still be reading from the call before
+    (a case with a smaller size would otherwise place its region over the previous call's)."""
+    need = -(-nbytes // 256) * 256
+    t, peers = buffer(2 * need, device)
+    size = (t.numel() - FLAG_BYTES) // 2 // 256 * 256
+    return FLAG_BYTES + parity * size, peers
+
+
 def view(device: torch.device, rank: int, offset: int, shape: tuple, dtype: torch.dtype) -> torch.Tensor:
     """A tensor over rank `rank`'s buffer (this process's mapping of it) at byte `offset` (after the flags):
     writes go straight to that GPU (over NVLink for a peer), as a kernel or a copy engine performs them."""

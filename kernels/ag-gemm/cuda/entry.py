@@ -8,7 +8,7 @@ engine over NVLink, the next peer first) and flags it; meanwhile the GEMM of the
 then each peer's rows, in the order they arrive, each GEMM waiting on its flag (a one-thread kernel, no host wait).
 Small shards: push the shard to every rank (this one included), flag, wait for all, one GEMM over the gathered A.
 Buffers alternate by call parity; a push waits for this rank's previous call, whose flags prove the peers are done
-with the buffer it overwrites (notes: ag-gemm). `ext` is the load_inline module the template defines above.
+with the buffer it overwrites (docs/distributed-notes.md). `ext` is the load_inline module the template defines above.
 """
 import torch
 import torch.distributed as dist
@@ -28,9 +28,7 @@ def custom_kernel(data: input_t) -> output_t:
     m = rows * ws
     _calls[0] += 1
     epoch, parity = _calls[0], _calls[0] % 2
-    region = m * k * 2                        # one parity's gathered A: ws slots of [rows, k]
-    _, peers = symm.buffer(symm.FLAG_BYTES + 2 * region, a.device)
-    base = symm.FLAG_BYTES + parity * region
+    base, peers = symm.half(m * k * 2, parity, a.device)  # this call's half: the gathered A, ws slots of [rows, k]
     dev, wt = a.device, w.T
     a = a.contiguous()
 

@@ -36,11 +36,14 @@ const char* a2a_run(const A2aArgs& a, cudaStream_t stream) {
     cudaGetDevice(&dev);
     cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
   }
+  // Every launch has at least one block, also for a rank with no tokens: its dispatch must still flag the peers,
+  // and its combine must still wait for theirs (that wait is what lets the next call write into their buffers).
   const int pairs = a.T * a.K;
+  const int dispatch_blocks = pairs < 1 ? 1 : pairs < 2 * sms ? pairs : 2 * sms;
   a2a::plan_kernel<<<1, a2a::kPlanThreads, 0, stream>>>(p);
-  a2a::dispatch_kernel<<<pairs < 2 * sms ? pairs : 2 * sms, a2a::kThreads, 0, stream>>>(p);
+  a2a::dispatch_kernel<<<dispatch_blocks, a2a::kThreads, 0, stream>>>(p);
   a2a::expert_kernel<<<2 * sms, a2a::kThreads, 0, stream>>>(p);
-  a2a::combine_kernel<<<a.T, a2a::kThreads, 0, stream>>>(p);
+  a2a::combine_kernel<<<a.T < 1 ? 1 : a.T, a2a::kThreads, 0, stream>>>(p);
   const cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) {
     static thread_local char msg[256];

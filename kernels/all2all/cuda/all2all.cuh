@@ -9,7 +9,7 @@
 //   combine   waits for every destination's flag; out[t] = sum over the token's experts in ascending id of
 //             fp32(y) * weight, rounded to fp16 after every add (the reference's order and roundings)
 // Buffers are reused across calls: flags carry the call's epoch, and a rank writes into a peer's buffer only after
-// the flags of the previous call prove the peer is done reading it (see all2all notes).
+// the flags of the previous call prove the peer is done reading it (docs/distributed-notes.md).
 #pragma once
 #include <cstdint>
 #include <cuda_fp16.h>
@@ -105,7 +105,7 @@ __global__ void __launch_bounds__(kThreads) dispatch_kernel(const Params p) {
   flag_all_when_last(p, &p.done[0], kDispatchFlag);
 }
 
-// Spins until this rank's flags [word, word + ws) hold the call's epoch (every block, before reading what they guard).
+// Spins until this rank's flags [word, word + ws) reach the call's epoch (every block, before reading what they guard).
 __device__ __forceinline__ void wait_all(const Params& p, int word) {
   if (threadIdx.x < p.ws) kb::sm90::wait_flag_sys(at<uint32_t>(p, p.rank, 0) + word + threadIdx.x, p.epoch);
   __syncthreads();
@@ -145,6 +145,7 @@ __global__ void __launch_bounds__(kThreads) expert_kernel(const Params p) {
 __global__ void __launch_bounds__(kThreads) combine_kernel(const Params p) {
   wait_all(p, kCombineFlag);
   const int t = blockIdx.x;
+  if (t >= p.T) return;  // the one block launched for a rank with no tokens: it only waits
   int order[8];
   float w[8];
   const int K = p.K;

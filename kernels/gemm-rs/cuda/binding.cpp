@@ -5,7 +5,7 @@
 #include "peer_binding.h"
 
 // out [rows, n] bf16 = sum of the bf16 [rows, n] arrays at `srcs` (this rank's or peers' buffers), in that order,
-// fp32 accumulation; waits for this rank's flag words [0, len(srcs)) to hold `epoch` first.
+// fp32 accumulation; waits for this rank's flag words [0, len(srcs)) to reach `epoch` first.
 void sum_rows(torch::Tensor out, std::vector<int64_t> srcs, int64_t flags, int64_t epoch) {
   TORCH_CHECK(out.is_cuda() && out.scalar_type() == at::kBFloat16 && out.is_contiguous(),
               "sum_rows: out must be a contiguous bf16 CUDA tensor");

@@ -9,7 +9,7 @@ cuBLAS GEMM writing its output straight into the owner's buffer (slot r) over NV
 a flag per chunk tells the owner. The owner sums its ws slots in rank order (fp32, one rounding): deterministic.
 Small ones: one GEMM of all m rows into this rank's own buffer (chunking would read W ws times), a flag to every
 peer, and the owner pulls its rows from every rank's buffer while it sums. Buffers alternate by call parity, and
-a rank reuses one only after the flags of the call between prove its readers are done (notes: gemm-rs).
+a rank reuses one only after the flags of the call between prove its readers are done (docs/distributed-notes.md).
 `ext` is the load_inline module the template defines above this code.
 """
 import torch
@@ -29,9 +29,8 @@ def custom_kernel(data: input_t) -> output_t:
     rows = m // ws
     _calls[0] += 1
     epoch, parity = _calls[0], _calls[0] % 2
-    region = m * n * 2                        # bytes of one parity's region: ws slots of [rows, n], or one [m, n]
-    _, peers = symm.buffer(symm.FLAG_BYTES + 2 * region, a.device)
-    base = symm.FLAG_BYTES + parity * region
+    # this call's half of the buffer: ws slots of [rows, n], or one [m, n]
+    base, peers = symm.half(m * n * 2, parity, a.device)
     dev, wt = a.device, w.T
 
     def gemm(src, out):

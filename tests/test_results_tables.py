@@ -1,0 +1,89 @@
+"""Measured results are data: the rows in benchmarks/results/*.csv are well formed, and README's tables are made from
+them (benchlib.results_markdown), never typed."""
+import datetime
+from pathlib import Path
+
+import pytest
+
+from kbench import benchlib, problems
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results"
+
+
+def test_readme_tables_are_made_from_the_results_files():
+    assert benchlib.update_readme(ROOT / "README.md", RESULTS, check=True), \
+        "README's results tables are stale: run `python benchmarks/readme_tables.py`"
+
+
+@pytest.mark.parametrize("path", sorted(RESULTS.glob("*.csv")), ids=lambda p: p.stem)
+def test_every_results_row_is_well_formed(path):
+    assert path.stem in problems.list_problems(), f"{path.name}: not a problem's results file"
+    assert path.read_text().splitlines()[0] == ",".join(benchlib.COLUMNS)
+    keys = set()
+    for c in list(problems.load_spec(path.stem).tests) + list(problems.load_spec(path.stem).benchmarks):
+        keys |= set(problems.official_case(c))
+    for i, row in enumerate(benchlib.read(path), start=2):
+        where = f"{path.name} line {i}"
+        datetime.date.fromisoformat(row["date"])
+        assert row["metric"] in benchlib.METRICS, f"{where}: metric {row['metric']!r}"
+        assert row["gpu"] and row["backend"], where
+        assert int(row["world_size"]) >= 1 and float(row["us"]) > 0, where
+        if row["case"] != "geomean":
+            case_keys = {kv.split(": ", 1)[0] for kv in row["case"].split("; ")}
+            assert case_keys <= keys, f"{where}: case keys {sorted(case_keys - keys)} are not the problem's"
+
+
+def _write(folder: Path, problem: str, rows: list[tuple]) -> None:
+    benchlib.record(problem, [benchlib.Row(*r) for r in rows], folder)
+
+
+def test_tables_show_the_latest_figure_stages_apart_and_short_case_labels(tmp_path):
+    a = "m: 64; n: 128; k: 256; seed: 1"
+    b = "m: 64; n: 128; k: 512; seed: 2"
+    _write(tmp_path, "fp8-mm", [
+        ("H100", 1, "cuda", "kernel", a, 10.0, "2026-01-01"),
+        ("H100", 1, "cuda", "kernel", a, 8.0, "2026-01-02"),      # later: wins
+        ("H100", 1, "cuda", "kernel", b, 20.0, "2026-01-01"),
+        ("H100", 1, "peer", "kernel", b, 30.0, "2026-01-01"),
+        ("H100", 1, "cuda/gemm", "kernel", a, 6.0, "2026-01-02"),
+        ("H100", 1, "cuda", "official", "geomean", 15.0, "2026-01-02"),
+    ])
+    text = benchlib.results_markdown(tmp_path)
+    assert "| k: 256 | 8.0 | — |" in text and "| k: 512 | 20.0 | 30.0 |" in text
+    assert "| stages of | case | gemm |" in text and "| cuda | k: 256 | 6.0 |" in text
+    assert "10.0" not in text
+    assert text.index("official ·") < text.index("kernel ·")  # metrics in METRICS order
+    assert "2026-01-01 to 2026-01-02" in text
+
+
+def test_update_readme_rewrites_only_between_the_markers(tmp_path):
+    _write(tmp_path, "moe", [("H100", 1, "cuda", "official", "geomean", 1.5, "2026-01-01")])
+    readme = tmp_path / "README.md"
+    readme.write_text(f"intro\n{benchlib.README_BEGIN}\nold table\n{benchlib.README_END}\nafter\n")
+    assert not benchlib.update_readme(readme, tmp_path, check=True)
+    assert "old table" in readme.read_text()  # check only compares
+    assert not benchlib.update_readme(readme, tmp_path)
+    text = readme.read_text()
+    assert text.startswith("intro\n") and text.endswith("after\n") and "| **geomean** | 1.5 |" in text
+    assert benchlib.update_readme(readme, tmp_path, check=True)
+    readme.write_text("no markers\n")
+    with pytest.raises(ValueError, match="markers"):
+        benchlib.update_readme(readme, tmp_path)
+
+
+def test_record_refuses_unknown_metrics_and_problems(tmp_path):
+    with pytest.raises(ValueError, match="metric"):
+        _write(tmp_path, "moe", [("H100", 1, "cuda", "speed", "geomean", 1.0, "2026-01-01")])
+    with pytest.raises(Exception):
+        _write(tmp_path, "no-such-problem", [("H100", 1, "cuda", "kernel", "geomean", 1.0, "2026-01-01")])
+
+
+def test_merge_appends_a_sessions_rows_and_renames_backends(tmp_path):
+    src, dst = tmp_path / "session", tmp_path / "results"
+    _write(dst, "moe", [("H100", 1, "torch", "kernel", "geomean", 5.0, "2026-01-01")])
+    _write(src, "moe", [("H100", 1, "cuda", "kernel", "geomean", 2.0, "2026-01-02"),
+                        ("H100", 1, "cuda/gemm1", "kernel", "geomean", 1.0, "2026-01-02")])
+    moved = benchlib.merge(src, dst, rename=lambda b: b.replace("cuda", "cuda-v2"))
+    rows = benchlib.read(dst / "moe.csv")
+    assert moved == 2 and [r["backend"] for r in rows] == ["torch", "cuda-v2", "cuda-v2/gemm1"]
