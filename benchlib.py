@@ -15,9 +15,10 @@ import csv
 import datetime
 import math
 import os
-from dataclasses import astuple, dataclass
+import unittest.mock
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from . import generator, problems
 from .evaluator import timing
@@ -238,6 +239,27 @@ def table(title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> 
     for r in rows:
         t.add_row(*("—" if v is None else f"{v:.1f}" if isinstance(v, float) else str(v) for v in r))
     Console(width=max(100, len(columns) * 12)).print(t)
+
+
+def knobs(settings: Mapping[str, str]):
+    """Set environment knobs for the duration (the KBENCH_* variables a CUDA backend reads on every call,
+    kernels/_common/knobs.h), then restore the environment: how a benchmark times a candidate beside the default."""
+    return unittest.mock.patch.dict(os.environ, settings)
+
+
+def checked_candidates(candidates: Mapping[str, Mapping[str, str]], names: str,
+                       check: Callable[[], list[str]]) -> tuple[list[str], list[str]]:
+    """Run ``check`` (-> failure lines) under the knobs of each candidate named in ``names`` (comma-separated keys
+    of ``candidates``). Returns (the names that passed, to be timed; the failures of the others, "cuda+<name>: ...")."""
+    passed, failures = [], []
+    for name in filter(None, names.split(",")):
+        if name not in candidates:
+            raise SystemExit(f"unknown candidate {name!r}: choose from {', '.join(candidates)}")
+        with knobs(candidates[name]):
+            wrong = check()
+        failures += [f"cuda+{name}: {w}" for w in wrong]
+        passed += [] if wrong else [name]
+    return passed, failures
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # One device-machine session: install kbench in place, then run the named parts (several in one call).
 #   bash benchmarks/gpu_session.sh PART [PART...]      logs and results under $OUT (or ./gpu-out)
-# Parts (one GPU): probe, fp8-check, fp8-perf, moe-check, moe-perf, mla-check, mla-perf, tier (the GPU test tier),
-#   profile (kbench profile of the moe and mla-decode cuda backends),
+# Parts (one GPU): build (compile the CUDA backends in parallel first: saves minutes on a fresh machine), probe,
+#   fp8-check, fp8-perf, moe-check, moe-perf, mla-check, mla-perf (checks, then the benchmark scripts with their
+#   candidates, then kbench perf), tier (the GPU test tier), profile (kbench profile of moe and mla-decode cuda),
 #   sanitize (compute-sanitizer on small cases of the CUDA backends);
 # Limits: TIER_S, PROFILE_S, SANITIZE_S seconds; TIER_FILES = the test files of the tier, in the order given.
 # several GPUs: dist-check, dist-bench (benchmarks/distributed.py), dist-perf (kbench perf), dist-tier.
@@ -28,6 +29,12 @@ nvidia-smi -L; python3 -c "import torch, triton; print('torch', torch.__version_
 n=$(nvidia-smi -L | wc -l)
 for part in "$@"; do
   case "$part" in
+  build) stamp "build: the single-GPU CUDA backends, in parallel, into the extension cache the tests reuse"
+         for spec in fp8-mm:0 moe:0 moe:1 mla-decode:0; do
+           python3 -c "from kbench import benchlib; benchlib.build('${spec%%:*}', 'cuda', dev=bool(${spec##*:}))" \
+             >"$W/logs/build_${spec/:/_}.log" 2>&1 &
+         done
+         wait; grep -l -i "error" "$W"/logs/build_*.log || echo "-- builds done" ;;
   probe) step 300 probe python3 benchmarks/wgmma_layout_probe.py ;;
   fp8-check) step 400 fp8_check python3 -m pytest -q -x -p no:cacheprovider tests/test_fp8_cuda_plans_gpu.py tests/test_fp8_backends_gpu.py -k "not triton" ;;
   fp8-perf) step 500 fp8_bench python3 benchmarks/fp8_mm.py --no-triton

@@ -19,6 +19,9 @@ import torch
 from kbench import benchlib, problems
 
 BF16_FLOPS, HBM_BPS = 790e12, 3.0e12
+# candidate name -> knobs (kernels/mla-decode/cuda/mla_api.h: MlaConfig); predictions in docs/mla-decode-notes.md.
+# Each is checked on every official case, then timed beside the default as "cuda+<name>".
+CANDIDATES = {"splits1": {"KBENCH_MLA_SPLITS": "1"}}
 
 
 def checks(mod, ref) -> list[str]:
@@ -37,7 +40,7 @@ def checks(mod, ref) -> list[str]:
     return failures
 
 
-def time_case(case, cuda_mod, torch_mod, ref, runs) -> dict:
+def time_case(case, cuda_mod, torch_mod, ref, runs, candidates) -> dict:
     roofline = problems.load_spec("mla-decode").roofline
     floor = 1e6 * max(roofline.flops(case) / BF16_FLOPS, roofline.bytes(case) / HBM_BPS)
     timer = benchlib.Timer()
@@ -59,26 +62,38 @@ def time_case(case, cuda_mod, torch_mod, ref, runs) -> dict:
     row["attention"] = timer(lambda: cuda_mod.ext.mla_attention(q, cache.data, kv_len, cos, sin), runs)
     row["attention_GBps"] = bs * kv_len * 576 * 2 / (row["attention"] * 1e-6) / 1e9
     row["projections"] = row["cuda"] - row["attention"]
+    for name in candidates:
+        with benchlib.knobs(CANDIDATES[name]):
+            row[f"cuda+{name}"] = timer(lambda: call(cuda_mod), runs)
+            row[f"cuda+{name}/attention"] = timer(lambda: cuda_mod.ext.mla_attention(q, cache.data, kv_len, cos, sin),
+                                                  runs)
     return row
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=20)
+    ap.add_argument("--candidates", default=",".join(CANDIDATES),
+                    help=f"comma-separated, of {', '.join(CANDIDATES)} ('' for none)")
     args = ap.parse_args()
     gpu = torch.cuda.get_device_name()
     ref = problems.load_modules("mla-decode").reference
     cuda_mod = benchlib.build("mla-decode", "cuda")
     failures = checks(cuda_mod, ref)
+    candidates, wrong = benchlib.checked_candidates(CANDIDATES, args.candidates, lambda: checks(cuda_mod, ref))
+    failures += wrong  # a candidate that fails a check is not timed
     torch_mod = benchlib.build("mla-decode", "torch")
-    rows = [time_case(c, cuda_mod, torch_mod, ref, args.runs) for c in problems.load_spec("mla-decode").benchmarks]
+    rows = [time_case(c, cuda_mod, torch_mod, ref, args.runs, candidates)
+            for c in problems.load_spec("mla-decode").benchmarks]
     names = [("cuda", "cuda"), ("torch", "torch"), ("attention", "cuda/attention"),
-             ("projections", "cuda/projections")]
+             ("projections", "cuda/projections")] + \
+        [(f"cuda+{n}{part}", f"cuda+{n}{part}") for n in candidates for part in ("", "/attention")]
     results = [benchlib.Row(gpu, 1, name, "kernel", r["case"], r[key]) for r in rows for key, name in names]
     results += [benchlib.Row(gpu, 1, name, "kernel", "geomean", benchlib.geomean(r[key] for r in rows))
                 for key, name in names]
     benchlib.record("mla-decode", results)
-    cols = ["floor", "cuda", "cuda_host", "torch", "attention", "attention_GBps", "projections"]
+    cols = ["floor", "cuda", *(f"cuda+{n}" for n in candidates), "cuda_host", "torch", "attention",
+            *(f"cuda+{n}/attention" for n in candidates), "attention_GBps", "projections"]
     benchlib.table(f"mla-decode on {gpu} (us; kernel = CUDA events, L2 flushed; cuda_host = host clock); "
                    f"failures: {len(failures)}", ["case"] + cols,
                    [[r["case"]] + [r[c] for c in cols] for r in rows] +

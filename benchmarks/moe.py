@@ -6,7 +6,9 @@ same inputs; correctness first (official tests and benchmarks), then time.
 Synthetic routings (empty experts, skew, E = 4/8, K = 1) are checked in tests/test_moe_cuda_gpu.py.
 
 Times (us): "kernel" = kbench's CUDA-event timer around one call, L2 flushed, median; the CUDA backend's five
-stages come from events between its launches (a dev entry point). The official protocol's figure (host clock
+stages come from events between its launches (a dev entry point). CANDIDATES are configurations of the same build
+turned on by knobs (kernels/moe/cuda/moe_api.h: MoeConfig): each is checked on every official case, then timed
+beside the default under its own backend name ("cuda+<name>"). The official protocol's figure (host clock
 around the call) is `kbench perf moe --backend cuda`. Floor = max(FLOPs / 790 TF/s fp16, bytes / 3.0 TB/s).
 """
 from __future__ import annotations
@@ -21,6 +23,13 @@ from kbench import benchlib, problems
 
 F16_FLOPS, HBM_BPS = 790e12, 3.0e12
 STAGES = ("route", "gather", "gemm1", "gemm2", "combine")
+# candidate name -> knobs; predictions in docs/moe-notes.md
+CANDIDATES = {
+    "skip-halves": {"KBENCH_MOE_SKIP_EMPTY_HALVES": "1"},
+    "keep-ws": {"KBENCH_MOE_KEEP_WORKSPACES": "1"},
+    "fuse-gather": {"KBENCH_MOE_FUSE_GATHER": "1"},
+    "all": {"KBENCH_MOE_SKIP_EMPTY_HALVES": "1", "KBENCH_MOE_KEEP_WORKSPACES": "1", "KBENCH_MOE_FUSE_GATHER": "1"},
+}
 
 
 def official_checks(mod, ref) -> list[str]:
@@ -43,7 +52,7 @@ def floor_us(case) -> float:
     return 1e6 * max(roofline.flops(case) / F16_FLOPS, roofline.bytes(case) / HBM_BPS)
 
 
-def time_case(case, cuda_mod, torch_mod, runs) -> dict:
+def time_case(case, cuda_mod, torch_mod, runs, candidates) -> dict:
     ref = problems.load_modules("moe").reference
     data = ref.generate_input(**problems.official_case(case))
     x, weights, config = data
@@ -51,6 +60,9 @@ def time_case(case, cuda_mod, torch_mod, runs) -> dict:
     row = {"case": problems.format_case(case), "floor": floor_us(case),
            "cuda": timer(lambda: cuda_mod.custom_kernel(data), runs),
            "cuda_host": benchlib.host_time_us(lambda: cuda_mod.custom_kernel(data), runs)}
+    for name in candidates:
+        with benchlib.knobs(CANDIDATES[name]):
+            row[f"cuda+{name}"] = timer(lambda: cuda_mod.custom_kernel(data), runs)
     torch_mod.MOE_PATH = "loop"
     row["torch"] = timer(lambda: torch_mod.custom_kernel(data), max(3, runs // 5))
     if hasattr(torch, "_grouped_mm"):
@@ -67,29 +79,37 @@ def time_case(case, cuda_mod, torch_mod, runs) -> dict:
     names = [f"experts.{e}" for e in range(config["n_routed_experts"])] + ["shared_experts"]
     args = (x.view(-1, d), experts.view(-1, k), scores.view(-1, k), [weights[f"{n}.0.weight"] for n in names],
             [weights[f"{n}.1.weight"] for n in names], [weights[f"{n}.2.weight"] for n in names])
-    stage_runs = [cuda_mod.ext.moe_forward_staged(*args)[1] for _ in range(runs)]
-    for i, name in enumerate(STAGES):
-        row[name] = benchlib.median([r[i] * 1e3 for r in stage_runs])
+    for prefix, settings in [("", {})] + [(f"cuda+{n}/", CANDIDATES[n]) for n in candidates]:
+        with benchlib.knobs(settings):
+            stage_runs = [cuda_mod.ext.moe_forward_staged(*args)[1] for _ in range(runs)]
+        for i, name in enumerate(STAGES):
+            row[prefix + name] = benchlib.median([r[i] * 1e3 for r in stage_runs])
     return row
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=15)
+    ap.add_argument("--candidates", default=",".join(CANDIDATES),
+                    help=f"comma-separated, of {', '.join(CANDIDATES)} ('' for none)")
     args = ap.parse_args()
     gpu = torch.cuda.get_device_name()
     cuda_mod = benchlib.build("moe", "cuda", dev=True)
-    failures = official_checks(cuda_mod, problems.load_modules("moe").reference)
+    ref = problems.load_modules("moe").reference
+    failures = official_checks(cuda_mod, ref)
+    candidates, wrong = benchlib.checked_candidates(CANDIDATES, args.candidates, lambda: official_checks(cuda_mod, ref))
+    failures += wrong  # a candidate that fails a check is not timed
     torch_mod = benchlib.build("moe", "torch")
-    rows = [time_case(c, cuda_mod, torch_mod, args.runs) for c in problems.load_spec("moe").benchmarks]
+    rows = [time_case(c, cuda_mod, torch_mod, args.runs, candidates) for c in problems.load_spec("moe").benchmarks]
     backends = [("cuda", "cuda"), ("torch", "torch"), ("torch_grouped_bf16", "torch-grouped-bf16")] + \
-        [(s, f"cuda/{s}") for s in STAGES]
+        [(s, f"cuda/{s}") for s in STAGES] + [(f"cuda+{n}", f"cuda+{n}") for n in candidates] + \
+        [(f"cuda+{n}/{s}", f"cuda+{n}/{s}") for n in candidates for s in STAGES]
     results = [benchlib.Row(gpu, 1, name, "kernel", r["case"], r[key]) for r in rows for key, name in backends
                if r.get(key)]
     results += [benchlib.Row(gpu, 1, name, "kernel", "geomean", benchlib.geomean(r.get(key) for r in rows))
                 for key, name in backends if benchlib.geomean(r.get(key) for r in rows)]
     benchlib.record("moe", results)
-    cols = ["floor", "cuda", "cuda_host", "torch", "torch_grouped_bf16", *STAGES]
+    cols = ["floor", "cuda", *(f"cuda+{n}" for n in candidates), "cuda_host", "torch", "torch_grouped_bf16", *STAGES]
     geo = {c: benchlib.geomean(r.get(c) for r in rows) for c in cols}
     benchlib.table(f"moe on {gpu} (us; kernel = CUDA events, L2 flushed; cuda_host = host clock); "
                    f"failures: {len(failures)}", ["case"] + cols + ["cuda / floor"],

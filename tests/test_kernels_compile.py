@@ -30,10 +30,18 @@ def test_cu_compiles_with_nvcc(cu, tmp_path):
     if (backend_dir / "kernel.yml").is_file():  # the same search path kbench gen uses
         manifest = generator.load_manifest(backend_dir, str(backend_dir / "kernel.yml"))
         includes += [(backend_dir / d).resolve() for d in manifest.include_dirs]
-    cmd = ["nvcc", "-std=c++17", "-gencode=arch=compute_90a,code=sm_90a", *(f"-I{d}" for d in includes),
-           "-c", str(cu), "-o", str(tmp_path / "x.o")]
+    cmd = ["nvcc", "-std=c++17", "-gencode=arch=compute_90a,code=sm_90a", "-Xptxas", "-v",
+           *(f"-I{d}" for d in includes), "-c", str(cu), "-o", str(tmp_path / "x.o")]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, f"{' '.join(cmd)}\n{r.stderr[-4000:]}"
+    # What ptxas reports only as "info": wgmma serialized or waits injected (C7510-C7520), setmaxnreg ignored
+    # (C7508), registers spilled to local memory. Each silently costs a Hopper kernel much of its speed.
+    notes = sorted({m.group(0) for m in PTXAS_COSTLY.finditer(r.stdout + r.stderr)})
+    assert not notes, f"{cu.name}: ptxas reports costs: {notes}"
+
+
+# ptxas's performance notes, and a non-zero spill count
+PTXAS_COSTLY = re.compile(r"\((C75(?:0[89]|1\d|20))\)|([1-9]\d* bytes spill (?:stores|loads))")
 
 
 @pytest.mark.parametrize("path", DEVICE_FILES or [None], ids=_ids(DEVICE_FILES) or ["none"])

@@ -39,10 +39,18 @@ ROUTINGS = [(1, 4, 4, None), (7, 8, 2, None), (300, 8, 4, 4), (1000, 32, 4, None
             (2048, 32, 4, 6), (129, 64, 8, None)]
 
 
+# the shipped configuration, and the candidates' knobs (kernels/moe/cuda/moe_api.h: MoeConfig) all on
+KNOBS = [{}, {"KBENCH_MOE_SKIP_EMPTY_HALVES": "1", "KBENCH_MOE_KEEP_WORKSPACES": "1", "KBENCH_MOE_FUSE_GATHER": "1"}]
+
+
 @pytest.mark.gpu
+@pytest.mark.parametrize("knobs", KNOBS, ids=["default", "candidates"])
 @pytest.mark.parametrize("tokens,n_experts,k,skew", ROUTINGS)
-def test_synthetic_routings_match_the_definition(moe, tokens, n_experts, k, skew):
+def test_synthetic_routings_match_the_definition(moe, tokens, n_experts, k, skew, knobs, monkeypatch):
     import torch
+
+    for name, value in knobs.items():
+        monkeypatch.setenv(name, value)
 
     gen = torch.Generator(device="cuda")
     gen.manual_seed(tokens + n_experts)

@@ -18,7 +18,7 @@ struct PeerPtrs {
 
 // Lane i < count stores `epoch` at word `word` of peers.p[i]'s buffer (whatever that rank waits on). Launched after
 // the work whose results the flag announces, on the same stream.
-__global__ void signal_peers_kernel(PeerPtrs peers, int count, int word, uint32_t epoch) {
+__global__ void signal_peers_kernel(const __grid_constant__ PeerPtrs peers, int count, int word, uint32_t epoch) {
   const int i = threadIdx.x;
   if (i < count) {
     __threadfence_system();

@@ -20,7 +20,7 @@ const char* launched(const char* what) {
 
 // out[i] = bf16(sum over s in 0..count-1 of src_s[i]) in fp32, in source order (deterministic); waits first for
 // flags[0 .. count) of this rank to reach `epoch`. 8 elements a thread.
-__global__ void sum_rows_kernel(kb::PeerPtrs srcs, int count, __nv_bfloat16* out, long long n8,
+__global__ void sum_rows_kernel(const __grid_constant__ kb::PeerPtrs srcs, int count, __nv_bfloat16* out, long long n8,
                                 const uint32_t* flags, uint32_t epoch) {
   if (threadIdx.x < count) kb::sm90::wait_flag_sys(flags + threadIdx.x, epoch);
   __syncthreads();

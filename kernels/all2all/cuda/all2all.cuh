@@ -48,7 +48,7 @@ __device__ __forceinline__ T* at(const Params& p, int rank, long long offset) {
   return reinterpret_cast<T*>(p.peers.p[rank] + offset);
 }
 
-__global__ void __launch_bounds__(kPlanThreads) plan_kernel(const Params p) {
+__global__ void __launch_bounds__(kPlanThreads) plan_kernel(const __grid_constant__ Params p) {
   __shared__ int cnt[kPlanThreads][kb::kMaxRanks];
   __shared__ int total[kb::kMaxRanks];
   const int pairs = p.T * p.K, tid = threadIdx.x;
@@ -95,7 +95,7 @@ __device__ __forceinline__ void flag_all_when_last(const Params& p, int* counter
   }
 }
 
-__global__ void __launch_bounds__(kThreads) dispatch_kernel(const Params p) {
+__global__ void __launch_bounds__(kThreads) dispatch_kernel(const __grid_constant__ Params p) {
   const int pairs = p.T * p.K, n16 = p.H / 8;
   for (int i = blockIdx.x; i < pairs; i += gridDim.x) {
     const int d = p.indices[i] / p.experts_per_rank;
@@ -111,7 +111,7 @@ __device__ __forceinline__ void wait_all(const Params& p, int word) {
   __syncthreads();
 }
 
-__global__ void __launch_bounds__(kThreads) expert_kernel(const Params p) {
+__global__ void __launch_bounds__(kThreads) expert_kernel(const __grid_constant__ Params p) {
   wait_all(p, kDispatchFlag);
   __shared__ int first[kb::kMaxRanks + 1];  // item offsets by source: items = all (source, slot) received
   if (threadIdx.x == 0) {
@@ -142,7 +142,7 @@ __global__ void __launch_bounds__(kThreads) expert_kernel(const Params p) {
   flag_all_when_last(p, &p.done[1], kCombineFlag);
 }
 
-__global__ void __launch_bounds__(kThreads) combine_kernel(const Params p) {
+__global__ void __launch_bounds__(kThreads) combine_kernel(const __grid_constant__ Params p) {
   wait_all(p, kCombineFlag);
   const int t = blockIdx.x;
   if (t >= p.T) return;  // the one block launched for a rank with no tokens: it only waits

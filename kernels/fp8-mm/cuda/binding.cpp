@@ -5,32 +5,21 @@
 #include <torch/extension.h>
 
 #include <cstdio>
-#include <cstdlib>
-#include <mutex>
-#include <set>
-#include <tuple>
 
 #include "fp8_gemm_api.h"
+#include "knobs.h"
 
 namespace {
 
 bool is_kmajor(const torch::Tensor& t) { return t.stride(1) == 1 && t.stride(0) == t.size(1); }
 bool is_colmajor(const torch::Tensor& t) { return t.stride(0) == 1 && t.stride(1) == t.size(0); }
 
-// KBENCH_PRINT_CONFIG=1: print the configuration chosen for each new shape to stderr (DeepGEMM's habit).
+// KBENCH_PRINT_CONFIG=1: the configuration chosen for each new shape, once, to stderr (knobs.h).
 void maybe_print(int64_t m, int64_t n, int64_t k, const GemmConfig& c) {
-  static const bool on = [] {
-    const char* v = std::getenv("KBENCH_PRINT_CONFIG");
-    return v && *v && *v != '0';
-  }();
-  if (!on) return;
-  static std::mutex mu;
-  static std::set<std::tuple<int64_t, int64_t, int64_t>> seen;
-  std::lock_guard<std::mutex> lock(mu);
-  if (!seen.insert({m, n, k}).second) return;
-  char buf[160];
-  fp8_gemm_describe(c, buf, sizeof(buf));
-  fprintf(stderr, "fp8_gemm %lldx%lldx%lld: %s\n", (long long)m, (long long)n, (long long)k, buf);
+  char buf[200];
+  const int len = snprintf(buf, sizeof(buf), "fp8_gemm %lldx%lldx%lld: ", (long long)m, (long long)n, (long long)k);
+  fp8_gemm_describe(c, buf + len, static_cast<int>(sizeof(buf)) - len);
+  kb::print_config_once(buf);
 }
 
 // a [m,k], b [n,k] fp8 e4m3fnuz; a_scale [m,k/128], b_scale [ceil(n/128),k/128] fp32; c [m,n] bf16 (written).

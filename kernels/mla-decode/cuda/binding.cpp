@@ -4,6 +4,9 @@
 #include <c10/cuda/CUDAStream.h>
 #include <torch/extension.h>
 
+#include <cstdio>
+
+#include "knobs.h"
 #include "mla_api.h"
 
 // q [bs, 128, 576] bf16 (absorbed q_nope | roped q_rope); cache [bs, max_seq, 576] bf16 holding kv_len rows;
@@ -32,7 +35,12 @@ torch::Tensor mla_attention(torch::Tensor q, torch::Tensor cache, int64_t kv_len
   a.bs = static_cast<int>(bs);
   a.max_seq = static_cast<int>(max_seq);
   a.kv_len = static_cast<int>(kv_len);
-  a.splits = mla_splits(a.bs, a.kv_len, mla_num_sms());
+  const MlaConfig config = mla_config(a.bs, a.kv_len, mla_num_sms());
+  a.splits = config.splits;
+  char line[160];
+  const int len = snprintf(line, sizeof(line), "mla_attention bs=%d kv_len=%d: ", a.bs, a.kv_len);
+  mla_describe(config, line + len, static_cast<int>(sizeof(line)) - len);
+  kb::print_config_once(line);
   torch::Tensor part_o, part_ml;
   if (a.splits > 1) {
     part_o = torch::empty({a.splits, bs, 128, 512}, q.options().dtype(torch::kFloat));

@@ -8,6 +8,7 @@
 #include <mutex>
 
 #include "attention.cuh"
+#include "knobs.h"
 #include "mla_api.h"
 #include "tma_host.h"
 
@@ -26,14 +27,19 @@ int mla_num_sms() {
   return sms[dev & 63];
 }
 
-int mla_splits(int bs, int kv_len, int sms) {
-  // One CTA per (batch row, head group) already fills the GPU at batch 128 (256 CTAs, 1.9 waves of 132); smaller
-  // batches split the cache so that there are about two waves, keeping at least 4 tiles per split.
+MlaConfig mla_config(int bs, int kv_len, int sms) {
+  // Split the cache so that there are about two waves of CTAs, keeping at least 4 tiles per split. At batch 128
+  // this gives 2 splits (512 CTAs) where one (256 CTAs, 1.94 waves of 132) has the same wave efficiency and needs
+  // no combine: KBENCH_MLA_SPLITS=1 is that candidate (docs/mla-decode-notes.md), timed by benchmarks/mla_decode.py.
   const int ctas = 2 * bs, tiles = (kv_len + kTile - 1) / kTile;
   int splits = (2 * sms + ctas - 1) / ctas;
-  splits = std::min(splits, std::max(1, tiles / 4));
-  return std::max(1, splits);
+  splits = std::max(1, std::min(splits, std::max(1, tiles / 4)));
+  const int forced = kb::env_int("KBENCH_MLA_SPLITS", 0);
+  if (forced > 0) splits = std::min(forced, tiles);
+  return MlaConfig{splits};
 }
+
+void mla_describe(const MlaConfig& c, char* buf, int size) { snprintf(buf, size, "MlaConfig{splits=%d}", c.splits); }
 
 const char* mla_run(const MlaArgs& a, cudaStream_t stream) {
   if (a.kv_len < 1 || a.kv_len > a.max_seq || a.max_seq % kTile) return "mla cuda: need 1 <= kv_len <= max_seq, max_seq % 64 == 0";

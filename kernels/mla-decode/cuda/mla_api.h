@@ -18,7 +18,13 @@ struct MlaArgs {
   int splits;           // the cache split over this many CTAs per (batch row, head group); 1: no combine pass
 };
 
+// A named configuration of the attention launch (KBENCH_PRINT_CONFIG=1 prints the one picked for each shape).
+struct MlaConfig {
+  int splits;  // CTAs per (batch row, head group) the cache is split over; > 1 adds the combine pass
+};
+
 int mla_num_sms();
-// The number of kv splits for a shape (fills the GPU when the batch alone cannot).
-int mla_splits(int bs, int kv_len, int sms);
+// The configuration for a shape (splits fill the GPU when the batch alone cannot); KBENCH_MLA_SPLITS=N forces N.
+MlaConfig mla_config(int bs, int kv_len, int sms);
+void mla_describe(const MlaConfig& c, char* buf, int size);
 const char* mla_run(const MlaArgs& args, cudaStream_t stream);

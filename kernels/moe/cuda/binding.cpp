@@ -5,8 +5,13 @@
 #include <c10/cuda/CUDAStream.h>
 #include <torch/extension.h>
 
+#include <cstdio>
+#include <map>
+#include <mutex>
+#include <utility>
 #include <vector>
 
+#include "knobs.h"
 #include "moe_api.h"
 
 namespace {
@@ -17,6 +22,40 @@ void check_weights(const std::vector<torch::Tensor>& ws, int64_t rows, int64_t c
                     w.size(0) == rows && w.size(1) == cols,
                 "moe_forward: every ", what, " weight must be a contiguous fp16 CUDA tensor [", rows, ", ", cols, "]");
   }
+}
+
+struct Workspaces {
+  torch::Tensor meta, rows_token, rows_pair, xs, h, y;
+};
+
+// xs (the gathered rows) only where a gather pass fills it.
+Workspaces make_workspaces(const torch::Tensor& x, int64_t T, int64_t K, int64_t E, int64_t d, int64_t dexp,
+                           bool gather_pass) {
+  const auto i32 = x.options().dtype(torch::kInt);
+  return Workspaces{torch::empty({2 * (E + 2)}, i32), torch::empty({T * K}, i32), torch::empty({T * K}, i32),
+                    torch::empty({gather_pass ? T * K : 0, d}, x.options()),
+                    torch::empty({T * K + T, dexp}, x.options()), torch::empty({T * K + T, d}, x.options())};
+}
+
+// The call's workspaces. keep: the last shape's stay allocated per device and are reused by the next call of the
+// same shape and configuration (stream-ordered on the current stream, so calls on one stream never overlap in them); otherwise new
+// ones from the caching allocator, released when the call returns (the shipped default).
+Workspaces workspaces(const torch::Tensor& x, int64_t T, int64_t K, int64_t E, int64_t d, int64_t dexp,
+                      const MoeConfig& config) {
+  const bool gather_pass = !config.fuse_gather;
+  if (!config.keep_workspaces) return make_workspaces(x, T, K, E, d, dexp, gather_pass);
+  static std::mutex mu;
+  // device -> (shape, workspaces); never destroyed: tensors freed after the CUDA context at exit would fail
+  static auto* kept = new std::map<int, std::pair<std::vector<int64_t>, Workspaces>>();
+  const std::vector<int64_t> shape{T, K, E, d, dexp, gather_pass};
+  std::lock_guard<std::mutex> lock(mu);
+  auto& slot = (*kept)[x.get_device()];
+  if (slot.first != shape) {
+    slot.second = Workspaces{};  // the previous shape's memory goes back to the allocator first
+    slot.second = make_workspaces(x, T, K, E, d, dexp, gather_pass);
+    slot.first = shape;
+  }
+  return slot.second;
 }
 
 }  // namespace
@@ -46,12 +85,13 @@ static torch::Tensor run_moe(torch::Tensor x, torch::Tensor experts, torch::Tens
   experts = experts.contiguous();
   scores = scores.contiguous();
 
-  const auto i32 = x.options().dtype(torch::kInt);
-  torch::Tensor meta = torch::empty({2 * (E + 2)}, i32);
-  torch::Tensor rows_token = torch::empty({T * K}, i32), rows_pair = torch::empty({T * K}, i32);
-  torch::Tensor xs = torch::empty({T * K, d}, x.options());
-  torch::Tensor h = torch::empty({T * K + T, dexp}, x.options());
-  torch::Tensor y = torch::empty({T * K + T, d}, x.options());
+  const MoeConfig config = moe_config(static_cast<int>(T), static_cast<int>(K), static_cast<int>(E));
+  char line[200];
+  const int len = snprintf(line, sizeof(line), "moe_forward T=%lld K=%lld E=%lld: ", (long long)T, (long long)K,
+                           (long long)E);
+  moe_describe(config, line + len, static_cast<int>(sizeof(line)) - len);
+  kb::print_config_once(line);
+  const Workspaces ws = workspaces(x, T, K, E, d, dexp, config);
   torch::Tensor out = torch::empty({T, d}, x.options());
 
   MoeArgs a{};
@@ -68,13 +108,15 @@ static torch::Tensor run_moe(torch::Tensor x, torch::Tensor experts, torch::Tens
   a.E = static_cast<int>(E);
   a.d = static_cast<int>(d);
   a.dexp = static_cast<int>(dexp);
-  a.meta = meta.data_ptr<int>();
-  a.rows_token = rows_token.data_ptr<int>();
-  a.rows_pair = rows_pair.data_ptr<int>();
-  a.xs = xs.data_ptr();
-  a.h = h.data_ptr();
-  a.y = y.data_ptr();
+  a.meta = ws.meta.data_ptr<int>();
+  a.rows_token = ws.rows_token.data_ptr<int>();
+  a.rows_pair = ws.rows_pair.data_ptr<int>();
+  a.xs = ws.xs.data_ptr();
+  a.h = ws.h.data_ptr();
+  a.y = ws.y.data_ptr();
   a.out = out.data_ptr();
+  a.skip_empty_halves = config.skip_empty_halves;
+  a.fuse_gather = config.fuse_gather;
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
   cudaEvent_t events[6];
   if (stage_ms)

@@ -8,6 +8,7 @@
 #include <unordered_map>
 
 #include "grouped_gemm.cuh"
+#include "knobs.h"
 #include "moe_api.h"
 #include "route.cuh"
 #include "tma_host.h"
@@ -81,6 +82,16 @@ const char* moe_supported(int T, int K, int E, int d, int dexp) {
   return nullptr;
 }
 
+MoeConfig moe_config(int, int, int) {
+  return MoeConfig{kb::env_int("KBENCH_MOE_SKIP_EMPTY_HALVES", 0) != 0,
+                   kb::env_int("KBENCH_MOE_KEEP_WORKSPACES", 0) != 0, kb::env_int("KBENCH_MOE_FUSE_GATHER", 0) != 0};
+}
+
+void moe_describe(const MoeConfig& c, char* buf, int size) {
+  snprintf(buf, size, "MoeConfig{skip_empty_halves=%d, keep_workspaces=%d, fuse_gather=%d}", c.skip_empty_halves,
+           c.keep_workspaces, c.fuse_gather);
+}
+
 const char* moe_run(const MoeArgs& a, cudaStream_t stream, cudaEvent_t* events) {
   if (const char* why = moe_supported(a.T, a.K, a.E, a.d, a.dexp)) return why;
   const DeviceInfo& info = device_info();
@@ -92,11 +103,16 @@ const char* moe_run(const MoeArgs& a, cudaStream_t stream, cudaEvent_t* events) 
   mark(0);
   route_kernel<<<1, kRouteThreads, 0, stream>>>(a.experts, a.T, a.K, a.E, a.meta, a.rows_token, a.rows_pair);
   mark(1);
-  gather_kernel<<<pairs, 256, 0, stream>>>(static_cast<const __half*>(a.x), a.rows_token,
-                                          static_cast<__half*>(a.xs), a.d);
-  mark(2);
   GemmParams g1{}, g2{};
-  bool ok = map_f16(&g1.a[0], a.xs, a.d, pairs, kBM) && map_f16(&g1.a[1], a.x, a.d, a.T, kBM) &&
+  if (a.fuse_gather) {  // GEMM 1 reads x's rows itself (grouped_gemm.cuh: produce_gathered)
+    g1.a_src = static_cast<const __half*>(a.x);
+    g1.a_rows = a.rows_token;
+  } else {
+    gather_kernel<<<pairs, 256, 0, stream>>>(static_cast<const __half*>(a.x), a.rows_token,
+                                            static_cast<__half*>(a.xs), a.d);
+  }
+  mark(2);
+  bool ok = (a.fuse_gather || map_f16(&g1.a[0], a.xs, a.d, pairs, kBM)) && map_f16(&g1.a[1], a.x, a.d, a.T, kBM) &&
             map_f16(&g2.a[0], a.h, a.dexp, pairs + a.T, kBM);
   for (int g = 0; ok && g < G; ++g) {
     ok = map_f16(&g1.b[g], a.w_gate[g], a.dexp, a.d, kBK) &&
@@ -116,6 +132,7 @@ const char* moe_run(const MoeArgs& a, cudaStream_t stream, cudaEvent_t* events) 
   g2.n_tiles = a.d / 256;
   g2.k = a.dexp;
   g2.shared_out_row0 = pairs;
+  g1.skip_empty_halves = g2.skip_empty_halves = a.skip_empty_halves;
   grouped_gemm_kernel<true><<<info.sms, kThreads, kSmemBytes, stream>>>(g1);
   mark(3);
   grouped_gemm_kernel<false><<<info.sms, kThreads, kSmemBytes, stream>>>(g2);

@@ -22,7 +22,20 @@ struct MoeArgs {
   void* h;            // fp16 [T*K + T][dexp]: silu(gate) * up, routed rows then the shared expert's
   void* y;            // fp16 [T*K + T][d]: expert outputs, pair order, then the shared expert's
   void* out;          // fp16 [T][d], written
+  int skip_empty_halves;  // MoeConfig::skip_empty_halves
+  int fuse_gather;        // MoeConfig::fuse_gather (xs unused, may be null)
 };
+
+// A named configuration (KBENCH_PRINT_CONFIG=1 prints the one picked for each shape). The defaults are the measured
+// build; the knobs KBENCH_MOE_SKIP_EMPTY_HALVES=1, KBENCH_MOE_KEEP_WORKSPACES=1 and KBENCH_MOE_FUSE_GATHER=1 turn on
+// candidates that benchmarks/moe.py times beside it (docs/moe-notes.md).
+struct MoeConfig {
+  bool skip_empty_halves;  // GEMM consumers with no rows in the last m-tile of a group issue no MMAs
+  bool keep_workspaces;    // the gather, H and Y workspaces stay allocated across calls of one shape
+  bool fuse_gather;        // GEMM 1's producer warpgroup gathers the routed rows by cp.async: no gather pass
+};
+MoeConfig moe_config(int T, int K, int E);
+void moe_describe(const MoeConfig& c, char* buf, int size);
 
 // Checks the shapes the kernels take; nullptr or a one-line reason.
 const char* moe_supported(int T, int K, int E, int d, int dexp);

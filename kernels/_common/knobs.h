@@ -1,0 +1,34 @@
+// Named configurations on the host side, shared by the CUDA backends (no torch, no device code).
+//   KBENCH_PRINT_CONFIG=1   each backend prints the configuration it picks for a new shape, once, to stderr
+//                           (DeepGEMM's habit), e.g. "mla_attention bs=128 kv_len=4097: MlaConfig{splits=2}".
+//   KBENCH_<BACKEND>_<KNOB> tuning knobs the benchmark scripts set to time a candidate beside the default; read on
+//                           every call, so a script can switch them between calls. Unset: the shipped default.
+#pragma once
+#include <cstdio>
+#include <cstdlib>
+#include <mutex>
+#include <set>
+#include <string>
+
+namespace kb {
+
+// The integer value of environment variable `name`, or `fallback` when it is unset, empty or not a number.
+inline int env_int(const char* name, int fallback) {
+  const char* v = std::getenv(name);
+  if (!v || !*v) return fallback;
+  char* end = nullptr;
+  const long x = std::strtol(v, &end, 10);
+  return (end && *end == '\0') ? static_cast<int>(x) : fallback;
+}
+
+// Prints `line` to stderr the first time it is seen, when KBENCH_PRINT_CONFIG asks for it.
+inline void print_config_once(const std::string& line) {
+  static const bool on = env_int("KBENCH_PRINT_CONFIG", 0) != 0;
+  if (!on) return;
+  static std::mutex mu;
+  static std::set<std::string> seen;
+  std::lock_guard<std::mutex> lock(mu);
+  if (seen.insert(line).second) fprintf(stderr, "%s\n", line.c_str());
+}
+
+}  // namespace kb

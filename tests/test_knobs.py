@@ -1,0 +1,67 @@
+"""CPU tier: the named-configuration knobs the CUDA backends share (kernels/_common/knobs.h: env_int,
+print_config_once), compiled with the host compiler and run; and benchlib.knobs, which benchmarks use to time a
+candidate beside the default."""
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from kbench import benchlib
+
+COMMON = Path(__file__).resolve().parent.parent / "kernels" / "_common"
+
+PROGRAM = r"""
+#include <cstdio>
+#include "knobs.h"
+int main() {
+  printf("splits=%d unset=%d junk=%d\n", kb::env_int("KBENCH_T_SPLITS", -1), kb::env_int("KBENCH_T_UNSET", 7),
+         kb::env_int("KBENCH_T_JUNK", 5));
+  kb::print_config_once("moe_forward T=8: MoeConfig{a=1}");
+  kb::print_config_once("moe_forward T=8: MoeConfig{a=1}");
+  kb::print_config_once("moe_forward T=9: MoeConfig{a=1}");
+  return 0;
+}
+"""
+
+
+@pytest.mark.skipif(shutil.which("c++") is None, reason="no host C++ compiler on PATH")
+@pytest.mark.parametrize("printing", [True, False])
+def test_knobs_header(tmp_path, printing):
+    src, exe = tmp_path / "knobs_test.cpp", tmp_path / "knobs_test"
+    src.write_text(PROGRAM)
+    subprocess.run(["c++", "-std=c++17", f"-I{COMMON}", str(src), "-o", str(exe)], check=True)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KBENCH_")}
+    env.update(KBENCH_T_SPLITS="3", KBENCH_T_JUNK="2x", KBENCH_PRINT_CONFIG="1" if printing else "0")
+    run = subprocess.run([str(exe)], env=env, capture_output=True, text=True, check=True)
+    assert run.stdout == "splits=3 unset=7 junk=5\n"
+    expected = "moe_forward T=8: MoeConfig{a=1}\nmoe_forward T=9: MoeConfig{a=1}\n" if printing else ""
+    assert run.stderr == expected  # each configuration once, and nothing unless asked
+
+
+def test_benchlib_knobs_set_and_restore(monkeypatch):
+    monkeypatch.setenv("KBENCH_T_KEEP", "old")
+    monkeypatch.delenv("KBENCH_T_NEW", raising=False)
+    with benchlib.knobs({"KBENCH_T_KEEP": "1", "KBENCH_T_NEW": "2"}):
+        assert os.environ["KBENCH_T_KEEP"] == "1" and os.environ["KBENCH_T_NEW"] == "2"
+    assert os.environ["KBENCH_T_KEEP"] == "old" and "KBENCH_T_NEW" not in os.environ
+    with pytest.raises(RuntimeError):
+        with benchlib.knobs({"KBENCH_T_NEW": "3"}):
+            raise RuntimeError("a failing candidate")
+    assert "KBENCH_T_NEW" not in os.environ
+
+
+def test_candidates_are_checked_under_their_knobs():
+    seen = []
+
+    def check():
+        seen.append(os.environ.get("KBENCH_T_FAST"))
+        return ["case 1: mismatch"] if os.environ.get("KBENCH_T_FAST") == "2" else []
+
+    cands = {"fast": {"KBENCH_T_FAST": "1"}, "wrong": {"KBENCH_T_FAST": "2"}}
+    passed, failures = benchlib.checked_candidates(cands, "fast,wrong", check)
+    assert passed == ["fast"] and failures == ["cuda+wrong: case 1: mismatch"] and seen == ["1", "2"]
+    assert benchlib.checked_candidates(cands, "", check) == ([], [])
+    with pytest.raises(SystemExit, match="unknown candidate 'slow'"):
+        benchlib.checked_candidates(cands, "slow", check)
