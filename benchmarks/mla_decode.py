@@ -21,7 +21,8 @@ from kbench import benchlib, problems
 BF16_FLOPS, HBM_BPS = 790e12, 3.0e12
 # candidate name -> knobs (kernels/mla-decode/cuda/mla_api.h: MlaConfig); predictions in docs/mla-decode-notes.md.
 # Each is checked on every official case, then timed beside the default as "cuda+<name>".
-CANDIDATES = {"splits1": {"KBENCH_MLA_SPLITS": "1"}}
+CANDIDATES = {"splits1": {"KBENCH_MLA_SPLITS": "1"}, "fused-q": {"KBENCH_MLA_FUSED_Q": "1"},
+              "both": {"KBENCH_MLA_SPLITS": "1", "KBENCH_MLA_FUSED_Q": "1"}}
 
 
 def checks(mod, ref) -> list[str]:

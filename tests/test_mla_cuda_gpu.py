@@ -84,3 +84,21 @@ def test_200_reseeded_leaderboard_runs(mla, tmp_path):
     record = _judge(tmp_path, [{"batchsize": 8, "dim": 7168, "dq": 1536, "prefill": 1024, "seed": 7}],
                     mode="leaderboard", protocol={"max_runs": 200, "rel_err_stop": 0.0, "leaderboard_cases": "all"})
     assert record.cases[0].runs == 200
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("bs,pos", [(1, 0), (16, 1024), (128, 6144)])
+def test_fused_q_assembly_is_bitwise_the_torch_path(mla, bs, pos):
+    """The candidate KBENCH_MLA_FUSED_Q=1 builds q_full in one launch; it must equal the torch ops it replaces."""
+    import torch
+
+    gen = torch.Generator(device="cuda")
+    gen.manual_seed(bs + pos)
+    q = torch.randn(bs, 128, 192, generator=gen, device="cuda").bfloat16()
+    qn = torch.randn(128, bs, 512, generator=gen, device="cuda").bfloat16()
+    cos, sin = mla._rope_tables(8192, 64, q.device)
+    c, s = cos[pos].repeat(2), sin[pos].repeat(2)
+    rope = q[..., 128:]
+    expected = torch.cat([qn.transpose(0, 1), rope * c + torch.cat((-rope[..., 32:], rope[..., :32]), -1) * s], -1)
+    benchlib.poison_allocator()
+    assert torch.equal(mla.ext.mla_assemble_q(qn, q, cos, sin, pos), expected)

@@ -52,3 +52,28 @@ torch::Tensor mla_attention(torch::Tensor q, torch::Tensor cache, int64_t kv_len
   TORCH_CHECK(err == nullptr, err ? err : "");
   return out;
 }
+
+// The absorbed query in one launch (candidate KBENCH_MLA_FUSED_Q=1): qn [heads, bs, 512] bf16 (q_nope W_UK per head,
+// the bmm's output), q [bs, heads, 192] bf16 (q_nope | un-rotated q_rope), cos/sin [max_seq, 32] bf16, pos = the
+// decoded row's position. Returns q_full [bs, heads, 576] bf16, what mla_attention takes.
+torch::Tensor mla_assemble_q(torch::Tensor qn, torch::Tensor q, torch::Tensor cos, torch::Tensor sin, int64_t pos) {
+  TORCH_CHECK(qn.is_cuda() && qn.scalar_type() == at::kBFloat16 && qn.is_contiguous() && qn.dim() == 3 &&
+                  qn.size(2) == 512,
+              "mla_assemble_q: qn must be a contiguous bf16 CUDA tensor [heads, bs, 512]");
+  TORCH_CHECK(q.scalar_type() == at::kBFloat16 && q.is_contiguous() && q.dim() == 3 && q.size(0) == qn.size(1) &&
+                  q.size(1) == qn.size(0) && q.size(2) == 192,
+              "mla_assemble_q: q must be a contiguous bf16 tensor [bs, heads, 192]");
+  TORCH_CHECK(cos.scalar_type() == at::kBFloat16 && sin.scalar_type() == at::kBFloat16 && cos.is_contiguous() &&
+                  sin.is_contiguous() && cos.size(1) == 32 && sin.sizes() == cos.sizes() && pos >= 0 &&
+                  pos < cos.size(0),
+              "mla_assemble_q: cos and sin must be contiguous bf16 [max_seq, 32] and 0 <= pos < max_seq");
+  const c10::cuda::CUDAGuard guard(q.device());
+  const int64_t heads = qn.size(0), bs = qn.size(1);
+  torch::Tensor q_full = torch::empty({bs, heads, 576}, q.options());
+  const char* err = mla_assemble_q(qn.data_ptr(), q.data_ptr(), cos.data_ptr(), sin.data_ptr(), q_full.data_ptr(),
+                                   static_cast<int>(bs), static_cast<int>(heads), static_cast<int>(pos),
+                                   c10::cuda::getCurrentCUDAStream().stream());
+  TORCH_CHECK(err == nullptr, err ? err : "");
+  return q_full;
+}
+

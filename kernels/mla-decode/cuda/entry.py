@@ -8,6 +8,8 @@ cos/sin tables built with the reference's own bf16 ops. `ext` is the load_inline
 Tiny problems (under 256 MB of per-head keys and values, e.g. prefill 1 at batch 16) follow the reference's op order
 instead (kernels/mla-decode/_shared/reference_order.py): there its bf16 roundings are as large as the tolerance.
 """
+import os
+
 import torch
 import torch.nn.functional as F
 
@@ -45,12 +47,16 @@ def custom_kernel(data: input_t) -> output_t:
         return F.linear(y.reshape(bs, 1, heads * dv), config.wo_weight), kv_cache.data
     cos, sin = _rope_tables(kv_cache.data.shape[1], rope, x.device)
     w_kvu = config.KV_proj_up_weight.view(heads, nope + dv, lora)
-    q_full = torch.empty((bs, heads, lora + rope), dtype=x.dtype, device=x.device)
-    q_full[..., :lora] = torch.bmm(q[..., :nope].transpose(0, 1), w_kvu[:, :nope]).transpose(0, 1)
-    # q's RoPE at position kv_len - 1, as the reference computes it: x * cos + rotate_half(x) * sin in bf16
-    c, s = cos[kv_len - 1].repeat(2), sin[kv_len - 1].repeat(2)
-    q_rope = q[..., nope:]
-    q_full[..., lora:] = q_rope * c + torch.cat((-q_rope[..., rope // 2:], q_rope[..., :rope // 2]), dim=-1) * s
+    q_nope_absorbed = torch.bmm(q[..., :nope].transpose(0, 1), w_kvu[:, :nope])          # [H, bs, lora]
+    if os.environ.get("KBENCH_MLA_FUSED_Q") == "1":  # candidate: one launch (docs/mla-decode-notes.md)
+        q_full = ext.mla_assemble_q(q_nope_absorbed, q, cos, sin, kv_len - 1)  # noqa: F821 (ext: template)
+    else:
+        q_full = torch.empty((bs, heads, lora + rope), dtype=x.dtype, device=x.device)
+        q_full[..., :lora] = q_nope_absorbed.transpose(0, 1)
+        # q's RoPE at position kv_len - 1, as the reference computes it: x * cos + rotate_half(x) * sin in bf16
+        c, s = cos[kv_len - 1].repeat(2), sin[kv_len - 1].repeat(2)
+        q_rope = q[..., nope:]
+        q_full[..., lora:] = q_rope * c + torch.cat((-q_rope[..., rope // 2:], q_rope[..., :rope // 2]), dim=-1) * s
     o_latent = ext.mla_attention(q_full, kv_cache.data, kv_len, cos, sin)  # noqa: F821 (ext: template) [bs, H, lora]
     y = torch.bmm(o_latent.transpose(0, 1), w_kvu[:, nope:].transpose(1, 2))  # [H, bs, v]
     out = F.linear(y.transpose(0, 1).reshape(bs, 1, heads * dv), config.wo_weight)

@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <mutex>
 
+#include "assemble_q.cuh"
 #include "attention.cuh"
 #include "knobs.h"
 #include "mla_api.h"
@@ -73,6 +74,22 @@ const char* mla_run(const MlaArgs& a, cudaStream_t stream) {
   if (err != cudaSuccess) {
     static thread_local char msg[256];
     snprintf(msg, sizeof(msg), "mla cuda: launch failed: %s", cudaGetErrorString(err));
+    return msg;
+  }
+  return nullptr;
+}
+
+const char* mla_assemble_q(const void* qn, const void* q, const void* cos_tab, const void* sin_tab, void* q_full,
+                           int bs, int heads, int pos, cudaStream_t stream) {
+  const long long threads = static_cast<long long>(bs) * heads * 72;
+  assemble_q_kernel<<<static_cast<int>((threads + kAssembleThreads - 1) / kAssembleThreads), kAssembleThreads, 0,
+                      stream>>>(static_cast<const __nv_bfloat16*>(qn), static_cast<const __nv_bfloat16*>(q),
+                                static_cast<const __nv_bfloat16*>(cos_tab), static_cast<const __nv_bfloat16*>(sin_tab),
+                                static_cast<__nv_bfloat16*>(q_full), bs, heads, pos);
+  const cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess) {
+    static thread_local char msg[256];
+    snprintf(msg, sizeof(msg), "mla_assemble_q: launch failed: %s", cudaGetErrorString(err));
     return msg;
   }
   return nullptr;

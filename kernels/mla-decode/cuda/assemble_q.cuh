@@ -1,0 +1,57 @@
+// The absorbed query of one decode step in one launch, in place of ~10 small torch ops (a candidate,
+// KBENCH_MLA_FUSED_Q=1; docs/mla-decode-notes.md): q_full[b][h] = (q_nope W_UK)[h][b] (512) | RoPE(q_rope[b][h]) (64).
+// RoPE with the reference's bf16 roundings, as entry.py computes it in torch: out = bf16(bf16(x * cos) + bf16(rot * sin))
+// with rot = (-x[32..63], x[0..31]) and cos/sin of position `pos` repeated over both halves.
+#pragma once
+#include <cstdint>
+#include <cuda_bf16.h>
+
+namespace mla {
+
+constexpr int kAssembleThreads = 256;  // one thread per 8 output elements: 72 per (b, h) row
+
+__device__ __forceinline__ float bf16r(float x) { return __bfloat162float(__float2bfloat16_rn(x)); }
+
+// qn [H][bs][512] (the per-head bmm's output), q [bs][H][192] (q_nope 128 | q_rope 64, un-rotated),
+// cos_tab / sin_tab [max_seq][32]; writes q_full [bs][H][576].
+__global__ void __launch_bounds__(kAssembleThreads) assemble_q_kernel(const __nv_bfloat16* __restrict__ qn,
+                                                                      const __nv_bfloat16* __restrict__ q,
+                                                                      const __nv_bfloat16* __restrict__ cos_tab,
+                                                                      const __nv_bfloat16* __restrict__ sin_tab,
+                                                                      __nv_bfloat16* __restrict__ q_full, int bs,
+                                                                      int heads, int pos) {
+  const long long i = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x;
+  const long long rows = static_cast<long long>(bs) * heads;
+  if (i >= rows * 72) return;
+  const int chunk = static_cast<int>(i % 72);
+  const long long row = i / 72;  // b * heads + h
+  const int b = static_cast<int>(row / heads), h = static_cast<int>(row % heads);
+  uint4* dst = reinterpret_cast<uint4*>(q_full + row * 576) + chunk;
+  if (chunk < 64) {  // latent part: a transpose of the bmm's [H][bs] order
+    *dst = *(reinterpret_cast<const uint4*>(qn + (static_cast<long long>(h) * bs + b) * 512) + chunk);
+    return;
+  }
+  const int c = chunk - 64;  // rope elements 8c .. 8c+7; their partners 32 apart are chunk (c + 4) % 8
+  const __nv_bfloat16* rope = q + row * 192 + 128;
+  const uint4 xv = *reinterpret_cast<const uint4*>(rope + 8 * c);
+  const uint4 pv = *reinterpret_cast<const uint4*>(rope + 8 * ((c + 4) % 8));
+  const uint4 cv = *reinterpret_cast<const uint4*>(cos_tab + static_cast<long long>(pos) * 32 + 8 * (c % 4));
+  const uint4 sv = *reinterpret_cast<const uint4*>(sin_tab + static_cast<long long>(pos) * 32 + 8 * (c % 4));
+  const __nv_bfloat16* x = reinterpret_cast<const __nv_bfloat16*>(&xv);
+  const __nv_bfloat16* p = reinterpret_cast<const __nv_bfloat16*>(&pv);
+  const __nv_bfloat16* cs = reinterpret_cast<const __nv_bfloat16*>(&cv);
+  const __nv_bfloat16* sn = reinterpret_cast<const __nv_bfloat16*>(&sv);
+  uint4 ov;
+  __nv_bfloat16* o = reinterpret_cast<__nv_bfloat16*>(&ov);
+#pragma unroll
+  for (int e = 0; e < 8; ++e) {
+    const float xe = __bfloat162float(x[e]), pe = __bfloat162float(p[e]);
+    const float ce = __bfloat162float(cs[e]), se = __bfloat162float(sn[e]);
+    // first half: rot = -x[i + 32]; second half: rot = x[i - 32]
+    const float rs = c < 4 ? -bf16r(pe * se) : bf16r(pe * se);
+    o[e] = __float2bfloat16_rn(bf16r(xe * ce) + rs);
+  }
+  *dst = ov;
+}
+
+}  // namespace mla
