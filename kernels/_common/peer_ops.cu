@@ -3,20 +3,11 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
-#include <cstdio>
-
+#include "launch_error.h"
 #include "peer.cuh"
 #include "peer_ops.h"
 
 namespace {
-
-const char* launched(const char* what) {
-  const cudaError_t err = cudaGetLastError();
-  if (err == cudaSuccess) return nullptr;
-  static thread_local char msg[256];
-  snprintf(msg, sizeof(msg), "%s: launch failed: %s", what, cudaGetErrorString(err));
-  return msg;
-}
 
 // out[i] = bf16(sum over s in 0..count-1 of src_s[i]) in fp32, in source order (deterministic); waits first for
 // flags[0 .. count) of this rank to reach `epoch`. 8 elements a thread.
@@ -51,12 +42,12 @@ const char* peer_signal(const uint64_t* peers, int count, int word, uint32_t epo
   kb::PeerPtrs p{};
   for (int i = 0; i < count; ++i) p.p[i] = peers[i];
   kb::signal_peers_kernel<<<1, 32, 0, stream>>>(p, count, word, epoch);
-  return launched("peer_signal");
+  return kb::launch_error("peer_signal");
 }
 
 const char* peer_wait(const uint32_t* flags, int first, int count, uint32_t epoch, cudaStream_t stream) {
   kb::wait_flags_kernel<<<1, 32, 0, stream>>>(flags, first, count, epoch);
-  return launched("peer_wait");
+  return kb::launch_error("peer_wait");
 }
 
 const char* peer_sum_rows(const uint64_t* srcs, int count, void* out, long long elems, const uint32_t* flags,
@@ -67,5 +58,5 @@ const char* peer_sum_rows(const uint64_t* srcs, int count, void* out, long long 
   const long long n8 = elems / 8;
   const int blocks = static_cast<int>(n8 / 256 + 1 < 1056 ? n8 / 256 + 1 : 1056);
   sum_rows_kernel<<<blocks, 256, 0, stream>>>(p, count, static_cast<__nv_bfloat16*>(out), n8, flags, epoch);
-  return launched("peer_sum_rows");
+  return kb::launch_error("peer_sum_rows");
 }

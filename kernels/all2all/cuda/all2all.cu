@@ -1,10 +1,9 @@
 // Host side of the all2all CUDA backend: the four launches of one call, back to back on one stream.
 #include <cuda_runtime.h>
 
-#include <cstdio>
-
 #include "a2a_api.h"
 #include "all2all.cuh"
+#include "launch_error.h"
 
 const char* a2a_run(const A2aArgs& a, cudaStream_t stream) {
   if (a.ws < 1 || a.ws > kb::kMaxRanks) return "all2all cuda: 1 to 8 ranks";
@@ -44,11 +43,5 @@ const char* a2a_run(const A2aArgs& a, cudaStream_t stream) {
   a2a::dispatch_kernel<<<dispatch_blocks, a2a::kThreads, 0, stream>>>(p);
   a2a::expert_kernel<<<2 * sms, a2a::kThreads, 0, stream>>>(p);
   a2a::combine_kernel<<<a.T < 1 ? 1 : a.T, a2a::kThreads, 0, stream>>>(p);
-  const cudaError_t err = cudaGetLastError();
-  if (err != cudaSuccess) {
-    static thread_local char msg[256];
-    snprintf(msg, sizeof(msg), "all2all cuda: launch failed: %s", cudaGetErrorString(err));
-    return msg;
-  }
-  return nullptr;
+  return kb::launch_error("all2all cuda");
 }

@@ -10,6 +10,7 @@
 #include "assemble_q.cuh"
 #include "attention.cuh"
 #include "knobs.h"
+#include "launch_error.h"
 #include "mla_api.h"
 #include "tma_host.h"
 
@@ -70,13 +71,7 @@ const char* mla_run(const MlaArgs& a, cudaStream_t stream) {
     mla_combine_kernel<<<(a.bs * kHeads + 7) / 8, 256, 0, stream>>>(a.part_o, a.part_ml,
                                                                     static_cast<__nv_bfloat16*>(a.out), a.bs,
                                                                     a.splits);
-  const cudaError_t err = cudaGetLastError();
-  if (err != cudaSuccess) {
-    static thread_local char msg[256];
-    snprintf(msg, sizeof(msg), "mla cuda: launch failed: %s", cudaGetErrorString(err));
-    return msg;
-  }
-  return nullptr;
+  return kb::launch_error("mla cuda");
 }
 
 const char* mla_assemble_q(const void* qn, const void* q, const void* cos_tab, const void* sin_tab, void* q_full,
@@ -86,11 +81,5 @@ const char* mla_assemble_q(const void* qn, const void* q, const void* cos_tab, c
                       stream>>>(static_cast<const __nv_bfloat16*>(qn), static_cast<const __nv_bfloat16*>(q),
                                 static_cast<const __nv_bfloat16*>(cos_tab), static_cast<const __nv_bfloat16*>(sin_tab),
                                 static_cast<__nv_bfloat16*>(q_full), bs, heads, pos);
-  const cudaError_t err = cudaGetLastError();
-  if (err != cudaSuccess) {
-    static thread_local char msg[256];
-    snprintf(msg, sizeof(msg), "mla_assemble_q: launch failed: %s", cudaGetErrorString(err));
-    return msg;
-  }
-  return nullptr;
+  return kb::launch_error("mla_assemble_q");
 }

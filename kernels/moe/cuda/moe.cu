@@ -9,6 +9,7 @@
 
 #include "grouped_gemm.cuh"
 #include "knobs.h"
+#include "launch_error.h"
 #include "moe_api.h"
 #include "route.cuh"
 #include "tma_host.h"
@@ -142,11 +143,5 @@ const char* moe_run(const MoeArgs& a, cudaStream_t stream, cudaEvent_t* events) 
       static_cast<const __half*>(a.y), static_cast<const __half*>(a.scores), static_cast<__half*>(a.out), a.T, a.K,
       a.d);
   mark(5);
-  const cudaError_t err = cudaGetLastError();
-  if (err != cudaSuccess) {
-    static thread_local char msg[256];
-    snprintf(msg, sizeof(msg), "moe cuda: launch failed: %s", cudaGetErrorString(err));
-    return msg;
-  }
-  return nullptr;
+  return kb::launch_error("moe cuda");
 }
