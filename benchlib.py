@@ -13,8 +13,12 @@ from __future__ import annotations
 
 import csv
 import datetime
+import io
 import math
 import os
+import subprocess
+import tarfile
+import tempfile
 import unittest.mock
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,12 +36,32 @@ METRICS = ("official", "leaderboard", "kernel", "profiler")
 # ----------------------------------------------------------------------------------------------------------------
 # builds
 
-def build(problem: str, backend: str, target: str = "h100", dev: bool = False):
+def build(problem: str, backend: str, target: str = "h100", dev: bool = False, rev: str | None = None):
     """Import kernels/<problem>/<backend>/ built exactly as the submission file is (generator.load_build);
-    dev=True adds the manifest's dev functions and flags. Returns the module (``custom_kernel``, ``ext``)."""
+    dev=True adds the manifest's dev functions and flags; rev (a git revision of this checkout) builds that
+    revision's kernels/ instead, to time an earlier version beside the current one in one process. Returns the
+    module (``custom_kernel``, ``ext``)."""
     mods = problems.load_modules(problem)
+    root = kernels_at(rev) if rev else None
     with problems.leaderboard_imports({"task": mods.task, "utils": mods.utils, "reference": mods.reference}):
-        return generator.load_in_process(generator.load_build(problem, backend, target, dev=dev))
+        return generator.load_in_process(generator.load_build(problem, backend, target, root=root, dev=dev))
+
+
+def kernels_at(rev: str) -> Path:
+    """The kernels/ tree of git revision ``rev`` of the checkout kbench runs from, extracted to a temporary folder
+    (kept for the process: its builds import from there)."""
+    repo = Path(__file__).resolve().parent
+    try:
+        archive = subprocess.run(["git", "-C", str(repo), "archive", rev, "kernels"], capture_output=True,
+                                 check=True).stdout
+    except (OSError, subprocess.CalledProcessError) as exc:
+        detail = getattr(exc, "stderr", b"") or str(exc).encode()
+        raise ValueError(f"cannot read kernels/ at revision {rev!r} of {repo} (a git checkout is needed): "
+                         f"{detail.decode(errors='replace').strip()}") from None
+    out = Path(tempfile.mkdtemp(prefix="kbench-rev-"))
+    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+        tar.extractall(out, filter="data")
+    return out / "kernels"
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -259,6 +283,19 @@ def checked_candidates(candidates: Mapping[str, Mapping[str, str]], names: str,
             wrong = check()
         failures += [f"cuda+{name}: {w}" for w in wrong]
         passed += [] if wrong else [name]
+    return passed, failures
+
+
+def checked_revisions(problem: str, backend: str, revs: Sequence[str],
+                      check: Callable[[Any], list[str]]) -> tuple[dict[str, Any], list[str]]:
+    """Build ``backend`` as it was at each git revision in ``revs`` and run ``check(module)`` (-> failure lines).
+    Returns ({"<backend>@<rev>": module} of those that passed, to be timed; the failures of the others)."""
+    passed, failures = {}, []
+    for rev in revs:
+        mod = build(problem, backend, rev=rev)
+        wrong = [f"{backend}@{rev}: {w}" for w in check(mod)]
+        failures += wrong
+        passed.update({} if wrong else {f"{backend}@{rev}": mod})
     return passed, failures
 
 

@@ -20,7 +20,8 @@ from kbench import benchlib, problems
 
 BF16_FLOPS, HBM_BPS = 790e12, 3.0e12
 # candidate name -> knobs (kernels/mla-decode/cuda/mla_api.h: MlaConfig); predictions in docs/mla-decode-notes.md.
-# Each is checked on every official case, then timed beside the default as "cuda+<name>".
+# Each is checked on every official case, then timed beside the default as "cuda+<name>"; --rev REV does the same
+# for the cuda backend as it was at git revision REV ("cuda@REV").
 CANDIDATES = {"splits1": {"KBENCH_MLA_SPLITS": "1"}, "fused-q": {"KBENCH_MLA_FUSED_Q": "1"},
               "both": {"KBENCH_MLA_SPLITS": "1", "KBENCH_MLA_FUSED_Q": "1"}}
 
@@ -41,7 +42,7 @@ def checks(mod, ref) -> list[str]:
     return failures
 
 
-def time_case(case, cuda_mod, torch_mod, ref, runs, candidates) -> dict:
+def time_case(case, cuda_mod, torch_mod, ref, runs, candidates, revisions) -> dict:
     roofline = problems.load_spec("mla-decode").roofline
     floor = 1e6 * max(roofline.flops(case) / BF16_FLOPS, roofline.bytes(case) / HBM_BPS)
     timer = benchlib.Timer()
@@ -68,6 +69,8 @@ def time_case(case, cuda_mod, torch_mod, ref, runs, candidates) -> dict:
             row[f"cuda+{name}"] = timer(lambda: call(cuda_mod), runs)
             row[f"cuda+{name}/attention"] = timer(lambda: cuda_mod.ext.mla_attention(q, cache.data, kv_len, cos, sin),
                                                   runs)
+    for name, mod in revisions.items():
+        row[name] = timer(lambda: call(mod), runs)
     return row
 
 
@@ -76,6 +79,8 @@ def main():
     ap.add_argument("--runs", type=int, default=20)
     ap.add_argument("--candidates", default=",".join(CANDIDATES),
                     help=f"comma-separated, of {', '.join(CANDIDATES)} ('' for none)")
+    ap.add_argument("--rev", action="append", default=[], metavar="REV",
+                    help="also check and time the cuda backend of this git revision as cuda@REV (repeatable)")
     args = ap.parse_args()
     gpu = torch.cuda.get_device_name()
     ref = problems.load_modules("mla-decode").reference
@@ -83,17 +88,20 @@ def main():
     failures = checks(cuda_mod, ref)
     candidates, wrong = benchlib.checked_candidates(CANDIDATES, args.candidates, lambda: checks(cuda_mod, ref))
     failures += wrong  # a candidate that fails a check is not timed
+    revisions, wrong = benchlib.checked_revisions("mla-decode", "cuda", args.rev, lambda mod: checks(mod, ref))
+    failures += wrong
     torch_mod = benchlib.build("mla-decode", "torch")
-    rows = [time_case(c, cuda_mod, torch_mod, ref, args.runs, candidates)
+    rows = [time_case(c, cuda_mod, torch_mod, ref, args.runs, candidates, revisions)
             for c in problems.load_spec("mla-decode").benchmarks]
     names = [("cuda", "cuda"), ("torch", "torch"), ("attention", "cuda/attention"),
              ("projections", "cuda/projections")] + \
-        [(f"cuda+{n}{part}", f"cuda+{n}{part}") for n in candidates for part in ("", "/attention")]
+        [(f"cuda+{n}{part}", f"cuda+{n}{part}") for n in candidates for part in ("", "/attention")] + \
+        [(n, n) for n in revisions]
     results = [benchlib.Row(gpu, 1, name, "kernel", r["case"], r[key]) for r in rows for key, name in names]
     results += [benchlib.Row(gpu, 1, name, "kernel", "geomean", benchlib.geomean(r[key] for r in rows))
                 for key, name in names]
     benchlib.record("mla-decode", results)
-    cols = ["floor", "cuda", *(f"cuda+{n}" for n in candidates), "cuda_host", "torch", "attention",
+    cols = ["floor", "cuda", *(f"cuda+{n}" for n in candidates), *revisions, "cuda_host", "torch", "attention",
             *(f"cuda+{n}/attention" for n in candidates), "attention_GBps", "projections"]
     benchlib.table(f"mla-decode on {gpu} (us; kernel = CUDA events, L2 flushed; cuda_host = host clock); "
                    f"failures: {len(failures)}", ["case"] + cols,

@@ -8,7 +8,8 @@ Synthetic routings (empty experts, skew, E = 4/8, K = 1) are checked in tests/te
 Times (us): "kernel" = kbench's CUDA-event timer around one call, L2 flushed, median; the CUDA backend's five
 stages come from events between its launches (a dev entry point). CANDIDATES are configurations of the same build
 turned on by knobs (kernels/moe/cuda/moe_api.h: MoeConfig): each is checked on every official case, then timed
-beside the default under its own backend name ("cuda+<name>"). The official protocol's figure (host clock
+beside the default under its own backend name ("cuda+<name>"). --rev REV also checks and times the cuda backend as
+it was at git revision REV ("cuda@REV"), in the same process on the same inputs. The official protocol's figure (host clock
 around the call) is `kbench perf moe --backend cuda`. Floor = max(FLOPs / 790 TF/s fp16, bytes / 3.0 TB/s).
 """
 from __future__ import annotations
@@ -52,7 +53,7 @@ def floor_us(case) -> float:
     return 1e6 * max(roofline.flops(case) / F16_FLOPS, roofline.bytes(case) / HBM_BPS)
 
 
-def time_case(case, cuda_mod, torch_mod, runs, candidates) -> dict:
+def time_case(case, cuda_mod, torch_mod, runs, candidates, revisions) -> dict:
     ref = problems.load_modules("moe").reference
     data = ref.generate_input(**problems.official_case(case))
     x, weights, config = data
@@ -63,6 +64,8 @@ def time_case(case, cuda_mod, torch_mod, runs, candidates) -> dict:
     for name in candidates:
         with benchlib.knobs(CANDIDATES[name]):
             row[f"cuda+{name}"] = timer(lambda: cuda_mod.custom_kernel(data), runs)
+    for name, mod in revisions.items():
+        row[name] = timer(lambda: mod.custom_kernel(data), runs)
     torch_mod.MOE_PATH = "loop"
     row["torch"] = timer(lambda: torch_mod.custom_kernel(data), max(3, runs // 5))
     if hasattr(torch, "_grouped_mm"):
@@ -92,6 +95,8 @@ def main():
     ap.add_argument("--runs", type=int, default=15)
     ap.add_argument("--candidates", default=",".join(CANDIDATES),
                     help=f"comma-separated, of {', '.join(CANDIDATES)} ('' for none)")
+    ap.add_argument("--rev", action="append", default=[], metavar="REV",
+                    help="also check and time the cuda backend of this git revision (repeatable)")
     args = ap.parse_args()
     gpu = torch.cuda.get_device_name()
     cuda_mod = benchlib.build("moe", "cuda", dev=True)
@@ -99,17 +104,21 @@ def main():
     failures = official_checks(cuda_mod, ref)
     candidates, wrong = benchlib.checked_candidates(CANDIDATES, args.candidates, lambda: official_checks(cuda_mod, ref))
     failures += wrong  # a candidate that fails a check is not timed
+    revisions, wrong = benchlib.checked_revisions("moe", "cuda", args.rev, lambda mod: official_checks(mod, ref))
+    failures += wrong
     torch_mod = benchlib.build("moe", "torch")
-    rows = [time_case(c, cuda_mod, torch_mod, args.runs, candidates) for c in problems.load_spec("moe").benchmarks]
+    rows = [time_case(c, cuda_mod, torch_mod, args.runs, candidates, revisions)
+            for c in problems.load_spec("moe").benchmarks]
     backends = [("cuda", "cuda"), ("torch", "torch"), ("torch_grouped_bf16", "torch-grouped-bf16")] + \
         [(s, f"cuda/{s}") for s in STAGES] + [(f"cuda+{n}", f"cuda+{n}") for n in candidates] + \
-        [(f"cuda+{n}/{s}", f"cuda+{n}/{s}") for n in candidates for s in STAGES]
+        [(f"cuda+{n}/{s}", f"cuda+{n}/{s}") for n in candidates for s in STAGES] + [(n, n) for n in revisions]
     results = [benchlib.Row(gpu, 1, name, "kernel", r["case"], r[key]) for r in rows for key, name in backends
                if r.get(key)]
     results += [benchlib.Row(gpu, 1, name, "kernel", "geomean", benchlib.geomean(r.get(key) for r in rows))
                 for key, name in backends if benchlib.geomean(r.get(key) for r in rows)]
     benchlib.record("moe", results)
-    cols = ["floor", "cuda", *(f"cuda+{n}" for n in candidates), "cuda_host", "torch", "torch_grouped_bf16", *STAGES]
+    cols = ["floor", "cuda", *(f"cuda+{n}" for n in candidates), *revisions, "cuda_host", "torch", "torch_grouped_bf16",
+            *STAGES]
     geo = {c: benchlib.geomean(r.get(c) for r in rows) for c in cols}
     benchlib.table(f"moe on {gpu} (us; kernel = CUDA events, L2 flushed; cuda_host = host clock); "
                    f"failures: {len(failures)}", ["case"] + cols + ["cuda / floor"],

@@ -1,6 +1,7 @@
 """CPU tier: the named-configuration knobs the CUDA backends share (kernels/_common/knobs.h: env_int,
-print_config_once), compiled with the host compiler and run; and benchlib.knobs, which benchmarks use to time a
-candidate beside the default."""
+print_config_once), compiled with the host compiler and run; and how the benchmark scripts time variants beside
+the default: candidates under their knobs (benchlib.knobs, checked_candidates) and earlier git revisions
+(checked_revisions)."""
 import os
 import shutil
 import subprocess
@@ -65,3 +66,20 @@ def test_candidates_are_checked_under_their_knobs():
     assert benchlib.checked_candidates(cands, "", check) == ([], [])
     with pytest.raises(SystemExit, match="unknown candidate 'slow'"):
         benchlib.checked_candidates(cands, "slow", check)
+
+
+def test_a_backend_as_it_was_at_a_git_revision_builds_and_runs():
+    """benchmarks' --rev: kernels/ of a revision, extracted and built beside the current one (CPU: the torch backend)."""
+    from kbench import problems
+
+    if shutil.which("git") is None or not (Path(__file__).resolve().parent.parent / ".git").exists():
+        pytest.skip("needs the git checkout")
+    ref = problems.load_modules("fp8-mm").reference
+    data = ref.generate_input(**problems.official_case(problems.load_spec("fp8-mm").smoke[0]))
+    mods, failures = benchlib.checked_revisions(
+        "fp8-mm", "torch", ["HEAD"], lambda mod: [] if ref.check_implementation(data, mod.custom_kernel(data))[0]
+        else ["mismatch"])
+    assert list(mods) == ["torch@HEAD"] and failures == []
+    assert (benchlib.kernels_at("HEAD") / "fp8-mm" / "torch" / "kernel.yml").is_file()
+    with pytest.raises(ValueError, match="revision 'no-such-revision'"):
+        benchlib.build("fp8-mm", "torch", rev="no-such-revision")
