@@ -367,7 +367,8 @@ def perf_cmd(problem: str, mode: str, **opts: Any) -> None:
 @main.command("profile")
 @_run_options
 def profile_cmd(problem: str, **opts: Any) -> None:
-    """Run each benchmark case once under the torch profiler and show the top kernels."""
+    """Run each benchmark case once under the torch profiler: the top kernels, and on a GPU the device's idle time
+    inside the call (waiting for the host)."""
     _interruptible(problem, "profile", dict(opts, compare=None))
 
 

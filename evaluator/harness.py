@@ -298,13 +298,31 @@ def profile_once(judge: Judge, case: dict) -> tuple[str | None, str]:
     with profile(activities=activities) as prof:
         judge.call(given)
         judge.r.sync()
-    averages = prof.key_averages()
+    averages, table = prof.key_averages(), None
     for sort in (("device_time_total", "cuda_time_total") if judge.r.cuda else ("cpu_time_total",)):
         try:  # torch renamed the CUDA column to "device"; older versions know only the first name
-            return None, averages.table(sort_by=sort, row_limit=15)
+            table = averages.table(sort_by=sort, row_limit=15)
+            break
         except Exception:
             continue
-    return None, averages.table(row_limit=15)
+    table = table or averages.table(row_limit=15)
+    return None, table + (_device_idle_line(prof) if judge.r.cuda else "")
+
+
+def _device_idle_line(prof) -> str:
+    """One line under a CUDA profile: the call's device span, the time its kernels and copies kept the device busy,
+    and the difference (the device waiting for the host inside the call), from the profiler's trace."""
+    import json
+    import tempfile
+    with tempfile.TemporaryDirectory() as folder:
+        path = os.path.join(folder, "trace.json")
+        prof.export_chrome_trace(path)
+        with open(path, encoding="utf-8") as f:
+            events = json.load(f).get("traceEvents", [])
+    work = [(e["ts"], e["dur"]) for e in events if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset") and "dur" in e]
+    span, busy = timing.device_gaps(work)
+    return (f"\ndevice: {span:.1f} us from the first kernel's start to the last one's end, {busy:.1f} us busy, "
+            f"{span - busy:.1f} us idle between them")
 
 
 def run_case(judge: Judge, job: dict, case: dict, warmup: dict | None) -> dict:

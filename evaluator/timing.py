@@ -104,3 +104,22 @@ def should_stop(durations_ns: list[float], elapsed_ns: float, *, rel_err_stop: f
     return (s["err"] / s["mean"] < rel_err_stop
             or s["mean"] * n > budget_s * 1e9
             or elapsed_ns > max_wall_s * 1e9)
+
+
+def device_gaps(kernels: list[tuple[float, float]]) -> tuple[float, float]:
+    """(span, busy) of a call's device work, from its kernels' (start, duration) in one unit: span runs from the
+    first start to the last end, busy is the length of the union of the kernels' intervals. span - busy is the time
+    the device sat idle inside the call, waiting for the host (launch gaps, allocations, host synchronisation)."""
+    if not kernels:
+        return 0.0, 0.0
+    spans = sorted((start, start + dur) for start, dur in kernels)
+    busy, cur_start, cur_end = 0.0, spans[0][0], spans[0][1]
+    for start, end in spans[1:]:
+        if start > cur_end:
+            busy += cur_end - cur_start
+            cur_start, cur_end = start, end
+        else:
+            cur_end = max(cur_end, end)
+    busy += cur_end - cur_start
+    return max(e for _, e in spans) - spans[0][0], busy
+

@@ -57,6 +57,30 @@ def assert_no_workers_left():
 # ----------------------------------------------------------------------------------------------------------------
 # pure parts (no workers)
 
+def test_device_gaps_measure_the_idle_time_inside_a_call():
+    """kbench profile's last line: the device's span over a call's kernels, the union of their busy intervals."""
+    assert timing.device_gaps([]) == (0.0, 0.0)
+    # kernels at [0, 10), [5, 12) (overlapping, e.g. two streams), then [20, 30) after an 8 us wait for the host
+    span, busy = timing.device_gaps([(20.0, 10.0), (0.0, 10.0), (5.0, 7.0)])
+    assert (span, busy) == (30.0, 22.0)
+    assert timing.device_gaps([(3.0, 4.0)]) == (4.0, 4.0)
+
+
+def test_profile_reads_the_idle_time_from_the_trace():
+    import json
+
+    from kbench.evaluator import harness
+
+    class Trace:  # what torch.profiler's profile writes: kernels and copies, host ops (ignored)
+        def export_chrome_trace(self, path):
+            with open(path, "w") as f:
+                json.dump({"traceEvents": [{"cat": "kernel", "ts": 100, "dur": 10}, {"cat": "cpu_op", "ts": 90, "dur": 99},
+                                           {"cat": "gpu_memcpy", "ts": 120, "dur": 5}, {"cat": "kernel", "ts": 105}]}, f)
+
+    assert harness._device_idle_line(Trace()) == ("\ndevice: 25.0 us from the first kernel's start to the last one's "
+                                                 "end, 15.0 us busy, 10.0 us idle between them")
+
+
 def test_statistics_use_n_minus_1_and_stop_by_the_official_rules():
     s = timing.summarize([10.0, 12.0, 14.0])
     assert s["runs"] == 3 and s["mean"] == 12.0 and s["best"] == 10.0 and s["worst"] == 14.0
