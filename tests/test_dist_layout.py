@@ -43,3 +43,29 @@ def test_symm_minimum_covers_the_largest_official_gemm_cases():
             width = case["n"] if problem == "gemm-rs" else case["k"]
             need = symm.FLAG_BYTES + 2 * case["m"] * width * 2     # two parities of [m, n] (or [m, k]) bf16
             assert need <= symm.MIN_BYTES, (problem, case)
+
+
+def test_parity_halves_are_fixed_disjoint_and_large_enough(monkeypatch):
+    """gemm-rs and ag-gemm write call N+1's data while a peer may still read call N's: the two halves never overlap,
+    whatever size each call asks for, and a call that needs more grows the buffer (a collective) instead."""
+    torch = pytest.importorskip("torch")
+    symm = _module(KERNELS / "_common" / "symm.py")
+    held = {}
+
+    def buffer(nbytes, device):  # symm.buffer without the collective: grows only when asked for more
+        if "t" not in held or held["t"].numel() < nbytes + symm.FLAG_BYTES:
+            held["t"] = torch.empty(max(nbytes + symm.FLAG_BYTES, symm.MIN_BYTES // 64), dtype=torch.uint8)
+        return held["t"], [0, 1]
+
+    monkeypatch.setattr(symm, "buffer", buffer)
+    sizes = [3 << 20, 1 << 20, 1000, 3 << 20]  # a large case, smaller ones, the large one again
+    offsets = []
+    for n in sizes:
+        bases = [symm.half(n, parity, "cpu")[0] for parity in (0, 1)]
+        size = held["t"].numel()
+        assert bases[0] == symm.FLAG_BYTES and bases[1] - bases[0] >= n and bases[1] + n <= size
+        assert all(b % 256 == 0 for b in bases)
+        offsets.append(tuple(bases))
+    assert len(set(offsets)) == 1  # the same halves for every size that fits: no region moves under a reader
+    bigger = symm.half(16 << 20, 1, "cpu")[0]
+    assert bigger - symm.FLAG_BYTES >= 16 << 20 and held["t"].numel() >= bigger + (16 << 20)
