@@ -226,8 +226,9 @@ def merge(src: Path, dst: Path, rename: Callable[[str], str] | None = None) -> i
     moved = 0
     for path in sorted(Path(src).glob("*.csv")):
         rows = read(path)
-        for r in rows:
-            r["backend"] = rename(r["backend"]) if rename else r["backend"]
+        if rename:
+            for r in rows:
+                r["backend"] = rename(r["backend"])
         out = Path(dst) / path.name
         new = not out.is_file()
         with open(out, "a", newline="") as f:

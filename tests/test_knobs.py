@@ -27,18 +27,46 @@ int main() {
 """
 
 
+def _compile_and_run(tmp_path, source: str, **env_knobs) -> subprocess.CompletedProcess:
+    """Build a C++ program against kernels/_common and run it with only the given KBENCH_* variables set."""
+    src, exe = tmp_path / "program.cpp", tmp_path / "program"
+    src.write_text(source)
+    subprocess.run(["c++", "-std=c++17", f"-I{COMMON}", str(src), "-o", str(exe)], check=True)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KBENCH_")}
+    env.update(env_knobs)
+    return subprocess.run([str(exe)], env=env, capture_output=True, text=True, check=True)
+
+
 @pytest.mark.skipif(shutil.which("c++") is None, reason="no host C++ compiler on PATH")
 @pytest.mark.parametrize("printing", [True, False])
 def test_knobs_header(tmp_path, printing):
-    src, exe = tmp_path / "knobs_test.cpp", tmp_path / "knobs_test"
-    src.write_text(PROGRAM)
-    subprocess.run(["c++", "-std=c++17", f"-I{COMMON}", str(src), "-o", str(exe)], check=True)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("KBENCH_")}
-    env.update(KBENCH_T_SPLITS="3", KBENCH_T_JUNK="2x", KBENCH_PRINT_CONFIG="1" if printing else "0")
-    run = subprocess.run([str(exe)], env=env, capture_output=True, text=True, check=True)
+    run = _compile_and_run(tmp_path, PROGRAM, KBENCH_T_SPLITS="3", KBENCH_T_JUNK="2x",
+                           KBENCH_PRINT_CONFIG="1" if printing else "0")
     assert run.stdout == "splits=3 unset=7 junk=5\n"
     expected = "moe_forward T=8: MoeConfig{a=1}\nmoe_forward T=9: MoeConfig{a=1}\n" if printing else ""
     assert run.stderr == expected  # each configuration once, and nothing unless asked
+
+
+LAZY_PROGRAM = r"""
+#include <cstdio>
+#include "knobs.h"
+int main() {
+  int formatted = 0;
+  for (int i = 0; i < 3; ++i)
+    kb::print_config_once([&](char* buf, int size) { ++formatted; snprintf(buf, size, "fp8_gemm 64x64x%d: cfg", i % 2); });
+  printf("formatted=%d\n", formatted);
+  return 0;
+}
+"""
+
+
+@pytest.mark.skipif(shutil.which("c++") is None, reason="no host C++ compiler on PATH")
+@pytest.mark.parametrize("printing", [True, False])
+def test_config_lines_are_formatted_only_when_printing(tmp_path, printing):
+    """A backend's hot path pays one branch when KBENCH_PRINT_CONFIG is off: the line is not even formatted."""
+    run = _compile_and_run(tmp_path, LAZY_PROGRAM, KBENCH_PRINT_CONFIG="1" if printing else "0")
+    assert run.stdout == ("formatted=3\n" if printing else "formatted=0\n")
+    assert run.stderr == ("fp8_gemm 64x64x0: cfg\nfp8_gemm 64x64x1: cfg\n" if printing else "")
 
 
 def test_benchlib_knobs_set_and_restore(monkeypatch):

@@ -9,6 +9,7 @@
 #include <mutex>
 #include <set>
 #include <string>
+#include <type_traits>
 
 namespace kb {
 
@@ -21,14 +22,29 @@ inline int env_int(const char* name, int fallback) {
   return (end && *end == '\0') ? static_cast<int>(x) : fallback;
 }
 
+// Whether KBENCH_PRINT_CONFIG asks for configurations to be printed (read once).
+inline bool printing_configs() {
+  static const bool on = env_int("KBENCH_PRINT_CONFIG", 0) != 0;
+  return on;
+}
+
 // Prints `line` to stderr the first time it is seen, when KBENCH_PRINT_CONFIG asks for it.
 inline void print_config_once(const std::string& line) {
-  static const bool on = env_int("KBENCH_PRINT_CONFIG", 0) != 0;
-  if (!on) return;
+  if (!printing_configs()) return;
   static std::mutex mu;
   static std::set<std::string> seen;
   std::lock_guard<std::mutex> lock(mu);
   if (seen.insert(line).second) fprintf(stderr, "%s\n", line.c_str());
+}
+
+// The same for a line that `describe(buf, size)` writes: called only when printing, so a backend's hot path pays
+// one branch, not the formatting.
+template <class Describe, std::enable_if_t<std::is_invocable_v<Describe&, char*, int>, int> = 0>
+inline void print_config_once(Describe&& describe) {
+  if (!printing_configs()) return;
+  char buf[256];
+  describe(buf, static_cast<int>(sizeof(buf)));
+  print_config_once(std::string(buf));
 }
 
 }  // namespace kb

@@ -16,10 +16,10 @@ bool is_colmajor(const torch::Tensor& t) { return t.stride(0) == 1 && t.stride(1
 
 // KBENCH_PRINT_CONFIG=1: the configuration chosen for each new shape, once, to stderr (knobs.h).
 void maybe_print(int64_t m, int64_t n, int64_t k, const GemmConfig& c) {
-  char buf[200];
-  const int len = snprintf(buf, sizeof(buf), "fp8_gemm %lldx%lldx%lld: ", (long long)m, (long long)n, (long long)k);
-  fp8_gemm_describe(c, buf + len, static_cast<int>(sizeof(buf)) - len);
-  kb::print_config_once(buf);
+  kb::print_config_once([&](char* buf, int size) {
+    const int len = snprintf(buf, size, "fp8_gemm %lldx%lldx%lld: ", (long long)m, (long long)n, (long long)k);
+    fp8_gemm_describe(c, buf + len, size - len);
+  });
 }
 
 // a [m,k], b [n,k] fp8 e4m3fnuz; a_scale [m,k/128], b_scale [ceil(n/128),k/128] fp32; c [m,n] bf16 (written).

@@ -37,10 +37,10 @@ torch::Tensor mla_attention(torch::Tensor q, torch::Tensor cache, int64_t kv_len
   a.kv_len = static_cast<int>(kv_len);
   const MlaConfig config = mla_config(a.bs, a.kv_len, mla_num_sms());
   a.splits = config.splits;
-  char line[160];
-  const int len = snprintf(line, sizeof(line), "mla_attention bs=%d kv_len=%d: ", a.bs, a.kv_len);
-  mla_describe(config, line + len, static_cast<int>(sizeof(line)) - len);
-  kb::print_config_once(line);
+  kb::print_config_once([&](char* buf, int size) {
+    const int len = snprintf(buf, size, "mla_attention bs=%d kv_len=%d: ", a.bs, a.kv_len);
+    mla_describe(config, buf + len, size - len);
+  });
   torch::Tensor part_o, part_ml;
   if (a.splits > 1) {
     part_o = torch::empty({a.splits, bs, 128, 512}, q.options().dtype(torch::kFloat));

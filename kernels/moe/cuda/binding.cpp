@@ -38,8 +38,8 @@ Workspaces make_workspaces(const torch::Tensor& x, int64_t T, int64_t K, int64_t
 }
 
 // The call's workspaces. keep: the last shape's stay allocated per device and are reused by the next call of the
-// same shape and configuration (stream-ordered on the current stream, so calls on one stream never overlap in them); otherwise new
-// ones from the caching allocator, released when the call returns (the shipped default).
+// same shape and configuration (stream-ordered on the current stream, so calls on one stream never overlap in
+// them); otherwise new ones from the caching allocator, released when the call returns (the shipped default).
 Workspaces workspaces(const torch::Tensor& x, int64_t T, int64_t K, int64_t E, int64_t d, int64_t dexp,
                       const MoeConfig& config) {
   const bool gather_pass = !config.fuse_gather;
@@ -86,11 +86,11 @@ static torch::Tensor run_moe(torch::Tensor x, torch::Tensor experts, torch::Tens
   scores = scores.contiguous();
 
   const MoeConfig config = moe_config(static_cast<int>(T), static_cast<int>(K), static_cast<int>(E));
-  char line[200];
-  const int len = snprintf(line, sizeof(line), "moe_forward T=%lld K=%lld E=%lld: ", (long long)T, (long long)K,
-                           (long long)E);
-  moe_describe(config, line + len, static_cast<int>(sizeof(line)) - len);
-  kb::print_config_once(line);
+  kb::print_config_once([&](char* buf, int size) {
+    const int len = snprintf(buf, size, "moe_forward T=%lld K=%lld E=%lld: ", (long long)T, (long long)K,
+                             (long long)E);
+    moe_describe(config, buf + len, size - len);
+  });
   const Workspaces ws = workspaces(x, T, K, E, d, dexp, config);
   torch::Tensor out = torch::empty({T, d}, x.options());
 
