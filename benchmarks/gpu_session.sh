@@ -6,7 +6,9 @@
 #   candidates, then kbench perf), tier (the GPU test tier), profile (kbench profile of moe and mla-decode cuda),
 #   sanitize (compute-sanitizer on small cases of the CUDA backends);
 # Limits: TIER_S, PROFILE_S, SANITIZE_S seconds; TIER_FILES = the test files of the tier, in the order given.
-# several GPUs: dist-check, dist-bench (benchmarks/distributed.py), dist-perf (kbench perf), dist-tier.
+# several GPUs: dist-check, dist-bench (benchmarks/distributed.py), dist-perf (kbench perf), dist-tier, window-ab
+#   (all2all's torch backend judged, alternately, by kbench as it was at the revision in OLD_KBENCH, a `git archive`
+#   tarball, and by kbench now: the multi-rank window before and after it matched the official harness).
 # Everything lands in one archive, $OUT/session.tgz (logs/, records/, results/<problem>.csv from KBENCH_RESULTS):
 # unpack it and merge the rows with
 #   python -c "from kbench import benchlib; benchlib.merge('<unpacked>/results', 'benchmarks/results')".
@@ -60,7 +62,15 @@ for part in "$@"; do
   dist-perf) for p in all2all gemm-rs ag-gemm; do
                step 200 "perf_$p" kbench perf "$p" --backend cuda --world-size "$n" --json "$W/records/perf_${p}_cuda.json"
              done ;;
-  dist-tier) step 600 dist_tier python3 -m pytest -m gpu -q -rs -p no:cacheprovider tests/test_problems_distributed.py \
+  window-ab) old=$(mktemp -d); tar xf "${OLD_KBENCH:?OLD_KBENCH names a git archive tarball}" -C "$old"
+             for i in 1 2; do  # the old tree's kbench is top-level modules run from its own folder
+               step 200 "window_old_$i" env -C "$old" PYTHONPATH="$old" python3 -c \
+                 "import sys; from cli import main; sys.argv[0] = 'kbench'; main()" perf all2all --backend torch \
+                 --world-size "$n" --json "$W/records/window_old_$i.json"
+               step 200 "window_new_$i" kbench perf all2all --backend torch --world-size "$n" \
+                 --json "$W/records/window_new_$i.json"
+             done ;;
+  dist-tier) step "${DIST_TIER_S:-600}" dist_tier python3 -m pytest -m gpu -q -rs -p no:cacheprovider tests/test_problems_distributed.py \
                tests/test_torch_backends.py tests/test_evaluator.py tests/test_cli.py ;;
   *) echo "unknown part $part" ;;
   esac

@@ -97,9 +97,13 @@ class Rank:
             self.dev = torch.device("cuda", self.rank if self.distributed else torch.cuda.current_device())
             torch.cuda.set_device(self.dev)
             self.sync = torch.cuda.synchronize
+            event = torch.cuda.Event
+            self._events = dict(new_event=lambda: event(enable_timing=True), record=event.record,
+                                elapsed_ms=event.elapsed_time)
         else:
             self.dev = torch.device("cpu")
             self.sync = _noop
+            self._events = {}
             torch.set_num_threads(max(1, (os.cpu_count() or 1) // self.world_size))
         if self.distributed:
             self._init_process_group(job)
@@ -119,12 +123,8 @@ class Rank:
                                                                        dist.broadcast, dist.ReduceOp.MAX)
 
     def clock(self, flush) -> timing.Clock:
-        kw = {}
-        if self.cuda:
-            event = torch.cuda.Event
-            kw = dict(new_event=lambda: event(enable_timing=True), record=event.record, elapsed_ms=event.elapsed_time)
         return timing.Clock(sync=self.sync, now_ns=_perf_ns, barrier=self._barrier if self.multi else None,
-                            flush=flush if self.cuda else None, **kw)
+                            flush=flush if self.cuda else None, **self._events)
 
     def any_true(self, flag: bool) -> bool:
         """True if this rank's flag or (several ranks) any rank's flag is set: every rank gets the same answer."""
