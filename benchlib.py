@@ -272,14 +272,21 @@ def knobs(settings: Mapping[str, str]):
     return unittest.mock.patch.dict(os.environ, settings)
 
 
+def selected(candidates: Mapping[str, Mapping[str, str]], names: str) -> dict[str, Mapping[str, str]]:
+    """The candidates named in ``names`` (comma-separated keys of ``candidates``); an unknown name exits, naming
+    the choices."""
+    for name in filter(None, names.split(",")):
+        if name not in candidates:
+            raise SystemExit(f"unknown candidate {name!r}: choose from {', '.join(candidates)}")
+    return {n: candidates[n] for n in filter(None, names.split(","))}
+
+
 def checked_candidates(candidates: Mapping[str, Mapping[str, str]], names: str,
                        check: Callable[[], list[str]]) -> tuple[list[str], list[str]]:
     """Run ``check`` (-> failure lines) under the knobs of each candidate named in ``names`` (comma-separated keys
     of ``candidates``). Returns (the names that passed, to be timed; the failures of the others, "cuda+<name>: ...")."""
     passed, failures = [], []
-    for name in filter(None, names.split(",")):
-        if name not in candidates:
-            raise SystemExit(f"unknown candidate {name!r}: choose from {', '.join(candidates)}")
+    for name in selected(candidates, names):
         with knobs(candidates[name]):
             wrong = check()
         failures += [f"cuda+{name}: {w}" for w in wrong]
@@ -299,6 +306,29 @@ def checked_revisions(problem: str, backend: str, revs: Sequence[str],
         passed.update({} if wrong else {f"{backend}@{rev}": mod})
     return passed, failures
 
+
+def official_figures(problem: str, backend: str, candidates: Mapping[str, Mapping[str, str]],
+                     modes: Sequence[str] = ("benchmark",)) -> list[Row]:
+    """Judge ``backend`` as shipped and under each candidate's knobs with ``kbench perf PROBLEM --mode MODE`` (one
+    worker process each, the official protocol), record the rows (backend "<backend>+<name>" for a candidate) and
+    return them. A run that fails or crashes adds no rows; its output is printed."""
+    import json
+    import sys
+    rows = []
+    for mode in modes:
+        for name, settings in [("", {})] + list(candidates.items()):
+            label = f"{backend}+{name}" if name else backend
+            with tempfile.TemporaryDirectory() as tmp:
+                path = Path(tmp) / "record.json"
+                cmd = [sys.executable, "-m", "kbench", "perf", problem, "--backend", backend, "--mode", mode,
+                       "--json", str(path)]
+                done = subprocess.run(cmd, env={**os.environ, **settings}, capture_output=True, text=True)
+                print(f"{label} ({mode}): rc={done.returncode}\n" + done.stdout[-1500:] + done.stderr[-1500:], flush=True)
+                rows += rows_from_record(json.loads(path.read_text()), label) if path.is_file() else []
+    record(problem, rows)
+    table(f"{problem}: official-protocol scores (us)", ["backend", "metric", "geomean"],
+          [[r.backend, r.metric, r.us] for r in rows if r.case == "geomean"])
+    return rows
 
 # ----------------------------------------------------------------------------------------------------------------
 # README tables: made from the results files, never typed

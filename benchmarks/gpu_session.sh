@@ -4,7 +4,8 @@
 # Parts (one GPU): build (compile the CUDA backends in parallel first: saves minutes on a fresh machine), probe,
 #   fp8-check, fp8-perf, moe-check, moe-perf, mla-check, mla-perf (checks, then the benchmark scripts with their
 #   candidates, then kbench perf), tier (the GPU test tier), profile (kbench profile of moe and mla-decode cuda),
-#   sanitize (compute-sanitizer on small cases of the CUDA backends);
+#   sanitize (compute-sanitizer on small cases of the CUDA backends), moe-official, mla-official (kbench perf of the
+#   shipped build and of each candidate, in the modes OFFICIAL_MODES, default benchmark);
 # Limits: TIER_S, PROFILE_S, SANITIZE_S seconds; TIER_FILES = the test files of the tier, in the order given.
 # several GPUs: dist-check, dist-bench (benchmarks/distributed.py), dist-perf (kbench perf), dist-tier, window-ab
 #   (all2all's torch backend judged, alternately, by kbench as it was at the revision in OLD_KBENCH, a `git archive`
@@ -45,6 +46,8 @@ for part in "$@"; do
   moe-perf) step 400 moe_bench python3 benchmarks/moe.py
             step 300 moe_perf kbench perf moe --backend cuda --json "$W/records/perf_moe_cuda.json"
             step 400 moe_lb kbench perf moe --backend cuda --mode leaderboard --json "$W/records/lb_moe_cuda.json" ;;
+  moe-official) step "${OFFICIAL_S:-300}" moe_official python3 benchmarks/moe.py --official "${OFFICIAL_MODES:-benchmark}" ;;
+  mla-official) step "${OFFICIAL_S:-300}" mla_official python3 benchmarks/mla_decode.py --official "${OFFICIAL_MODES:-benchmark}" ;;
   mla-check) step 500 mla_check python3 -m pytest -q -x -p no:cacheprovider tests/test_mla_cuda_gpu.py ;;
   mla-perf) step 400 mla_bench python3 benchmarks/mla_decode.py
             step 300 mla_perf kbench perf mla-decode --backend cuda --json "$W/records/perf_mla-decode_cuda.json"

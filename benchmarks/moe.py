@@ -97,7 +97,14 @@ def main():
                     help=f"comma-separated, of {', '.join(CANDIDATES)} ('' for none)")
     ap.add_argument("--rev", action="append", default=[], metavar="REV",
                     help="also check and time the cuda backend of this git revision (repeatable)")
+    ap.add_argument("--official", metavar="MODES",
+                    help="instead of timing kernels: judge the shipped build and each candidate with kbench perf in "
+                         "these modes (comma-separated: benchmark,leaderboard)")
     args = ap.parse_args()
+    if args.official:
+        benchlib.official_figures("moe", "cuda", benchlib.selected(CANDIDATES, args.candidates),
+                                  args.official.split(","))
+        return
     gpu = torch.cuda.get_device_name()
     cuda_mod = benchlib.build("moe", "cuda", dev=True)
     ref = problems.load_modules("moe").reference

@@ -87,3 +87,26 @@ def test_merge_appends_a_sessions_rows_and_renames_backends(tmp_path):
     moved = benchlib.merge(src, dst, rename=lambda b: b.replace("cuda", "cuda-v2"))
     rows = benchlib.read(dst / "moe.csv")
     assert moved == 2 and [r["backend"] for r in rows] == ["torch", "cuda-v2", "cuda-v2/gemm1"]
+
+
+def test_official_figures_judge_the_shipped_build_and_each_candidate_with_its_knobs(tmp_path, monkeypatch):
+    # a backend that reads the knob: with KBENCH_TEST_KNOB=slow its custom_kernel sleeps, so the candidate's
+    # official figure must come out slower than the shipped one's (the knob reached the judged worker)
+    kernels = tmp_path / "kernels"
+    src = ROOT / "kernels" / "fp8-mm" / "torch"
+    dst = kernels / "fp8-mm" / "torch"
+    dst.mkdir(parents=True)
+    for f in src.iterdir():
+        (dst / f.name).write_bytes(f.read_bytes())
+    entry = next(f for f in dst.iterdir() if f.suffix == ".py")
+    entry.write_text("import os as _os, time as _time\n" + entry.read_text() +
+                     "\n_inner = custom_kernel\n\ndef custom_kernel(data):\n"
+                     "    if _os.environ.get('KBENCH_TEST_KNOB') == 'slow':\n        _time.sleep(0.02)\n"
+                     "    return _inner(data)\n")
+    monkeypatch.setenv("KBENCH_KERNELS", str(kernels))
+    monkeypatch.setenv("KBENCH_RESULTS", str(tmp_path / "results"))
+    rows = benchlib.official_figures("fp8-mm", "torch", {"slow": {"KBENCH_TEST_KNOB": "slow"}})
+    score = {r.backend: r.us for r in rows if r.case == "geomean"}
+    assert set(score) == {"torch", "torch+slow"} and {r.metric for r in rows} == {"official"}
+    assert score["torch+slow"] > 20e3 > score["torch"]
+    assert {r["backend"] for r in benchlib.read(tmp_path / "results" / "fp8-mm.csv")} == {"torch", "torch+slow"}
