@@ -64,7 +64,9 @@ def _bindings():
         for backend in generator.list_backends(problem):
             bdir = generator.backend_dir(problem, backend)
             manifest = generator.load_manifest(bdir, str(bdir / "kernel.yml"))
-            out += [(bdir, src, [(bdir / d).resolve() for d in manifest.include_dirs]) for src in manifest.cpp_sources]
+            names = manifest.functions + manifest.dev.get("functions", [])
+            out += [(bdir, src, [(bdir / d).resolve() for d in manifest.include_dirs], names)
+                    for src in manifest.cpp_sources]
     return out
 
 
@@ -72,12 +74,13 @@ BINDINGS = _bindings()
 
 
 @pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not on PATH")
-@pytest.mark.parametrize("bdir,src,dirs", BINDINGS or [(None, None, None)],
-                         ids=[f"{b.parent.name}/{b.name}/{s}" for b, s, _ in BINDINGS] or ["none"])
-def test_binding_compiles_against_torch_headers(bdir, src, dirs, tmp_path):
-    """The torch-facing .cpp of every load_inline backend, with its dev entry points, passes g++'s syntax check
-    against the installed torch's headers (a CPU torch has the CUDA headers too; one generated header, which only
-    a CUDA build of torch writes, is stubbed)."""
+@pytest.mark.parametrize("bdir,src,dirs,names", BINDINGS or [(None, None, None, None)],
+                         ids=[f"{b.parent.name}/{b.name}/{s}" for b, s, _, _ in BINDINGS] or ["none"])
+def test_binding_compiles_against_torch_headers(bdir, src, dirs, names, tmp_path):
+    """The torch-facing .cpp of every load_inline backend, with its dev entry points and the module definition
+    load_inline writes for the manifest's functions (``torch::wrap_pybind_function(name)``: a name that is also a C
+    function's is ambiguous there), passes g++'s syntax check against the installed torch's headers (a CPU torch
+    has the CUDA headers too; one generated header, which only a CUDA build of torch writes, is stubbed)."""
     if bdir is None:
         pytest.skip("no load_inline backend")
     import sysconfig
@@ -90,8 +93,12 @@ def test_binding_compiles_against_torch_headers(bdir, src, dirs, tmp_path):
     cuda_home = ext.CUDA_HOME or "/usr/local/cuda"
     includes = [tmp_path, *ext.include_paths(), Path(cuda_home) / "include", sysconfig.get_paths()["include"], bdir,
                 *dirs]
+    main = tmp_path / "main.cpp"
+    main.write_text(f'#include <torch/extension.h>\n#include "{bdir / src}"\n'
+                    "PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {\n" +
+                    "".join(f'  m.def("{n}", torch::wrap_pybind_function({n}), "{n}");\n' for n in names) + "}\n")
     cmd = ["g++", "-std=c++20", "-fsyntax-only", "-DKBENCH_DEV", "-DTORCH_EXTENSION_NAME=kbench_check",
-           *(f"-I{d}" for d in includes), str(bdir / src)]
+           *(f"-I{d}" for d in includes), str(main)]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     errors = [ln for ln in r.stderr.splitlines() if "error" in ln]
     assert r.returncode == 0, "\n".join(errors[:20]) or r.stderr[-3000:]

@@ -70,9 +70,9 @@ torch::Tensor mla_assemble_q(torch::Tensor qn, torch::Tensor q, torch::Tensor co
   const c10::cuda::CUDAGuard guard(q.device());
   const int64_t heads = qn.size(0), bs = qn.size(1);
   torch::Tensor q_full = torch::empty({bs, heads, 576}, q.options());
-  const char* err = mla_assemble_q(qn.data_ptr(), q.data_ptr(), cos.data_ptr(), sin.data_ptr(), q_full.data_ptr(),
-                                   static_cast<int>(bs), static_cast<int>(heads), static_cast<int>(pos),
-                                   c10::cuda::getCurrentCUDAStream().stream());
+  const char* err = launch_mla_assemble_q(qn.data_ptr(), q.data_ptr(), cos.data_ptr(), sin.data_ptr(), q_full.data_ptr(),
+                                          static_cast<int>(bs), static_cast<int>(heads), static_cast<int>(pos),
+                                          c10::cuda::getCurrentCUDAStream().stream());
   TORCH_CHECK(err == nullptr, err ? err : "");
   return q_full;
 }

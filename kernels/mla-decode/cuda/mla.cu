@@ -74,8 +74,8 @@ const char* mla_run(const MlaArgs& a, cudaStream_t stream) {
   return kb::launch_error("mla cuda");
 }
 
-const char* mla_assemble_q(const void* qn, const void* q, const void* cos_tab, const void* sin_tab, void* q_full,
-                           int bs, int heads, int pos, cudaStream_t stream) {
+const char* launch_mla_assemble_q(const void* qn, const void* q, const void* cos_tab, const void* sin_tab, void* q_full,
+                                  int bs, int heads, int pos, cudaStream_t stream) {
   const long long threads = static_cast<long long>(bs) * heads * 72;
   assemble_q_kernel<<<static_cast<int>((threads + kAssembleThreads - 1) / kAssembleThreads), kAssembleThreads, 0,
                       stream>>>(static_cast<const __nv_bfloat16*>(qn), static_cast<const __nv_bfloat16*>(q),

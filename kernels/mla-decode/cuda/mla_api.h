@@ -32,5 +32,5 @@ const char* mla_run(const MlaArgs& args, cudaStream_t stream);
 // The absorbed query in one launch (candidate KBENCH_MLA_FUSED_Q=1): qn bf16 [heads][bs][512] (q_nope W_UK per
 // head), q bf16 [bs][heads][192] (q_nope | un-rotated q_rope), cos/sin bf16 [max_seq][32] -> q_full bf16
 // [bs][heads][576] = qn transposed | q_rope with the reference's RoPE at position pos.
-const char* mla_assemble_q(const void* qn, const void* q, const void* cos_tab, const void* sin_tab, void* q_full,
-                           int bs, int heads, int pos, cudaStream_t stream);
+const char* launch_mla_assemble_q(const void* qn, const void* q, const void* cos_tab, const void* sin_tab, void* q_full,
+                                  int bs, int heads, int pos, cudaStream_t stream);
