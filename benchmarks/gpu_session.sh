@@ -25,6 +25,9 @@ stamp() { echo "== $(date +%T) $*"; }
 step() {  # step SECONDS LOGNAME command...: run, keep the whole log, print its tail
   local limit=$1 log=$2; shift 2
   stamp "$*"
+  # a step killed at its limit can leave torch's extension build lock behind; every later load of that extension
+  # would wait on it forever (steps run one at a time, so no lock is live here)
+  find "${TORCH_EXTENSIONS_DIR:-$HOME/.cache/torch_extensions}" -name lock -delete 2>/dev/null
   timeout "$limit" "$@" >"$W/logs/$log.log" 2>&1; local rc=$?
   tail -n "${TAIL:-25}" "$W/logs/$log.log"; echo "-- rc=$rc ($log)"
 }
@@ -52,7 +55,8 @@ for part in "$@"; do
   mla-perf) step 400 mla_bench python3 benchmarks/mla_decode.py
             step 300 mla_perf kbench perf mla-decode --backend cuda --json "$W/records/perf_mla-decode_cuda.json"
             step 400 mla_lb kbench perf mla-decode --backend cuda --mode leaderboard --json "$W/records/lb_mla-decode_cuda.json" ;;
-  tier) step "${TIER_S:-600}" tier python3 -m pytest -m gpu -q -rs --durations=15 -p no:cacheprovider ${TIER_FILES:-tests} ;;
+  tier) step "${TIER_S:-600}" tier python3 -m pytest -m gpu -q -rs --durations=15 -p no:cacheprovider \
+          --timeout "${TEST_S:-240}" ${TIER_FILES:-tests} ;;
   profile) for p in moe mla-decode; do  # the torch profiler's top kernels of one call per benchmark case
              step "${PROFILE_S:-120}" "profile_$p" kbench profile "$p" --backend cuda
            done ;;
