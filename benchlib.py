@@ -324,8 +324,9 @@ def official_figures(problem: str, backend: str, candidates: Mapping[str, Mappin
                        "--json", str(path)]
                 done = subprocess.run(cmd, env={**os.environ, **settings}, capture_output=True, text=True)
                 print(f"{label} ({mode}): rc={done.returncode}\n" + done.stdout[-1500:] + done.stderr[-1500:], flush=True)
-                rows += rows_from_record(json.loads(path.read_text()), label) if path.is_file() else []
-    record(problem, rows)
+                got = rows_from_record(json.loads(path.read_text()), label) if path.is_file() else []
+            record(problem, got)  # each run's rows at once: a session cut off later keeps them
+            rows += got
     table(f"{problem}: official-protocol scores (us)", ["backend", "metric", "geomean"],
           [[r.backend, r.metric, r.us] for r in rows if r.case == "geomean"])
     return rows

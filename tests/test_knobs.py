@@ -11,7 +11,8 @@ import pytest
 
 from kbench import benchlib
 
-COMMON = Path(__file__).resolve().parent.parent / "kernels" / "_common"
+ROOT = Path(__file__).resolve().parent.parent
+COMMON = ROOT / "kernels" / "_common"
 
 PROGRAM = r"""
 #include <cstdio>
@@ -27,11 +28,12 @@ int main() {
 """
 
 
-def _compile_and_run(tmp_path, source: str, **env_knobs) -> subprocess.CompletedProcess:
-    """Build a C++ program against kernels/_common and run it with only the given KBENCH_* variables set."""
+def _compile_and_run(tmp_path, source: str, include: Path = COMMON, **env_knobs) -> subprocess.CompletedProcess:
+    """Build a C++ program against kernels/_common (and ``include``) and run it with only the given KBENCH_*
+    variables set."""
     src, exe = tmp_path / "program.cpp", tmp_path / "program"
     src.write_text(source)
-    subprocess.run(["c++", "-std=c++17", f"-I{COMMON}", str(src), "-o", str(exe)], check=True)
+    subprocess.run(["c++", "-std=c++17", f"-I{COMMON}", f"-I{include}", str(src), "-o", str(exe)], check=True)
     env = {k: v for k, v in os.environ.items() if not k.startswith("KBENCH_")}
     env.update(env_knobs)
     return subprocess.run([str(exe)], env=env, capture_output=True, text=True, check=True)
@@ -67,6 +69,29 @@ def test_config_lines_are_formatted_only_when_printing(tmp_path, printing):
     run = _compile_and_run(tmp_path, LAZY_PROGRAM, KBENCH_PRINT_CONFIG="1" if printing else "0")
     assert run.stdout == ("formatted=3\n" if printing else "formatted=0\n")
     assert run.stderr == ("fp8_gemm 64x64x0: cfg\nfp8_gemm 64x64x1: cfg\n" if printing else "")
+
+
+MLA_CONFIG_PROGRAM = r"""
+#include <cstdio>
+#include "mla_config.h"
+int main() {
+  const int shapes[][3] = {{128, 4097, 132}, {128, 6145, 132}, {64, 4097, 132}, {100, 4097, 132}, {8, 1000, 132},
+                           {1, 4097, 132}, {1, 65, 132}};
+  for (const auto& s : shapes) printf("%d ", mla_config(s[0], s[1], s[2]).splits);
+  return 0;
+}
+"""
+
+
+@pytest.mark.skipif(shutil.which("c++") is None, reason="no host C++ compiler on PATH")
+@pytest.mark.parametrize("forced", [None, "2"])
+def test_mla_splits_only_where_the_batch_leaves_waves_empty(tmp_path, forced):
+    """mla-decode's MlaConfig: one split where 2 CTAs a batch row fill >= 90% of their waves (the official batch 128
+    on an H100's 132 SMs), else about two waves of CTAs with >= 4 cache tiles each; KBENCH_MLA_SPLITS forces a
+    count (at most the tiles)."""
+    knobs = {"KBENCH_MLA_SPLITS": forced} if forced else {}
+    run = _compile_and_run(tmp_path, MLA_CONFIG_PROGRAM, ROOT / "kernels" / "mla-decode" / "cuda", **knobs)
+    assert run.stdout.split() == (["1", "1", "1", "2", "4", "16", "1"] if not forced else ["2"] * 6 + ["2"])
 
 
 def test_benchlib_knobs_set_and_restore(monkeypatch):

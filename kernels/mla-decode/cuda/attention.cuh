@@ -19,15 +19,14 @@
 
 #include "sm90.cuh"
 #include "wgmma.cuh"
+#include "mla_config.h"  // kTile, kHeads, kHG
 
 namespace mla {
 
 using namespace kb::sm90;
 
-constexpr int kHeads = 128, kHG = 64;       // query heads; per CTA
 constexpr int kLatent = 512, kRope = 64, kWidth = kLatent + kRope;
 constexpr int kBlocks = kWidth / 64;       // 9 column blocks of 64 (one 128-byte swizzle span each)
-constexpr int kTile = 64;                  // cache rows per tile
 constexpr int kStages = 2;
 constexpr int kBlockBytes = 64 * 128;      // 64 rows x 128 bytes
 constexpr int kTileBytes = kBlocks * kBlockBytes;  // 73,728: one cache tile, also Q

@@ -29,18 +29,6 @@ int mla_num_sms() {
   return sms[dev & 63];
 }
 
-MlaConfig mla_config(int bs, int kv_len, int sms) {
-  // Split the cache so that there are about two waves of CTAs, keeping at least 4 tiles per split. At batch 128
-  // this gives 2 splits (512 CTAs) where one (256 CTAs, 1.94 waves of 132) has the same wave efficiency and needs
-  // no combine: KBENCH_MLA_SPLITS=1 is that candidate (docs/mla-decode-notes.md), timed by benchmarks/mla_decode.py.
-  const int ctas = 2 * bs, tiles = (kv_len + kTile - 1) / kTile;
-  int splits = (2 * sms + ctas - 1) / ctas;
-  splits = std::max(1, std::min(splits, std::max(1, tiles / 4)));
-  const int forced = kb::env_int("KBENCH_MLA_SPLITS", 0);
-  if (forced > 0) splits = std::min(forced, tiles);
-  return MlaConfig{splits};
-}
-
 void mla_describe(const MlaConfig& c, char* buf, int size) { snprintf(buf, size, "MlaConfig{splits=%d}", c.splits); }
 
 const char* mla_run(const MlaArgs& a, cudaStream_t stream) {
@@ -66,7 +54,7 @@ const char* mla_run(const MlaArgs& a, cudaStream_t stream) {
   p.tiles_per_split = (tiles + a.splits - 1) / a.splits;
   p.scale_log2 = static_cast<float>(1.4426950408889634 / std::sqrt(192.0));
   if (a.splits > 1 && (!a.part_o || !a.part_ml)) return "mla cuda: a split plan needs the partial buffers";
-  mla_attention_kernel<<<2 * a.bs * a.splits, kThreads, kSmemBytes, stream>>>(tm_q, tm_kv, p);
+  mla_attention_kernel<<<kHeadGroups * a.bs * a.splits, kThreads, kSmemBytes, stream>>>(tm_q, tm_kv, p);
   if (a.splits > 1)
     mla_combine_kernel<<<(a.bs * kHeads + 7) / 8, 256, 0, stream>>>(a.part_o, a.part_ml,
                                                                     static_cast<__nv_bfloat16*>(a.out), a.bs,

@@ -4,6 +4,8 @@
 
 #include <cstdint>
 
+#include "mla_config.h"
+
 // The absorbed attention of one MLA decode step over the latent cache (DeepSeek dims: 128 heads, latent 512 +
 // rope 64, fixed by the kernel).
 struct MlaArgs {
@@ -18,14 +20,7 @@ struct MlaArgs {
   int splits;           // the cache split over this many CTAs per (batch row, head group); 1: no combine pass
 };
 
-// A named configuration of the attention launch (KBENCH_PRINT_CONFIG=1 prints the one picked for each shape).
-struct MlaConfig {
-  int splits;  // CTAs per (batch row, head group) the cache is split over; > 1 adds the combine pass
-};
-
 int mla_num_sms();
-// The configuration for a shape (splits fill the GPU when the batch alone cannot); KBENCH_MLA_SPLITS=N forces N.
-MlaConfig mla_config(int bs, int kv_len, int sms);
 void mla_describe(const MlaConfig& c, char* buf, int size);
 const char* mla_run(const MlaArgs& args, cudaStream_t stream);
 

@@ -1,0 +1,33 @@
+// The attention launch's named configuration and how a shape picks it. Plain C++ (no CUDA): binding.cpp, mla.cu and
+// a CPU test (tests/test_knobs.py) include it.
+#pragma once
+#include <algorithm>
+
+#include "knobs.h"
+
+namespace mla {
+constexpr int kTile = 64;                 // cache rows per tile (one TMA box of the attention kernel)
+constexpr int kHeads = 128, kHG = 64;     // query heads; per CTA
+constexpr int kHeadGroups = kHeads / kHG;  // CTAs per batch row without a split
+}  // namespace mla
+
+// KBENCH_PRINT_CONFIG=1 prints the one picked for each shape.
+struct MlaConfig {
+  int splits;  // CTAs per (batch row, head group) the cache is split over; > 1 adds the combine pass
+};
+
+// bs batch rows, kv_len cache rows to read, sms the GPU's SM count. KBENCH_MLA_SPLITS=N forces N splits.
+inline MlaConfig mla_config(int bs, int kv_len, int sms) {
+  // No split where one CTA per (row, head group) already fills >= 90% of its waves (batch 128 on 132 SMs: 256 CTAs
+  // in 2 waves, 97%): splitting adds the combine pass and the fp32 partials for no wave gain (measured on two H100s,
+  // official protocol: 6-25% faster than 2 splits; docs/mla-decode-notes.md). Otherwise split the cache so that
+  // there are about two waves of CTAs, keeping at least 4 tiles per split.
+  const int ctas = mla::kHeadGroups * bs, tiles = (kv_len + mla::kTile - 1) / mla::kTile;
+  const int waves = (ctas + sms - 1) / sms;
+  int splits = 1;
+  if (10 * ctas < 9 * waves * sms)
+    splits = std::max(1, std::min((2 * sms + ctas - 1) / ctas, std::max(1, tiles / 4)));
+  const int forced = kb::env_int("KBENCH_MLA_SPLITS", 0);
+  if (forced > 0) splits = std::min(forced, tiles);
+  return MlaConfig{splits};
+}
