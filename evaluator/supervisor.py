@@ -20,7 +20,7 @@ from . import timing
 from .harness import CASE_MARK
 from .record import CaseResult
 from .stage import case_output
-from .workers import WorkerGroup, exit_text
+from .workers import WorkerGroup, exit_text, stale_build_locks
 
 MAX_MESSAGE_BYTES = 64 << 20  # far above any real message (a profile table); a forged length header fails at once
 KINDS = ("hello", "start", "result", "fatal", "done")
@@ -65,6 +65,7 @@ class Supervisor:
         self.ended = False                           # the group cannot run another case
         self.open = dict(enumerate(group.conns))
         self.started_at = time.monotonic()
+        self.born = time.time()                      # a build lock older than this is not the group's own
         self.fatal: str | None = None
         self.broken: str | None = None
 
@@ -196,9 +197,12 @@ class Supervisor:
             left = self.run.deadline - now
             if left <= 0:
                 self.g.dump_stacks()
+                locks = stale_build_locks(self.born)
+                why = (f"; torch's build lock {locks[0]} is older than this run: an interrupted build left it and "
+                       "every later build of that extension waits on it; delete it and run again") if locks else ""
                 self.finish_case("timeout", message=f"timed out: the run passed its time limit of "
                                                     f"{self.run.limit_s:g} s (the worker was killed; "
-                                                    f"{self.run.log_hint(0)})")
+                                                    f"{self.run.log_hint(0)}){why}")
                 return
             if self.grace_until is not None and now >= self.grace_until:
                 self.finish_case(dead=self.dead_ranks())

@@ -19,6 +19,24 @@ from pathlib import Path
 from .stage import log_path
 
 
+def stale_build_locks(before: float) -> list[Path]:
+    """torch's extension build locks last touched before ``before`` (epoch seconds). A build that was interrupted
+    (Ctrl-C, a killed run) leaves its ``lock`` file behind, and every later load of that extension waits on it
+    forever (torch.utils.file_baton): a worker hanging in its import is often this."""
+    root = os.environ.get("TORCH_EXTENSIONS_DIR")
+    if not root:
+        root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "torch_extensions"
+    found = []
+    for pattern in ("*/lock", "*/*/lock"):  # <root>/<name>/lock, or <root>/py<ver>_<cuda>/<name>/lock
+        for lock in Path(root).glob(pattern):
+            try:
+                if lock.stat().st_mtime < before:
+                    found.append(lock)
+            except OSError:  # released meanwhile
+                pass
+    return sorted(found)
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that nothing listens on now (the official harness's fixed 12356 may be taken)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:

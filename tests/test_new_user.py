@@ -151,6 +151,19 @@ def test_a_hang_costs_the_runs_time_limit_not_more(tmp_path):
     assert "rank0.log" not in result.output          # a deleted folder is never named
 
 
+def test_a_hang_on_a_stale_build_lock_names_the_lock(tmp_path, monkeypatch):
+    lock = tmp_path / "ext" / "kbench_stale" / "lock"
+    lock.parent.mkdir(parents=True)
+    lock.write_text("")
+    os.utime(lock, (lock.stat().st_atime - 600, lock.stat().st_mtime - 600))  # left by a build 10 minutes ago
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "ext"))
+    result = invoke("test", "fp8-mm", "--device", "cpu", "--submission", str(FIX / "waits_on_build_lock.py"),
+                    "--case", "m: 128; n: 128; k: 256; seed: 1", "--timeout", "8")
+    assert result.exit_code == 1
+    assert f"torch's build lock {lock} is older than this run" in result.output.replace("\n", "")
+    assert "delete it and run again" in result.output.replace("\n", "")
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # 5. results never lost
 
