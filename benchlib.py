@@ -323,7 +323,8 @@ def official_figures(problem: str, backend: str, candidates: Mapping[str, Mappin
                 cmd = [sys.executable, "-m", "kbench", "perf", problem, "--backend", backend, "--mode", mode,
                        "--json", str(path)]
                 done = subprocess.run(cmd, env={**os.environ, **settings}, capture_output=True, text=True)
-                print(f"{label} ({mode}): rc={done.returncode}\n" + done.stdout[-1500:] + done.stderr[-1500:], flush=True)
+                print(f"{label} ({mode}): rc={done.returncode}\n{done.stdout[-1500:]}{done.stderr[-1500:]}",
+                      flush=True)
                 got = rows_from_record(json.loads(path.read_text()), label) if path.is_file() else []
             record(problem, got)  # each run's rows at once: a session cut off later keeps them
             rows += got

@@ -198,8 +198,9 @@ class Supervisor:
             if left <= 0:
                 self.g.dump_stacks()
                 locks = stale_build_locks(self.born)
-                why = (f"; torch's build lock {locks[0]} is older than this run: an interrupted build left it and "
-                       "every later build of that extension waits on it; delete it and run again") if locks else ""
+                why = (f"; torch's build lock {locks[0]} is older than this run: unless another build is running, "
+                       "an interrupted one left it and every load of that extension waits on it; delete it and run "
+                       "again") if locks else ""
                 self.finish_case("timeout", message=f"timed out: the run passed its time limit of "
                                                     f"{self.run.limit_s:g} s (the worker was killed; "
                                                     f"{self.run.log_hint(0)}){why}")
