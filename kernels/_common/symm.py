@@ -6,6 +6,7 @@ rank reaches it in the same call, as every rank calls custom_kernel together.
 Layout the backends share: the first FLAG_BYTES hold uint32 flags (zeroed once), data follows.
 """
 import os
+import warnings
 
 os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
 
@@ -26,7 +27,9 @@ def _rendezvous(t: torch.Tensor):
     enable = getattr(symm_mem, "enable_symm_mem_for_group", None)
     if enable is not None:
         try:
-            enable(group.group_name)
+            with warnings.catch_warnings():  # torch >= 2.11 enables every group itself and warns that it does
+                warnings.simplefilter("ignore", FutureWarning)
+                enable(group.group_name)
         except Exception:  # noqa: BLE001 - newer torch enables every group by itself
             pass
     try:
