@@ -14,9 +14,11 @@ from __future__ import annotations
 import csv
 import datetime
 import io
+import json
 import math
 import os
 import subprocess
+import sys
 import tarfile
 import tempfile
 import unittest.mock
@@ -275,10 +277,11 @@ def knobs(settings: Mapping[str, str]):
 def selected(candidates: Mapping[str, Mapping[str, str]], names: str) -> dict[str, Mapping[str, str]]:
     """The candidates named in ``names`` (comma-separated keys of ``candidates``); an unknown name exits, naming
     the choices."""
-    for name in filter(None, names.split(",")):
+    wanted = [n for n in names.split(",") if n]
+    for name in wanted:
         if name not in candidates:
             raise SystemExit(f"unknown candidate {name!r}: choose from {', '.join(candidates)}")
-    return {n: candidates[n] for n in filter(None, names.split(","))}
+    return {n: candidates[n] for n in wanted}
 
 
 def checked_candidates(candidates: Mapping[str, Mapping[str, str]], names: str,
@@ -312,8 +315,6 @@ def official_figures(problem: str, backend: str, candidates: Mapping[str, Mappin
     """Judge ``backend`` as shipped and under each candidate's knobs with ``kbench perf PROBLEM --mode MODE`` (one
     worker process each, the official protocol), record the rows (backend "<backend>+<name>" for a candidate) and
     return them. A run that fails or crashes adds no rows; its output is printed."""
-    import json
-    import sys
     rows = []
     for mode in modes:
         for name, settings in [("", {})] + list(candidates.items()):

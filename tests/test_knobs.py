@@ -91,7 +91,7 @@ def test_mla_splits_only_where_the_batch_leaves_waves_empty(tmp_path, forced):
     count (at most the tiles)."""
     knobs = {"KBENCH_MLA_SPLITS": forced} if forced else {}
     run = _compile_and_run(tmp_path, MLA_CONFIG_PROGRAM, ROOT / "kernels" / "mla-decode" / "cuda", **knobs)
-    assert run.stdout.split() == (["1", "1", "1", "2", "4", "16", "1"] if not forced else ["2"] * 6 + ["2"])
+    assert run.stdout.split() == (["2"] * 7 if forced else ["1", "1", "1", "2", "4", "16", "1"])
 
 
 def test_benchlib_knobs_set_and_restore(monkeypatch):
