@@ -358,7 +358,8 @@ def _markdown(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]
 
 def results_markdown(folder: Path) -> str:
     """Markdown tables of every <folder>/<problem>.csv. Per problem and per (metric, GPU, world size): cases x
-    backends, each cell the latest figure (us); "<backend>/<stage>" rows go to a table of stages below it."""
+    backends, each cell the latest figure (us); "<backend>/<stage>" rows go to a table of stages below it, each
+    (backend, case) row with the stages of its latest date only."""
     order = {m: i for i, m in enumerate(METRICS)}
     out = []
     for path in sorted(Path(folder).glob("*.csv")):
@@ -387,8 +388,20 @@ def results_markdown(folder: Path) -> str:
             if stages:
                 owners = list(dict.fromkeys(b.split("/", 1)[0] for b in stages))
                 names = list(dict.fromkeys(b.split("/", 1)[1] for b in stages))
+                # a breakdown is one measurement: stages of an owner's earlier builds (gone since) are left out
+                newest = {}
+                for (b, c), r in latest.items():
+                    if "/" in b:
+                        key = (b.split("/", 1)[0], c)
+                        newest[key] = max(newest.get(key, ""), r["date"])
+
+                def stage_cell(o, n, c):
+                    r = latest.get((f"{o}/{n}", c))
+                    return cell(f"{o}/{n}", c) if r and r["date"] == newest[(o, c)] else "—"
+
+                names = [n for n in names if any(stage_cell(o, n, c) != "—" for o in owners for c in cases)]
                 out += [""] + _markdown(["stages of", "case"] + names,
-                                        [[o, labels[c]] + [cell(f"{o}/{n}", c) for n in names]
+                                        [[o, labels[c]] + [stage_cell(o, n, c) for n in names]
                                          for o in owners for c in cases
                                          if any((f"{o}/{n}", c) in latest for n in names)])
         out.append("")

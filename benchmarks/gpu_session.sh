@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
 # One device-machine session: install kbench in place, then run the named parts (several in one call).
 #   bash benchmarks/gpu_session.sh PART [PART...]      logs and results under $OUT (or ./gpu-out)
-# Parts (one GPU): build (compile the CUDA backends in parallel first: saves minutes on a fresh machine), probe,
+# Parts (one GPU): build (compile the CUDA backends in parallel first: saves minutes on a fresh machine; BUILD_SPECS
+#   = "problem:dev ..." picks which), probe,
 #   fp8-check, fp8-perf, moe-check, moe-perf, mla-check, mla-perf (checks, then the benchmark scripts with their
-#   candidates, then kbench perf), tier (the GPU test tier), profile (kbench profile of moe and mla-decode cuda),
+#   candidates, then kbench perf; mla-bench: only the benchmark script, BENCH_CANDIDATES = which), tier (the GPU test tier), profile (kbench profile of moe and mla-decode cuda),
 #   sanitize (compute-sanitizer on small cases of the CUDA backends), moe-official, mla-official (kbench perf of the
-#   shipped build and of each candidate, in the modes OFFICIAL_MODES, default benchmark);
-# Limits: TIER_S, PROFILE_S, SANITIZE_S seconds; TIER_FILES = the test files of the tier, in the order given.
+#   shipped build and of each candidate, in the modes OFFICIAL_MODES, default benchmark; OFFICIAL_CANDIDATES = which
+#   candidates, comma-separated, default all);
+# Limits: TIER_S, PROFILE_S, SANITIZE_S seconds; TIER_FILES = the test files of the tier, in the order given;
+#   TIER_K = a pytest -k expression selecting among them.
 # several GPUs: dist-check, dist-bench (benchmarks/distributed.py), dist-perf (kbench perf), dist-tier, window-ab
 #   (all2all's torch backend judged, alternately, by kbench as it was at the revision in OLD_KBENCH, a `git archive`
 #   tarball, and by kbench now: the multi-rank window before and after it matched the official harness).
@@ -36,7 +39,7 @@ n=$(nvidia-smi -L | wc -l)
 for part in "$@"; do
   case "$part" in
   build) stamp "build: the single-GPU CUDA backends, in parallel, into the extension cache the tests reuse"
-         for spec in fp8-mm:0 moe:0 moe:1 mla-decode:0; do
+         for spec in ${BUILD_SPECS:-fp8-mm:0 moe:0 moe:1 mla-decode:0}; do
            python3 -c "from kbench import benchlib; benchlib.build('${spec%%:*}', 'cuda', dev=bool(${spec##*:}))" \
              >"$W/logs/build_${spec/:/_}.log" 2>&1 &
          done
@@ -49,19 +52,23 @@ for part in "$@"; do
   moe-perf) step 400 moe_bench python3 benchmarks/moe.py
             step 300 moe_perf kbench perf moe --backend cuda --json "$W/records/perf_moe_cuda.json"
             step 400 moe_lb kbench perf moe --backend cuda --mode leaderboard --json "$W/records/lb_moe_cuda.json" ;;
-  moe-official) step "${OFFICIAL_S:-300}" moe_official python3 benchmarks/moe.py --official "${OFFICIAL_MODES:-benchmark}" ;;
-  mla-official) step "${OFFICIAL_S:-300}" mla_official python3 benchmarks/mla_decode.py --official "${OFFICIAL_MODES:-benchmark}" ;;
+  moe-official) step "${OFFICIAL_S:-300}" moe_official python3 benchmarks/moe.py --official "${OFFICIAL_MODES:-benchmark}" \
+                  ${OFFICIAL_CANDIDATES+--candidates "$OFFICIAL_CANDIDATES"} ;;
+  mla-official) step "${OFFICIAL_S:-300}" mla_official python3 benchmarks/mla_decode.py --official "${OFFICIAL_MODES:-benchmark}" \
+                  ${OFFICIAL_CANDIDATES+--candidates "$OFFICIAL_CANDIDATES"} ;;
+  mla-bench) step "${BENCH_S:-400}" mla_bench python3 benchmarks/mla_decode.py \
+               ${BENCH_CANDIDATES+--candidates "$BENCH_CANDIDATES"} ;;
   mla-check) step 500 mla_check python3 -m pytest -q -x -p no:cacheprovider tests/test_mla_cuda_gpu.py ;;
   mla-perf) step 400 mla_bench python3 benchmarks/mla_decode.py
             step 300 mla_perf kbench perf mla-decode --backend cuda --json "$W/records/perf_mla-decode_cuda.json"
             step 400 mla_lb kbench perf mla-decode --backend cuda --mode leaderboard --json "$W/records/lb_mla-decode_cuda.json" ;;
   tier) step "${TIER_S:-600}" tier python3 -m pytest -m gpu -q -rs --durations=15 -p no:cacheprovider \
-          --timeout "${TEST_S:-240}" ${TIER_FILES:-tests} ;;
+          --timeout "${TEST_S:-240}" ${TIER_K:+-k "$TIER_K"} ${TIER_FILES:-tests} ;;
   profile) for p in moe mla-decode; do  # the torch profiler's top kernels of one call per benchmark case
              step "${PROFILE_S:-120}" "profile_$p" kbench profile "$p" --backend cuda
            done ;;
   sanitize) step "${SANITIZE_S:-400}" sanitize compute-sanitizer --tool memcheck python3 -m pytest -q -x -p no:cacheprovider \
-              tests/test_moe_cuda_gpu.py tests/test_mla_cuda_gpu.py -k "synthetic and 7-8 or definition and 3-65" ;;
+              tests/test_moe_cuda_gpu.py tests/test_mla_cuda_gpu.py -k "synthetic and 7-8 or definition and 3-65 or fused and 1-0" ;;
   dist-check) step "${CHECK_S:-500}" dist_check python3 -m pytest -q -x -p no:cacheprovider tests/test_dist_cuda_gpu.py ;;
   dist-bench) for p in all2all gemm-rs ag-gemm; do
                step 150 "bench_$p" torchrun --nproc-per-node "$n" benchmarks/distributed.py "$p" --runs "${RUNS:-20}"

@@ -22,8 +22,8 @@ BF16_FLOPS, HBM_BPS = 790e12, 3.0e12
 # candidate name -> knobs (kernels/mla-decode/cuda/mla_api.h: MlaConfig); predictions in docs/mla-decode-notes.md.
 # Each is checked on every official case, then timed beside the default as "cuda+<name>"; --rev REV does the same
 # for the cuda backend as it was at git revision REV ("cuda@REV").
-CANDIDATES = {"splits1": {"KBENCH_MLA_SPLITS": "1"}, "fused-q": {"KBENCH_MLA_FUSED_Q": "1"},
-              "both": {"KBENCH_MLA_SPLITS": "1", "KBENCH_MLA_FUSED_Q": "1"}}
+CANDIDATES = {"eager": {"KBENCH_MLA_GRAPH": "0"},
+              "no-prefetch": {"KBENCH_MLA_PREFETCH_TABLES": "0"}}
 
 
 def checks(mod, ref) -> list[str]:
@@ -61,13 +61,13 @@ def time_case(case, cuda_mod, torch_mod, ref, runs, candidates, revisions) -> di
     bs, kv_len = x.shape[0], seq0 + 1
     q = torch.randn(bs, 128, 576, device="cuda").bfloat16()
     cos, sin = cuda_mod._rope_tables(cache.data.shape[1], 64, x.device)
-    row["attention"] = timer(lambda: cuda_mod.ext.mla_attention(q, cache.data, kv_len, cos, sin), runs)
+    row["attention"] = timer(lambda: cuda_mod.ext.mla_attention(q, cache.data, kv_len, cos, sin, None), runs)
     row["attention_GBps"] = bs * kv_len * 576 * 2 / (row["attention"] * 1e-6) / 1e9
     row["projections"] = row["cuda"] - row["attention"]
     for name in candidates:
         with benchlib.knobs(CANDIDATES[name]):
             row[f"cuda+{name}"] = timer(lambda: call(cuda_mod), runs)
-            row[f"cuda+{name}/attention"] = timer(lambda: cuda_mod.ext.mla_attention(q, cache.data, kv_len, cos, sin),
+            row[f"cuda+{name}/attention"] = timer(lambda: cuda_mod.ext.mla_attention(q, cache.data, kv_len, cos, sin, None),
                                                   runs)
     for name, mod in revisions.items():
         row[name] = timer(lambda: call(mod), runs)

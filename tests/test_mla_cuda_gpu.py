@@ -32,14 +32,21 @@ def attention_definition(q, cache, kv_len, cos, sin):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("bs,kv_len,splits", [(1, 2, None), (3, 65, None), (16, 1025, None), (128, 130, None),
-                                              (2, 8192, None), (128, 4097, None), (128, 4097, "2"), (16, 1025, "3")])
-def test_attention_matches_the_definition(mla, bs, kv_len, splits, monkeypatch):
-    """splits: None = the shipped choice; else KBENCH_MLA_SPLITS forces that many (the candidates' knob)."""
+@pytest.mark.parametrize("bs,kv_len,splits,knobs",
+                         [(1, 2, None, ""), (3, 65, None, ""), (16, 1025, None, ""), (128, 130, None, ""),
+                          (2, 8192, None, ""), (128, 4097, None, ""), (128, 4097, "2", ""), (16, 1025, "3", ""),
+                          (3, 65, None, "PREFETCH_TABLES=0"), (128, 4097, None, "PREFETCH_TABLES=0"),
+                          (16, 1025, "3", "PREFETCH_TABLES=0")])
+def test_attention_matches_the_definition(mla, bs, kv_len, splits, knobs, monkeypatch):
+    """splits: None = the shipped choice, else KBENCH_MLA_SPLITS forces it; knobs: other KBENCH_MLA_ settings (the
+    candidates' knobs), comma-separated NAME=VALUE."""
     import torch
 
     if splits:
         monkeypatch.setenv("KBENCH_MLA_SPLITS", splits)
+    for knob in filter(None, knobs.split(",")):
+        name, value = knob.split("=")
+        monkeypatch.setenv(f"KBENCH_MLA_{name}", value)
 
     gen = torch.Generator(device="cuda")
     gen.manual_seed(bs * 10000 + kv_len)
@@ -51,7 +58,7 @@ def test_attention_matches_the_definition(mla, bs, kv_len, splits, monkeypatch):
     expected = attention_definition(q, cache, kv_len, cos, sin)
     for attempt in range(2):
         benchlib.poison_allocator()
-        out = mla.ext.mla_attention(q, cache, kv_len, cos, sin)
+        out = mla.ext.mla_attention(q, cache, kv_len, cos, sin, None)
         torch.cuda.synchronize()
         rel = ((out.float() - expected).norm() / expected.norm()).item()
         ratio = benchlib.tolerance_ratio(out, expected, 2e-2, 8e-3)
@@ -89,7 +96,8 @@ def test_200_reseeded_leaderboard_runs(mla, tmp_path):
 @pytest.mark.gpu
 @pytest.mark.parametrize("bs,pos", [(1, 0), (16, 1024), (128, 6144)])
 def test_fused_q_assembly_is_bitwise_the_torch_path(mla, bs, pos):
-    """The candidate KBENCH_MLA_FUSED_Q=1 builds q_full in one launch; it must equal the torch ops it replaces."""
+    """ext.mla_assemble_q builds q_full in one launch reading the position from device memory; it must equal the
+    torch ops it replaced (the reference's bf16 RoPE)."""
     import torch
 
     gen = torch.Generator(device="cuda")
@@ -101,4 +109,35 @@ def test_fused_q_assembly_is_bitwise_the_torch_path(mla, bs, pos):
     rope = q[..., 128:]
     expected = torch.cat([qn.transpose(0, 1), rope * c + torch.cat((-rope[..., 32:], rope[..., :32]), -1) * s], -1)
     benchlib.poison_allocator()
-    assert torch.equal(mla.ext.mla_assemble_q(qn, q, cos, sin, pos), expected)
+    lens = torch.tensor([pos + 1], dtype=torch.int32, device="cuda")
+    assert torch.equal(mla.ext.mla_assemble_q(qn, q, cos, sin, lens), expected)
+    lens.fill_(8193)  # past the tables: NaN rather than a read out of bounds
+    assert mla.ext.mla_assemble_q(qn, q, cos, sin, lens)[..., 512:].isnan().all()
+
+
+@pytest.mark.gpu
+def test_graph_replays_follow_the_inputs_and_the_growing_cache(mla, monkeypatch):
+    """The shipped graph path, as benchmark mode calls it: the same (config, x, cache) objects call after call, the cache
+    one row longer each time, x rewritten in place between calls. Every call must equal the eager path on a copy
+    (run eagerly and captured on the first call, replayed from the second), and each call returns its own tensor."""
+    import torch
+
+    ref = problems.load_modules("mla-decode").reference
+    config, x, cache = ref.generate_input(batchsize=16, dim=7168, dq=1536, prefill=1100, seed=5)
+    outputs = []
+    for call in range(4):
+        x.copy_(torch.randn(x.shape, device="cuda", dtype=x.dtype))
+        expected_data = ref.copy_data((config, x, cache))
+        monkeypatch.setenv("KBENCH_MLA_GRAPH", "0")
+        expected, _ = mla.custom_kernel(expected_data)
+        monkeypatch.delenv("KBENCH_MLA_GRAPH")
+        benchlib.poison_allocator()
+        out, data = mla.custom_kernel((config, x, cache))
+        torch.cuda.synchronize()
+        assert data is cache.data and cache.seq_len == 1100 + call + 1
+        assert torch.equal(cache.data[:, :cache.seq_len], expected_data[2].data[:, :cache.seq_len]), f"call {call}"
+        ratio = benchlib.tolerance_ratio(out, expected, 2e-2, 8e-3)  # cuBLAS may pick other algorithms in a graph
+        assert ratio <= 1, f"call {call}: the graph's output is {ratio:.2f}x the tolerance from the eager path's"
+        outputs.append(out)
+    assert len(mla._graphs) == 1, "captured once, after the first call"
+    assert len({o.data_ptr() for o in outputs}) == len(outputs), "each call returns its own tensor"

@@ -57,6 +57,20 @@ def test_tables_show_the_latest_figure_stages_apart_and_short_case_labels(tmp_pa
     assert "2026-01-01 to 2026-01-02" in text
 
 
+def test_a_stage_breakdown_shows_only_its_latest_measurement(tmp_path):
+    """A stage the build no longer has (measured on an earlier date) must not sit beside today's stages."""
+    a = "m: 64; n: 128; k: 256; seed: 1"
+    _write(tmp_path, "fp8-mm", [
+        ("H100", 1, "cuda/gemm", "profiler", a, 9.0, "2026-01-01"),
+        ("H100", 1, "cuda/combine", "profiler", a, 4.0, "2026-01-01"),   # gone from the later build
+        ("H100", 1, "cuda/gemm", "profiler", a, 7.0, "2026-01-02"),
+        ("H100", 1, "cuda/epilogue", "profiler", a, 2.0, "2026-01-02"),
+    ])
+    text = benchlib.results_markdown(tmp_path)
+    assert "| stages of | case | gemm | epilogue |" in text and f"| cuda | {a} | 7.0 | 2.0 |" in text
+    assert "combine" not in text and "4.0" not in text
+
+
 def test_update_readme_rewrites_only_between_the_markers(tmp_path):
     _write(tmp_path, "moe", [("H100", 1, "cuda", "official", "geomean", 1.5, "2026-01-01")])
     readme = tmp_path / "README.md"

@@ -1,7 +1,8 @@
-// The absorbed query of one decode step in one launch, in place of ~10 small torch ops (a candidate,
-// KBENCH_MLA_FUSED_Q=1; docs/mla-decode-notes.md): q_full[b][h] = (q_nope W_UK)[h][b] (512) | RoPE(q_rope[b][h]) (64).
-// RoPE with the reference's bf16 roundings, as entry.py computes it in torch: out = bf16(bf16(x * cos) + bf16(rot * sin))
-// with rot = (-x[32..63], x[0..31]) and cos/sin of position `pos` repeated over both halves.
+// The absorbed query of one decode step in one launch, in place of ~10 small torch ops (docs/mla-decode-notes.md):
+// q_full[b][h] = (q_nope W_UK)[h][b] (512) | RoPE(q_rope[b][h]) (64). RoPE with the reference's bf16 roundings, as
+// the torch ops it replaced computed it: out = bf16(bf16(x * cos) + bf16(rot * sin))
+// with rot = (-x[32..63], x[0..31]) and cos/sin of position pos = kv_len - 1 repeated over both halves. kv_len comes
+// from device memory so that a captured graph replays for every cache length.
 #pragma once
 #include <cstdint>
 #include <cuda_bf16.h>
@@ -13,13 +14,14 @@ constexpr int kAssembleThreads = 256;  // one thread per 8 output elements: 72 p
 __device__ __forceinline__ float bf16r(float x) { return __bfloat162float(__float2bfloat16_rn(x)); }
 
 // qn [H][bs][512] (the per-head bmm's output), q [bs][H][192] (q_nope 128 | q_rope 64, un-rotated),
-// cos_tab / sin_tab [max_seq][32]; writes q_full [bs][H][576].
+// cos_tab / sin_tab [max_seq][32], kv_len [1]; writes q_full [bs][H][576].
 __global__ void __launch_bounds__(kAssembleThreads) assemble_q_kernel(const __nv_bfloat16* __restrict__ qn,
                                                                       const __nv_bfloat16* __restrict__ q,
                                                                       const __nv_bfloat16* __restrict__ cos_tab,
                                                                       const __nv_bfloat16* __restrict__ sin_tab,
                                                                       __nv_bfloat16* __restrict__ q_full, int bs,
-                                                                      int heads, int pos) {
+                                                                      int heads, const int* __restrict__ kv_len,
+                                                                      int max_seq) {
   const long long i = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x;
   const long long rows = static_cast<long long>(bs) * heads;
   if (i >= rows * 72) return;
@@ -32,6 +34,11 @@ __global__ void __launch_bounds__(kAssembleThreads) assemble_q_kernel(const __nv
     return;
   }
   const int c = chunk - 64;  // rope elements 8c .. 8c+7; their partners 32 apart are chunk (c + 4) % 8
+  const int pos = *kv_len - 1;
+  if (pos < 0 || pos >= max_seq) {
+    *dst = make_uint4(0x7fc07fc0u, 0x7fc07fc0u, 0x7fc07fc0u, 0x7fc07fc0u);  // bf16 NaN x 8
+    return;
+  }
   const __nv_bfloat16* rope = q + row * 192 + 128;
   const uint4 xv = *reinterpret_cast<const uint4*>(rope + 8 * c);
   const uint4 pv = *reinterpret_cast<const uint4*>(rope + 8 * ((c + 4) % 8));

@@ -41,24 +41,32 @@ struct Params {
   __nv_bfloat16* out;            // [bs][128][512]
   float* part_o;                 // [splits][bs][128][512] (splits > 1)
   float* part_ml;                // [splits][bs][128][2]
-  int bs, max_seq, kv_len, splits, tiles_per_split;
+  const int* kv_len;             // [1] in device memory: a captured graph replays for any cache length
+  int bs, max_seq, splits;
   float scale_log2;              // log2(e) / sqrt(192)
 };
 
 __device__ __forceinline__ float bf(float x) { return __bfloat162float(__float2bfloat16_rn(x)); }
 
-// Step 1: rope columns of tile rows [row, row + 1) for frequencies 8g .. 8g + 7, in place, with the reference's
-// roundings: out = bf16(bf16(x * cos) + bf16(rotate_half(x) * sin)).
-__device__ __forceinline__ void rope_in_place(uint8_t* rope_block, int r, int g, int pos, const Params& p) {
+struct RopeTables {  // cos and sin of one position, frequencies 8g .. 8g + 7
+  uint4 c, s;
+};
+
+__device__ __forceinline__ RopeTables load_rope_tables(int pos, int g, const Params& p) {
+  const long long at = static_cast<long long>(pos) * 32 + 8 * g;
+  return {*reinterpret_cast<const uint4*>(p.cos_tab + at), *reinterpret_cast<const uint4*>(p.sin_tab + at)};
+}
+
+// Step 1: rope columns of tile row r for frequencies 8g .. 8g + 7, in place, with the reference's roundings:
+// out = bf16(bf16(x * cos) + bf16(rotate_half(x) * sin)).
+__device__ __forceinline__ void rotate_in_place(uint8_t* rope_block, int r, int g, const RopeTables& t) {
   uint4* lo = reinterpret_cast<uint4*>(rope_block + sw128_offset(r, g));      // x[8g .. 8g+7]
   uint4* hi = reinterpret_cast<uint4*>(rope_block + sw128_offset(r, g + 4));  // x[32+8g .. 32+8g+7]
-  const uint4 c4 = *reinterpret_cast<const uint4*>(p.cos_tab + static_cast<long long>(pos) * 32 + 8 * g);
-  const uint4 s4 = *reinterpret_cast<const uint4*>(p.sin_tab + static_cast<long long>(pos) * 32 + 8 * g);
   uint4 a = *lo, b = *hi;
   __nv_bfloat16* x1 = reinterpret_cast<__nv_bfloat16*>(&a);
   __nv_bfloat16* x2 = reinterpret_cast<__nv_bfloat16*>(&b);
-  const __nv_bfloat16* cs = reinterpret_cast<const __nv_bfloat16*>(&c4);
-  const __nv_bfloat16* sn = reinterpret_cast<const __nv_bfloat16*>(&s4);
+  const __nv_bfloat16* cs = reinterpret_cast<const __nv_bfloat16*>(&t.c);
+  const __nv_bfloat16* sn = reinterpret_cast<const __nv_bfloat16*>(&t.s);
 #pragma unroll
   for (int e = 0; e < 8; ++e) {
     const float u = __bfloat162float(x1[e]), v = __bfloat162float(x2[e]);
@@ -70,6 +78,9 @@ __device__ __forceinline__ void rope_in_place(uint8_t* rope_block, int r, int g,
   *hi = b;
 }
 
+// kPrefetchTables: each consumer thread loads the cos/sin it needs for the next tile while this one is processed,
+// taking the tables' L2 latency off the per-tile path (MlaConfig::prefetch_tables).
+template <bool kPrefetchTables>
 __global__ void __launch_bounds__(kThreads, 1) mla_attention_kernel(const __grid_constant__ CUtensorMap tm_q,
                                                                     const __grid_constant__ CUtensorMap tm_kv,
                                                                     const Params p) {
@@ -87,9 +98,11 @@ __global__ void __launch_bounds__(kThreads, 1) mla_attention_kernel(const __grid
   const int b = blockIdx.x / (2 * p.splits);
   const int hg = (blockIdx.x / p.splits) % 2;
   const int split = blockIdx.x % p.splits;
-  const int num_tiles = (p.kv_len + kTile - 1) / kTile;
-  const int tile0 = split * p.tiles_per_split;
-  const int tile1 = min(num_tiles, tile0 + p.tiles_per_split);
+  const int kv_len = *p.kv_len;
+  const int num_tiles = (kv_len + kTile - 1) / kTile;
+  const int tiles_per_split = (num_tiles + p.splits - 1) / p.splits;
+  const int tile0 = split * tiles_per_split;
+  const int tile1 = min(num_tiles, tile0 + tiles_per_split);
 
   if (threadIdx.x == 0) {
     mbar_init(q_full, 1);
@@ -138,6 +151,9 @@ __global__ void __launch_bounds__(kThreads, 1) mla_attention_kernel(const __grid
   for (int i = 0; i < 128; ++i) o[i] = 0.0f;
   float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
 
+  RopeTables tables{};  // kPrefetchTables: this thread's cos/sin for the tile it rotates next
+  if (kPrefetchTables && tile0 < tile1)
+    tables = load_rope_tables(tile0 * kTile + (threadIdx.x >> 2), threadIdx.x & 3, p);
   mbar_wait(q_full, 0);
   int s = 0;
   uint32_t phase = 0;
@@ -146,7 +162,12 @@ __global__ void __launch_bounds__(kThreads, 1) mla_attention_kernel(const __grid
     mbar_wait(&full[s], phase);
     {  // 1. RoPE on the tile's rope columns (block 8): thread -> (row, frequency group)
       const int r = threadIdx.x >> 2, g = threadIdx.x & 3, pos = tile * kTile + r;
-      if (pos < p.kv_len) rope_in_place(kv + 8 * kBlockBytes, r, g, pos, p);
+      if constexpr (kPrefetchTables) {
+        if (pos < kv_len) rotate_in_place(kv + 8 * kBlockBytes, r, g, tables);
+        if (tile + 1 < tile1) tables = load_rope_tables(pos + kTile, g, p);
+      } else if (pos < kv_len) {
+        rotate_in_place(kv + 8 * kBlockBytes, r, g, load_rope_tables(pos, g, p));
+      }
       fence_proxy_async_smem();
       named_bar_sync(kBarRope, 256);
     }
@@ -175,7 +196,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_attention_kernel(const __grid
         for (int e = 0; e < 2; ++e) {
           const int pos = tile * kTile + w * 32 + 8 * c + frag_col + e;
           float& v = sc[4 * c + 2 * h + e];
-          v = pos < p.kv_len ? v * p.scale_log2 : -INFINITY;
+          v = pos < kv_len ? v * p.scale_log2 : -INFINITY;
           m_loc[h] = fmaxf(m_loc[h], v);
         }
 #pragma unroll

@@ -9,11 +9,26 @@
 #include "knobs.h"
 #include "mla_api.h"
 
+// lens: int32 [1] on q's device (the cache length the kernels read from device memory).
+static void check_lengths(const torch::Tensor& lens, const torch::Tensor& q, const char* who) {
+  TORCH_CHECK(lens.scalar_type() == at::kInt && lens.numel() == 1 && lens.device() == q.device(), who,
+              ": lens must be an int32 tensor of one element on q's device");
+}
+
+// The caller's device-side length, or a new one holding kv_len.
+static torch::Tensor device_length(const c10::optional<torch::Tensor>& lens, int64_t kv_len, const torch::Tensor& q,
+                                   const char* who) {
+  if (!lens.has_value()) return torch::full({1}, kv_len, q.options().dtype(torch::kInt));
+  check_lengths(*lens, q, who);
+  return *lens;
+}
+
 // q [bs, 128, 576] bf16 (absorbed q_nope | roped q_rope); cache [bs, max_seq, 576] bf16 holding kv_len rows;
-// cos, sin [max_seq, 32] bf16 (the reference's RoPE of positions 0 .. max_seq-1). Returns [bs, 128, 512] bf16:
-// softmax(q k^T / sqrt(192)) @ latent per head, with RoPE applied to the cached keys on the fly.
-torch::Tensor mla_attention(torch::Tensor q, torch::Tensor cache, int64_t kv_len, torch::Tensor cos,
-                            torch::Tensor sin) {
+// cos, sin [max_seq, 32] bf16 (the reference's RoPE of positions 0 .. max_seq-1); lens: int32 [1] on the device
+// holding kv_len, what the kernel reads (so a captured graph replays for any length; made here when absent).
+// Returns [bs, 128, 512] bf16: softmax(q k^T / sqrt(192)) @ latent per head, with RoPE applied to the cached keys.
+torch::Tensor mla_attention(torch::Tensor q, torch::Tensor cache, int64_t kv_len, torch::Tensor cos, torch::Tensor sin,
+                            c10::optional<torch::Tensor> lens) {
   TORCH_CHECK(q.is_cuda() && q.scalar_type() == at::kBFloat16 && q.is_contiguous() && q.dim() == 3 &&
                   q.size(1) == 128 && q.size(2) == 576,
               "mla_attention: q must be a contiguous bf16 CUDA tensor [bs, 128, 576]");
@@ -23,6 +38,7 @@ torch::Tensor mla_attention(torch::Tensor q, torch::Tensor cache, int64_t kv_len
   TORCH_CHECK(cos.scalar_type() == at::kBFloat16 && sin.scalar_type() == at::kBFloat16 && cos.is_contiguous() &&
                   sin.is_contiguous() && cos.size(0) >= cache.size(1) && cos.size(1) == 32 && sin.sizes() == cos.sizes(),
               "mla_attention: cos and sin must be contiguous bf16 [max_seq, 32]");
+  const torch::Tensor len_dev = device_length(lens, kv_len, q, "mla_attention");
   const c10::cuda::CUDAGuard guard(q.device());
   const int64_t bs = q.size(0), max_seq = cache.size(1);
   torch::Tensor out = torch::empty({bs, 128, 512}, q.options());
@@ -35,16 +51,17 @@ torch::Tensor mla_attention(torch::Tensor q, torch::Tensor cache, int64_t kv_len
   a.bs = static_cast<int>(bs);
   a.max_seq = static_cast<int>(max_seq);
   a.kv_len = static_cast<int>(kv_len);
+  a.kv_len_dev = len_dev.data_ptr<int>();
   const MlaConfig config = mla_config(a.bs, a.kv_len, mla_num_sms());
-  a.splits = config.splits;
+  a.config = config;
   kb::print_config_once([&](char* buf, int size) {
     const int len = snprintf(buf, size, "mla_attention bs=%d kv_len=%d: ", a.bs, a.kv_len);
     mla_describe(config, buf + len, size - len);
   });
   torch::Tensor part_o, part_ml;
-  if (a.splits > 1) {
-    part_o = torch::empty({a.splits, bs, 128, 512}, q.options().dtype(torch::kFloat));
-    part_ml = torch::empty({a.splits, bs, 128, 2}, q.options().dtype(torch::kFloat));
+  if (config.splits > 1) {
+    part_o = torch::empty({config.splits, bs, 128, 512}, q.options().dtype(torch::kFloat));
+    part_ml = torch::empty({config.splits, bs, 128, 2}, q.options().dtype(torch::kFloat));
     a.part_o = part_o.data_ptr<float>();
     a.part_ml = part_ml.data_ptr<float>();
   }
@@ -53,10 +70,11 @@ torch::Tensor mla_attention(torch::Tensor q, torch::Tensor cache, int64_t kv_len
   return out;
 }
 
-// The absorbed query in one launch (candidate KBENCH_MLA_FUSED_Q=1): qn [heads, bs, 512] bf16 (q_nope W_UK per head,
-// the bmm's output), q [bs, heads, 192] bf16 (q_nope | un-rotated q_rope), cos/sin [max_seq, 32] bf16, pos = the
-// decoded row's position. Returns q_full [bs, heads, 576] bf16, what mla_attention takes.
-torch::Tensor mla_assemble_q(torch::Tensor qn, torch::Tensor q, torch::Tensor cos, torch::Tensor sin, int64_t pos) {
+// The absorbed query in one launch: qn [heads, bs, 512] bf16 (q_nope W_UK per head, the bmm's output), q [bs, heads,
+// 192] bf16 (q_nope | un-rotated q_rope), cos/sin [max_seq, 32] bf16, lens int32 [1] on the device holding kv_len
+// (the decoded row sits at kv_len - 1). Returns q_full [bs, heads, 576] bf16, what mla_attention takes.
+torch::Tensor mla_assemble_q(torch::Tensor qn, torch::Tensor q, torch::Tensor cos, torch::Tensor sin,
+                             torch::Tensor lens) {
   TORCH_CHECK(qn.is_cuda() && qn.scalar_type() == at::kBFloat16 && qn.is_contiguous() && qn.dim() == 3 &&
                   qn.size(2) == 512,
               "mla_assemble_q: qn must be a contiguous bf16 CUDA tensor [heads, bs, 512]");
@@ -64,16 +82,15 @@ torch::Tensor mla_assemble_q(torch::Tensor qn, torch::Tensor q, torch::Tensor co
                   q.size(1) == qn.size(0) && q.size(2) == 192,
               "mla_assemble_q: q must be a contiguous bf16 tensor [bs, heads, 192]");
   TORCH_CHECK(cos.scalar_type() == at::kBFloat16 && sin.scalar_type() == at::kBFloat16 && cos.is_contiguous() &&
-                  sin.is_contiguous() && cos.size(1) == 32 && sin.sizes() == cos.sizes() && pos >= 0 &&
-                  pos < cos.size(0),
-              "mla_assemble_q: cos and sin must be contiguous bf16 [max_seq, 32] and 0 <= pos < max_seq");
+                  sin.is_contiguous() && cos.size(1) == 32 && sin.sizes() == cos.sizes(),
+              "mla_assemble_q: cos and sin must be contiguous bf16 [max_seq, 32]");
+  check_lengths(lens, q, "mla_assemble_q");
   const c10::cuda::CUDAGuard guard(q.device());
   const int64_t heads = qn.size(0), bs = qn.size(1);
   torch::Tensor q_full = torch::empty({bs, heads, 576}, q.options());
   const char* err = launch_mla_assemble_q(qn.data_ptr(), q.data_ptr(), cos.data_ptr(), sin.data_ptr(), q_full.data_ptr(),
-                                          static_cast<int>(bs), static_cast<int>(heads), static_cast<int>(pos),
-                                          c10::cuda::getCurrentCUDAStream().stream());
+                                          static_cast<int>(bs), static_cast<int>(heads), lens.data_ptr<int>(),
+                                          static_cast<int>(cos.size(0)), c10::cuda::getCurrentCUDAStream().stream());
   TORCH_CHECK(err == nullptr, err ? err : "");
   return q_full;
 }
-

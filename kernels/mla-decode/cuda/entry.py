@@ -5,6 +5,9 @@ Per head h, Wkvu holds W_UK[h] [128, 512] and W_UV[h] [128, 512], so q_nope . (W
 and sum_t p_t W_UV latent_t = W_UV (sum_t p_t latent_t): attention runs once over the 576-wide latent cache, read in
 place by ext.mla_attention (kernels/mla-decode/cuda/attention.cuh), which applies the keys' RoPE on the fly from
 cos/sin tables built with the reference's own bf16 ops. `ext` is the load_inline module the template defines above.
+Everything after the cache append is replayed as one CUDA graph while the inputs stay at their addresses
+(graph_replay: benchmark mode calls with the same tensors), which takes the host's per-launch time out of the call;
+the cache length reaches the kernels through device memory, so one graph serves the growing cache.
 Tiny problems (under 256 MB of per-head keys and values, e.g. prefill 1 at batch 16) follow the reference's op order
 instead (kernels/mla-decode/_shared/reference_order.py): there its bf16 roundings are as large as the tolerance.
 """
@@ -13,10 +16,13 @@ import os
 import torch
 import torch.nn.functional as F
 
+import graph_replay
 import reference_order
 from task import input_t, output_t
 
 _tables = {}  # (device, max_seq, rope) -> (cos, sin) [max_seq, rope/2] bf16: a constant of the problem
+_lengths = {}  # device -> int32 [1]: the cache length the kernels read
+_graphs = graph_replay.GraphReplay()
 
 
 def _rope_tables(max_seq: int, rope: int, device: torch.device):
@@ -31,6 +37,32 @@ def _rope_tables(max_seq: int, rope: int, device: torch.device):
     return _tables[key]
 
 
+def _device_length(device: torch.device) -> torch.Tensor:
+    """int32 [1] on `device`, one per device for the process: the kernels read the cache length from it, so a
+    captured graph (whose launches keep this address) replays for every length."""
+    if device not in _lengths:
+        _lengths[device] = torch.zeros(1, dtype=torch.int32, device=device)
+    return _lengths[device]
+
+
+def _attend(config, x: torch.Tensor, cache: torch.Tensor, kv_len: int, cos, sin, lens) -> torch.Tensor:
+    """Everything after the cache append: q projections, absorption, attention, W_UV and wo. x [bs, 1, dim] bf16,
+    cache [bs, max_seq, 576] bf16 with kv_len rows, lens int32 [1] holding kv_len on the device. Returns [bs, 1, dim].
+    Captured as one graph (graph_replay): nothing here may depend on kv_len on the host but mla_attention's
+    configuration (the kernels read lens)."""
+    bs = x.shape[0]
+    heads, lora = config.n_heads, config.kv_lora_rank
+    nope, rope, dv = config.qk_nope_head_dim, config.qk_rope_head_dim, config.v_head_dim
+    q = F.linear(F.linear(x, config.Q_proj_down_weight), config.Q_proj_up_weight).view(bs, heads, nope + rope)
+    w_kvu = config.KV_proj_up_weight.view(heads, nope + dv, lora)
+    q_nope_absorbed = torch.bmm(q[..., :nope].transpose(0, 1), w_kvu[:, :nope])          # [H, bs, lora]
+    # [bs, H, 576] = q_nope_absorbed transposed | q_rope with the reference's RoPE at kv_len - 1, in one launch
+    q_full = ext.mla_assemble_q(q_nope_absorbed, q, cos, sin, lens)  # noqa: F821 (ext: template)
+    o_latent = ext.mla_attention(q_full, cache, kv_len, cos, sin, lens)  # noqa: F821 (ext: template) [bs, H, lora]
+    y = torch.bmm(o_latent.transpose(0, 1), w_kvu[:, nope:].transpose(1, 2))  # [H, bs, v]
+    return F.linear(y.transpose(0, 1).reshape(bs, 1, heads * dv), config.wo_weight)
+
+
 def custom_kernel(data: input_t) -> output_t:
     config, x, kv_cache = data
     bs = x.shape[0]
@@ -39,25 +71,20 @@ def custom_kernel(data: input_t) -> output_t:
     if (heads, lora, nope, rope, dv) != (128, 512, 128, 64, 128):
         raise ValueError("the mla-decode cuda backend is built for DeepSeek's dims (128 heads, latent 512, nope 128, "
                          "rope 64, v 128); use the torch backend for others")
-    q = F.linear(F.linear(x, config.Q_proj_down_weight), config.Q_proj_up_weight).view(bs, heads, nope + rope)
     kv, kv_len = kv_cache(F.linear(x, config.KV_proj_down_weight))            # writes row seq_len
     if reference_order.affordable(bs, kv_len, config):
         # tiny problems: the reference's bf16 roundings are as large as the tolerance; follow its op order
+        q = F.linear(F.linear(x, config.Q_proj_down_weight), config.Q_proj_up_weight).view(bs, heads, nope + rope)
         y = reference_order.attend(q, kv[..., :lora], kv[..., lora:], config, kv_len)
         return F.linear(y.reshape(bs, 1, heads * dv), config.wo_weight), kv_cache.data
-    cos, sin = _rope_tables(kv_cache.data.shape[1], rope, x.device)
-    w_kvu = config.KV_proj_up_weight.view(heads, nope + dv, lora)
-    q_nope_absorbed = torch.bmm(q[..., :nope].transpose(0, 1), w_kvu[:, :nope])          # [H, bs, lora]
-    if os.environ.get("KBENCH_MLA_FUSED_Q") == "1":  # candidate: one launch (docs/mla-decode-notes.md)
-        q_full = ext.mla_assemble_q(q_nope_absorbed, q, cos, sin, kv_len - 1)  # noqa: F821 (ext: template)
-    else:
-        q_full = torch.empty((bs, heads, lora + rope), dtype=x.dtype, device=x.device)
-        q_full[..., :lora] = q_nope_absorbed.transpose(0, 1)
-        # q's RoPE at position kv_len - 1, as the reference computes it: x * cos + rotate_half(x) * sin in bf16
-        c, s = cos[kv_len - 1].repeat(2), sin[kv_len - 1].repeat(2)
-        q_rope = q[..., nope:]
-        q_full[..., lora:] = q_rope * c + torch.cat((-q_rope[..., rope // 2:], q_rope[..., :rope // 2]), dim=-1) * s
-    o_latent = ext.mla_attention(q_full, kv_cache.data, kv_len, cos, sin)  # noqa: F821 (ext: template) [bs, H, lora]
-    y = torch.bmm(o_latent.transpose(0, 1), w_kvu[:, nope:].transpose(1, 2))  # [H, bs, v]
-    out = F.linear(y.transpose(0, 1).reshape(bs, 1, heads * dv), config.wo_weight)
-    return out, kv_cache.data
+    cache = kv_cache.data
+    cos, sin = _rope_tables(cache.shape[1], rope, x.device)
+    lens = _device_length(x.device)
+    lens.fill_(kv_len)
+    step = lambda: _attend(config, x, cache, kv_len, cos, sin, lens)  # noqa: E731
+    if os.environ.get("KBENCH_MLA_GRAPH") == "0":  # the launches one by one (docs/mla-decode-notes.md)
+        return step(), cache
+    key = graph_replay.tensor_key(x, cache, config.Q_proj_down_weight, config.Q_proj_up_weight,
+                                  config.KV_proj_up_weight, config.wo_weight, cos, sin, lens) + \
+        tuple(os.environ.get(k) for k in ("KBENCH_MLA_SPLITS", "KBENCH_MLA_PREFETCH_TABLES"))
+    return _graphs.replay(key, step).clone(), cache

@@ -24,12 +24,15 @@ int mla_num_sms() {
   std::lock_guard<std::mutex> lock(mu);
   if (sms[dev & 63] == 0) {
     cudaDeviceGetAttribute(&sms[dev & 63], cudaDevAttrMultiProcessorCount, dev);
-    cudaFuncSetAttribute(mla_attention_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
+    cudaFuncSetAttribute(mla_attention_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
+    cudaFuncSetAttribute(mla_attention_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
   }
   return sms[dev & 63];
 }
 
-void mla_describe(const MlaConfig& c, char* buf, int size) { snprintf(buf, size, "MlaConfig{splits=%d}", c.splits); }
+void mla_describe(const MlaConfig& c, char* buf, int size) {
+  snprintf(buf, size, "MlaConfig{splits=%d, prefetch_tables=%d}", c.splits, c.prefetch_tables ? 1 : 0);
+}
 
 const char* mla_run(const MlaArgs& a, cudaStream_t stream) {
   if (a.kv_len < 1 || a.kv_len > a.max_seq || a.max_seq % kTile) return "mla cuda: need 1 <= kv_len <= max_seq, max_seq % 64 == 0";
@@ -48,26 +51,26 @@ const char* mla_run(const MlaArgs& a, cudaStream_t stream) {
   p.part_ml = a.part_ml;
   p.bs = a.bs;
   p.max_seq = a.max_seq;
-  p.kv_len = a.kv_len;
-  p.splits = a.splits;
-  const int tiles = (a.kv_len + kTile - 1) / kTile;
-  p.tiles_per_split = (tiles + a.splits - 1) / a.splits;
+  p.kv_len = a.kv_len_dev;
+  p.splits = a.config.splits;
   p.scale_log2 = static_cast<float>(1.4426950408889634 / std::sqrt(192.0));
-  if (a.splits > 1 && (!a.part_o || !a.part_ml)) return "mla cuda: a split plan needs the partial buffers";
-  mla_attention_kernel<<<kHeadGroups * a.bs * a.splits, kThreads, kSmemBytes, stream>>>(tm_q, tm_kv, p);
-  if (a.splits > 1)
+  if (p.splits > 1 && (!a.part_o || !a.part_ml)) return "mla cuda: a split plan needs the partial buffers";
+  const dim3 grid(kHeadGroups * a.bs * p.splits);
+  const auto kernel = a.config.prefetch_tables ? mla_attention_kernel<true> : mla_attention_kernel<false>;
+  kernel<<<grid, kThreads, kSmemBytes, stream>>>(tm_q, tm_kv, p);
+  if (p.splits > 1)
     mla_combine_kernel<<<(a.bs * kHeads + 7) / 8, 256, 0, stream>>>(a.part_o, a.part_ml,
                                                                     static_cast<__nv_bfloat16*>(a.out), a.bs,
-                                                                    a.splits);
+                                                                    p.splits);
   return kb::launch_error("mla cuda");
 }
 
 const char* launch_mla_assemble_q(const void* qn, const void* q, const void* cos_tab, const void* sin_tab, void* q_full,
-                                  int bs, int heads, int pos, cudaStream_t stream) {
+                                  int bs, int heads, const int* kv_len_dev, int max_seq, cudaStream_t stream) {
   const long long threads = static_cast<long long>(bs) * heads * 72;
   assemble_q_kernel<<<static_cast<int>((threads + kAssembleThreads - 1) / kAssembleThreads), kAssembleThreads, 0,
                       stream>>>(static_cast<const __nv_bfloat16*>(qn), static_cast<const __nv_bfloat16*>(q),
                                 static_cast<const __nv_bfloat16*>(cos_tab), static_cast<const __nv_bfloat16*>(sin_tab),
-                                static_cast<__nv_bfloat16*>(q_full), bs, heads, pos);
+                                static_cast<__nv_bfloat16*>(q_full), bs, heads, kv_len_dev, max_seq);
   return kb::launch_error("mla_assemble_q");
 }

@@ -16,16 +16,18 @@ struct MlaArgs {
   void* out;            // bf16 [bs][128][512]: softmax(q k^T / sqrt(192)) @ latent, written
   float* part_o;        // fp32 [splits][bs][128][512] partial outputs (splits > 1 only)
   float* part_ml;       // fp32 [splits][bs][128][2] running max (log2 domain) and sum (splits > 1 only)
-  int bs, max_seq, kv_len;
-  int splits;           // the cache split over this many CTAs per (batch row, head group); 1: no combine pass
+  const int* kv_len_dev;  // int32 [1] in device memory: the rows to read, what the kernels use (a graph replays it)
+  int bs, max_seq, kv_len;  // kv_len: the same count on the host, for the checks and the configuration
+  MlaConfig config;
 };
 
 int mla_num_sms();
 void mla_describe(const MlaConfig& c, char* buf, int size);
 const char* mla_run(const MlaArgs& args, cudaStream_t stream);
 
-// The absorbed query in one launch (candidate KBENCH_MLA_FUSED_Q=1): qn bf16 [heads][bs][512] (q_nope W_UK per
+// The absorbed query in one launch: qn bf16 [heads][bs][512] (q_nope W_UK per
 // head), q bf16 [bs][heads][192] (q_nope | un-rotated q_rope), cos/sin bf16 [max_seq][32] -> q_full bf16
-// [bs][heads][576] = qn transposed | q_rope with the reference's RoPE at position pos.
+// [bs][heads][576] = qn transposed | q_rope with the reference's RoPE at position kv_len - 1, kv_len read from device
+// memory (kv_len_dev, int32 [1]); a position outside [0, max_seq) writes NaN rather than reading past the tables.
 const char* launch_mla_assemble_q(const void* qn, const void* q, const void* cos_tab, const void* sin_tab, void* q_full,
-                                  int bs, int heads, int pos, cudaStream_t stream);
+                                  int bs, int heads, const int* kv_len_dev, int max_seq, cudaStream_t stream);

@@ -13,10 +13,12 @@ constexpr int kHeadGroups = kHeads / kHG;  // CTAs per batch row without a split
 
 // KBENCH_PRINT_CONFIG=1 prints the one picked for each shape.
 struct MlaConfig {
-  int splits;  // CTAs per (batch row, head group) the cache is split over; > 1 adds the combine pass
+  int splits;            // CTAs per (batch row, head group) the cache is split over; > 1 adds the combine pass
+  bool prefetch_tables;  // the consumers load the next tile's RoPE cos/sin while this tile is processed
 };
 
-// bs batch rows, kv_len cache rows to read, sms the GPU's SM count. KBENCH_MLA_SPLITS=N forces N splits.
+// bs batch rows, kv_len cache rows to read, sms the GPU's SM count. KBENCH_MLA_SPLITS=N forces N splits;
+// KBENCH_MLA_PREFETCH_TABLES=0/1 overrides prefetch_tables.
 inline MlaConfig mla_config(int bs, int kv_len, int sms) {
   // No split where one CTA per (row, head group) already fills >= 90% of its waves (batch 128 on 132 SMs: 256 CTAs
   // in 2 waves, 97%): splitting adds the combine pass and the fp32 partials for no wave gain (measured on two H100s,
@@ -29,5 +31,8 @@ inline MlaConfig mla_config(int bs, int kv_len, int sms) {
     splits = std::max(1, std::min((2 * sms + ctas - 1) / ctas, std::max(1, tiles / 4)));
   const int forced = kb::env_int("KBENCH_MLA_SPLITS", 0);
   if (forced > 0) splits = std::min(forced, tiles);
-  return MlaConfig{splits};
+  // prefetch_tables: the attention kernel 445 -> 400 us and 640 -> 571 us on the benchmark cases (H100, CUDA events,
+  // 2026-11-24; docs/mla-decode-notes.md)
+  const bool prefetch_tables = kb::env_int("KBENCH_MLA_PREFETCH_TABLES", 1) != 0;
+  return MlaConfig{splits, prefetch_tables};
 }

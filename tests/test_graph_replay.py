@@ -1,0 +1,97 @@
+"""kernels/_common/graph_replay.py, the policy (CPU tier): a key's first call runs eagerly and is captured for the
+next (while captures pay off), replays after; once a capture goes unreplayed (inputs that move every call) a key is
+captured only when it comes twice in a row; at most `keep` graphs are held; tensor_key tells tensors apart by
+address, shape, strides and dtype. torch.cuda's graph and stream API is replaced by a recorder (the GPU test in
+test_mla_cuda_gpu.py runs the real one)."""
+import contextlib
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _load():
+    spec = importlib.util.spec_from_file_location("graph_replay", ROOT / "kernels" / "_common" / "graph_replay.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+class FakeGraph:
+    made = []  # every FakeGraph, in order
+
+    def __init__(self):
+        self.replays = 0
+        self.capturing = False
+        FakeGraph.made.append(self)
+
+    def capture_begin(self):
+        self.capturing = True
+
+    def capture_end(self):
+        self.capturing = False
+
+    def replay(self):
+        self.replays += 1
+
+
+class FakeStream:
+    def wait_stream(self, other):
+        pass
+
+
+@pytest.fixture
+def gr(monkeypatch):
+    FakeGraph.made = []
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", FakeGraph)
+    monkeypatch.setattr(torch.cuda, "Stream", FakeStream)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda: FakeStream())
+    monkeypatch.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext())
+    return _load()
+
+
+def _run(replay, keys):
+    """Calls replay.replay for each key; returns how each step ran: 'eager' or 'captured' (once per call at most,
+    both when a call runs eagerly and captures), '-' for a call served by a replay."""
+    log = []
+    for key in keys:
+        ran = []
+        replay.replay(key, lambda: ran.append("captured" if any(g.capturing for g in FakeGraph.made) else "eager")
+                      or torch.ones(1))
+        log.append("+".join(ran) or "-")
+    return log
+
+
+def test_a_first_call_runs_eagerly_and_is_captured_for_the_next(gr):
+    replay = gr.GraphReplay()
+    assert _run(replay, ["k", "k", "k"]) == ["eager+captured", "-", "-"]
+    assert len(FakeGraph.made) == 1 and FakeGraph.made[0].replays == 2, "capture records; the calls after replay it"
+
+
+def test_inputs_that_move_every_call_stop_the_captures(gr):
+    replay = gr.GraphReplay()
+    # "a" is captured but never replayed: from "b" on, only a key seen twice in a row is captured
+    assert _run(replay, ["a", "b", "c", "c", "c", "d"]) == ["eager+captured", "eager", "eager", "eager+captured",
+                                                           "-", "eager+captured"]
+
+
+def test_at_most_keep_graphs_are_held_least_recent_dropped(gr):
+    replay = gr.GraphReplay(keep=2)
+    _run(replay, ["a", "a", "b", "b", "a", "c", "c"])  # "a" replayed before "c" arrives: "b" is the oldest
+    assert len(replay) == 2
+    assert set(replay._graphs) == {"a", "c"}
+
+
+def test_tensor_key_tells_address_shape_stride_and_dtype_apart(gr):
+    base = torch.zeros(4, 6)
+    key = gr.tensor_key(base)
+    assert gr.tensor_key(base) == key
+    assert gr.tensor_key(base.view(6, 4)) != key                    # same address, other shape
+    assert gr.tensor_key(base.t()) != key                           # other strides
+    assert gr.tensor_key(base[1:]) != key                           # other address
+    assert gr.tensor_key(base.view(torch.int32)) != key             # other dtype
+    assert gr.tensor_key(torch.zeros(4, 6)) != key                  # another tensor
