@@ -5,7 +5,8 @@
 #   = "problem:dev ..." picks which), probe,
 #   fp8-check, fp8-perf, moe-check, moe-perf, mla-check, mla-perf (checks, then the benchmark scripts with their
 #   candidates, then kbench perf; mla-bench: only the benchmark script, BENCH_CANDIDATES = which), tier (the GPU test tier), profile (kbench profile of moe and mla-decode cuda),
-#   sanitize (compute-sanitizer on small cases of the CUDA backends), moe-official, mla-official (kbench perf of the
+#   sanitize (compute-sanitizer on small cases of the CUDA backends), ncu (Nsight Compute's sections for the kernels
+#   matching NCU_KERNELS in benchmarks/calls.py NCU_PROBLEM: NCU_SKIP launches skipped, NCU_COUNT profiled), moe-official, mla-official (kbench perf of the
 #   shipped build and of each candidate, in the modes OFFICIAL_MODES, default benchmark; OFFICIAL_CANDIDATES = which
 #   candidates, comma-separated, default all);
 # Limits: TIER_S, PROFILE_S, SANITIZE_S seconds; TIER_FILES = the test files of the tier, in the order given;
@@ -69,6 +70,10 @@ for part in "$@"; do
            done ;;
   sanitize) step "${SANITIZE_S:-400}" sanitize compute-sanitizer --tool memcheck python3 -m pytest -q -x -p no:cacheprovider \
               tests/test_moe_cuda_gpu.py tests/test_mla_cuda_gpu.py -k "synthetic and 7-8 or definition and 3-65 or fused and 1-0" ;;
+  ncu) step "${NCU_S:-400}" ncu ncu --kernel-name "regex:${NCU_KERNELS:-grouped_gemm}" --launch-skip "${NCU_SKIP:-2}" \
+         --launch-count "${NCU_COUNT:-6}" --section SpeedOfLight --section ComputeWorkloadAnalysis \
+         --section MemoryWorkloadAnalysis --section WarpStateStats --section SchedulerStats \
+         python3 benchmarks/calls.py "${NCU_PROBLEM:-moe}" --calls 2 ;;
   dist-check) step "${CHECK_S:-500}" dist_check python3 -m pytest -q -x -p no:cacheprovider tests/test_dist_cuda_gpu.py ;;
   dist-bench) for p in all2all gemm-rs ag-gemm; do
                step 150 "bench_$p" torchrun --nproc-per-node "$n" benchmarks/distributed.py "$p" --runs "${RUNS:-20}"

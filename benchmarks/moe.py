@@ -26,10 +26,10 @@ F16_FLOPS, HBM_BPS = 790e12, 3.0e12
 STAGES = ("route", "gather", "gemm1", "gemm2", "combine")
 # candidate name -> knobs; predictions in docs/moe-notes.md
 CANDIDATES = {
+    "eager": {"KBENCH_MOE_GRAPH": "0"},
     "skip-halves": {"KBENCH_MOE_SKIP_EMPTY_HALVES": "1"},
     "keep-ws": {"KBENCH_MOE_KEEP_WORKSPACES": "1"},
-    "fuse-gather": {"KBENCH_MOE_FUSE_GATHER": "1"},
-    "all": {"KBENCH_MOE_SKIP_EMPTY_HALVES": "1", "KBENCH_MOE_KEEP_WORKSPACES": "1", "KBENCH_MOE_FUSE_GATHER": "1"},
+    "all": {"KBENCH_MOE_SKIP_EMPTY_HALVES": "1", "KBENCH_MOE_KEEP_WORKSPACES": "1"},
 }
 
 

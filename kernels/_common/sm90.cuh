@@ -58,19 +58,6 @@ __device__ __forceinline__ void tma_load_2d(void* dst, const CUtensorMap* map, u
       : "memory");
 }
 
-// ---- cp.async (row gathers TMA cannot do well) -------------------------------------------------------------
-// 16 bytes global -> shared through L2 only; valid == false writes 16 zero bytes instead (src-size 0).
-__device__ __forceinline__ void cp_async_16_zfill(void* dst, const void* src, bool valid) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem_u32(dst)), "l"(src), "r"(valid ? 16 : 0)
-               : "memory");
-}
-
-// One arrival on `bar` once every cp.async this thread issued before it has landed (counted in the barrier's
-// arrival count: .noinc).
-__device__ __forceinline__ void cp_async_mbar_arrive(uint64_t* bar) {
-  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(smem_u32(bar)) : "memory");
-}
-
 // ---- wgmma bookkeeping ----------------------------------------------------------------------------------
 // Orders prior register/shared accesses before the next wgmma reads them.
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }

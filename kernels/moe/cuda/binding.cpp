@@ -28,12 +28,10 @@ struct Workspaces {
   torch::Tensor meta, rows_token, rows_pair, xs, h, y;
 };
 
-// xs (the gathered rows) only where a gather pass fills it.
-Workspaces make_workspaces(const torch::Tensor& x, int64_t T, int64_t K, int64_t E, int64_t d, int64_t dexp,
-                           bool gather_pass) {
+Workspaces make_workspaces(const torch::Tensor& x, int64_t T, int64_t K, int64_t E, int64_t d, int64_t dexp) {
   const auto i32 = x.options().dtype(torch::kInt);
   return Workspaces{torch::empty({2 * (E + 2)}, i32), torch::empty({T * K}, i32), torch::empty({T * K}, i32),
-                    torch::empty({gather_pass ? T * K : 0, d}, x.options()),
+                    torch::empty({T * K, d}, x.options()),
                     torch::empty({T * K + T, dexp}, x.options()), torch::empty({T * K + T, d}, x.options())};
 }
 
@@ -42,17 +40,16 @@ Workspaces make_workspaces(const torch::Tensor& x, int64_t T, int64_t K, int64_t
 // them); otherwise new ones from the caching allocator, released when the call returns (the shipped default).
 Workspaces workspaces(const torch::Tensor& x, int64_t T, int64_t K, int64_t E, int64_t d, int64_t dexp,
                       const MoeConfig& config) {
-  const bool gather_pass = !config.fuse_gather;
-  if (!config.keep_workspaces) return make_workspaces(x, T, K, E, d, dexp, gather_pass);
+  if (!config.keep_workspaces) return make_workspaces(x, T, K, E, d, dexp);
   static std::mutex mu;
   // device -> (shape, workspaces); never destroyed: tensors freed after the CUDA context at exit would fail
   static auto* kept = new std::map<int, std::pair<std::vector<int64_t>, Workspaces>>();
-  const std::vector<int64_t> shape{T, K, E, d, dexp, gather_pass};
+  const std::vector<int64_t> shape{T, K, E, d, dexp};
   std::lock_guard<std::mutex> lock(mu);
   auto& slot = (*kept)[x.get_device()];
   if (slot.first != shape) {
     slot.second = Workspaces{};  // the previous shape's memory goes back to the allocator first
-    slot.second = make_workspaces(x, T, K, E, d, dexp, gather_pass);
+    slot.second = make_workspaces(x, T, K, E, d, dexp);
     slot.first = shape;
   }
   return slot.second;
@@ -61,11 +58,12 @@ Workspaces workspaces(const torch::Tensor& x, int64_t T, int64_t K, int64_t E, i
 }  // namespace
 
 // x [T, d] fp16; experts [T, K] int64 and scores [T, K] fp16 (torch.topk of the router's softmax); gate, up
-// [d, dexp] and down [dexp, d] fp16 per routed expert, then the shared expert's three. Returns out [T, d] fp16.
+// [d, dexp] and down [dexp, d] fp16 per routed expert, then the shared expert's three. Returns out [T, d] fp16, or
+// (combine false) Y [T*K + T, d] fp16, the experts' outputs before the weighted sum (moe_combine makes out from it).
 // stage_ms (dev builds): filled with the five stages' times (route, gather, GEMM 1, GEMM 2, combine) when given.
 static torch::Tensor run_moe(torch::Tensor x, torch::Tensor experts, torch::Tensor scores,
                              std::vector<torch::Tensor> gate, std::vector<torch::Tensor> up,
-                             std::vector<torch::Tensor> down, std::vector<double>* stage_ms) {
+                             std::vector<torch::Tensor> down, std::vector<double>* stage_ms, bool combine) {
   TORCH_CHECK(x.is_cuda() && x.scalar_type() == at::kHalf && x.dim() == 2, "moe_forward: x must be fp16 [T, d]");
   TORCH_CHECK(experts.scalar_type() == at::kLong && scores.scalar_type() == at::kHalf && experts.dim() == 2 &&
                   scores.sizes() == experts.sizes() && experts.size(0) == x.size(0),
@@ -92,7 +90,7 @@ static torch::Tensor run_moe(torch::Tensor x, torch::Tensor experts, torch::Tens
     moe_describe(config, buf + len, size - len);
   });
   const Workspaces ws = workspaces(x, T, K, E, d, dexp, config);
-  torch::Tensor out = torch::empty({T, d}, x.options());
+  torch::Tensor out = combine ? torch::empty({T, d}, x.options()) : torch::Tensor();
 
   MoeArgs a{};
   a.x = x.data_ptr();
@@ -114,9 +112,8 @@ static torch::Tensor run_moe(torch::Tensor x, torch::Tensor experts, torch::Tens
   a.xs = ws.xs.data_ptr();
   a.h = ws.h.data_ptr();
   a.y = ws.y.data_ptr();
-  a.out = out.data_ptr();
+  a.out = combine ? out.data_ptr() : nullptr;
   a.skip_empty_halves = config.skip_empty_halves;
-  a.fuse_gather = config.fuse_gather;
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
   cudaEvent_t events[6];
   if (stage_ms)
@@ -132,13 +129,39 @@ static torch::Tensor run_moe(torch::Tensor x, torch::Tensor experts, torch::Tens
     for (auto& e : events) cudaEventDestroy(e);
   }
   TORCH_CHECK(err == nullptr, err ? err : "");
-  return out;
+  return combine ? out : ws.y;
 }
 
 torch::Tensor moe_forward(torch::Tensor x, torch::Tensor experts, torch::Tensor scores,
                           std::vector<torch::Tensor> gate, std::vector<torch::Tensor> up,
                           std::vector<torch::Tensor> down) {
-  return run_moe(x, experts, scores, gate, up, down, nullptr);
+  return run_moe(x, experts, scores, gate, up, down, nullptr, true);
+}
+
+// The layer up to the weighted sum: Y [T*K + T, d] fp16 (pair t*K + k: expert k's output for token t; rows T*K + t:
+// the shared expert's). entry.py replays this part as one CUDA graph and runs moe_combine after it.
+torch::Tensor moe_experts(torch::Tensor x, torch::Tensor experts, torch::Tensor scores,
+                          std::vector<torch::Tensor> gate, std::vector<torch::Tensor> up,
+                          std::vector<torch::Tensor> down) {
+  return run_moe(x, experts, scores, gate, up, down, nullptr, false);
+}
+
+// out [T, d] fp16 = Y's shared row + sum_k scores[t, k] * Y's pair row (fp32, slot order, rounded once), into a new
+// tensor. y [T*K + T, d] fp16 from moe_experts, scores [T, K] fp16.
+torch::Tensor moe_combine(torch::Tensor y, torch::Tensor scores) {
+  TORCH_CHECK(scores.is_cuda() && scores.scalar_type() == at::kHalf && scores.dim() == 2 && scores.is_contiguous(),
+              "moe_combine: scores must be a contiguous fp16 CUDA tensor [T, K]");
+  const int64_t T = scores.size(0), K = scores.size(1);
+  TORCH_CHECK(y.is_cuda() && y.scalar_type() == at::kHalf && y.dim() == 2 && y.is_contiguous() &&
+                  y.size(0) == T * K + T && y.size(1) % 8 == 0 && y.get_device() == scores.get_device(),
+              "moe_combine: y must be moe_experts' contiguous fp16 [T*K + T, d] on the scores' device");
+  const c10::cuda::CUDAGuard guard(y.device());
+  torch::Tensor out = torch::empty({T, y.size(1)}, y.options());
+  const char* err = moe_run_combine(y.data_ptr(), scores.data_ptr(), out.data_ptr(), static_cast<int>(T),
+                                    static_cast<int>(K), static_cast<int>(y.size(1)),
+                                    c10::cuda::getCurrentCUDAStream().stream());
+  TORCH_CHECK(err == nullptr, err ? err : "");
+  return out;
 }
 
 #ifdef KBENCH_DEV
@@ -150,7 +173,7 @@ std::tuple<torch::Tensor, std::vector<double>> moe_forward_staged(torch::Tensor 
                                                                   std::vector<torch::Tensor> up,
                                                                   std::vector<torch::Tensor> down) {
   std::vector<double> ms;
-  torch::Tensor out = run_moe(x, experts, scores, gate, up, down, &ms);
+  torch::Tensor out = run_moe(x, experts, scores, gate, up, down, &ms, true);
   return {out, ms};
 }
 #endif  // KBENCH_DEV

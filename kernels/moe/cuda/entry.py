@@ -1,27 +1,50 @@
 """moe CUDA backend entry: the router in torch (the reference's own fp16 ops, so the same experts win), then one
-extension call that sorts, gathers, runs the two grouped wgmma GEMMs and combines (kernels/moe/cuda/*.cuh).
+extension call that sorts, gathers and runs the two grouped wgmma GEMMs (kernels/moe/cuda/*.cuh), then the combine.
 
 data = (x [bs, seqlen, d] fp16, weights dict, config); output [bs, seqlen, d] fp16. `ext` is the load_inline
 module the template defines above this code. The expert weights are read in place (a tensor map per weight).
+Everything before the combine is replayed as one CUDA graph while the inputs stay at their addresses (graph_replay:
+the harness's clone of the inputs lands at the same addresses run after run), which takes the host's launches and
+its per-call work on 99 weights out of the timed call; the combine then writes a new output tensor from the graph's
+buffers.
 """
+import os
+
 import torch
 import torch.nn.functional as F
 
+import graph_replay
 from task import input_t, output_t
+
+_graphs = graph_replay.GraphReplay()
+# MoeConfig's knobs (moe_api.h): the binding reads them on each call, a graph keeps what it saw when captured
+_KNOBS = ("KBENCH_MOE_SKIP_EMPTY_HALVES", "KBENCH_MOE_KEEP_WORKSPACES")
+
+
+def _experts(x: torch.Tensor, weights: dict, n_experts: int, k: int):
+    """Router, routing sort, gather, both grouped GEMMs. x [bs, seqlen, d] fp16 -> (Y [T*K + T, d] fp16: each
+    (token, slot) pair's expert output, then the shared expert's rows; top scores [T, K] fp16), T = bs * seqlen."""
+    d = x.shape[-1]
+    scores = F.linear(x, weights["router.weight"]).softmax(dim=-1)
+    top_scores, top_experts = torch.topk(scores, k=k, dim=-1, sorted=False)
+    names = [f"experts.{e}" for e in range(n_experts)] + ["shared_experts"]
+    top_scores = top_scores.view(-1, k)
+    y = ext.moe_experts(x.view(-1, d), top_experts.view(-1, k), top_scores,  # noqa: F821 (ext: template)
+                        [weights[f"{n}.0.weight"] for n in names], [weights[f"{n}.1.weight"] for n in names],
+                        [weights[f"{n}.2.weight"] for n in names])
+    return y, top_scores
 
 
 def custom_kernel(data: input_t) -> output_t:
     x, weights, config = data
-    bs, seqlen, d = x.shape
     n_experts, k = config["n_routed_experts"], config["n_experts_per_token"]
     if config["n_shared_experts"] != 1:
         raise ValueError("the moe cuda backend takes exactly one shared expert (all official cases); "
-                         "use the torch backend for other configurations")
-    scores = F.linear(x, weights["router.weight"]).softmax(dim=-1)
-    top_scores, top_experts = torch.topk(scores, k=k, dim=-1, sorted=False)
-    names = [f"experts.{e}" for e in range(n_experts)] + ["shared_experts"]
-    out = ext.moe_forward(x.view(bs * seqlen, d), top_experts.view(bs * seqlen, k),  # noqa: F821 (ext: template)
-                          top_scores.view(bs * seqlen, k),
-                          [weights[f"{n}.0.weight"] for n in names], [weights[f"{n}.1.weight"] for n in names],
-                          [weights[f"{n}.2.weight"] for n in names])
-    return out.view(bs, seqlen, d)
+                         "use the torch backend for others")
+    step = lambda: _experts(x, weights, n_experts, k)  # noqa: E731
+    if os.environ.get("KBENCH_MOE_GRAPH") == "0":  # the launches one by one (docs/moe-notes.md)
+        y, top_scores = step()
+    else:
+        key = graph_replay.tensor_key(x, *weights.values()) + (n_experts, k) + tuple(map(os.environ.get, _KNOBS))
+        y, top_scores = _graphs.replay(key, step)
+    return ext.moe_combine(y, top_scores).view(x.shape)  # noqa: F821 (ext: template)

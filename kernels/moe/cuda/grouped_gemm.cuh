@@ -50,10 +50,6 @@ struct GemmParams {
   int k;                          // reduction length (multiple of 64)
   int shared_out_row0;            // !kGlu: Y row of the shared group's first token (T*K)
   int skip_empty_halves;          // a consumer whose 64 rows all lie past its group's end issues no MMAs
-  // kGlu, gathering (a_rows set): the producer warpgroup copies each tile row x[a_rows[row]] (the shared group:
-  // x[row]) itself with cp.async, so no gather pass and no a[0] map are needed
-  const __half* a_src;            // x [T][k]
-  const int* a_rows;              // token of each expert-sorted routed row, or nullptr (A by TMA from a[0])
 };
 
 struct Unit {
@@ -122,44 +118,6 @@ __device__ __forceinline__ void produce(const GemmParams& p, const int* s_meta, 
   }
 }
 
-// The producer warpgroup when GEMM 1 gathers its own A rows (p.a_rows set): thread t copies row t of every A tile
-// with eight 16-byte cp.async into the 128-byte-swizzled layout TMA would have written (rows past the group's end
-// read as zeros), and its arrival on the stage's barrier fires when they have landed; thread 0 also loads the four
-// B boxes by TMA. full[s] expects 1 + 128 arrivals in this mode.
-__device__ __forceinline__ void produce_gathered(const GemmParams& p, const int* s_meta, uint8_t* s_a, uint8_t* s_b,
-                                                 uint64_t* full, uint64_t* empty, int units, int num_kb) {
-  const int G = p.groups, t = threadIdx.x;
-  int s = 0;
-  uint32_t phase = 0;
-  for (int u = blockIdx.x; u < units; u += gridDim.x) {
-    const Unit w = decode(s_meta, G, p.n_tiles, u);
-    const int local = w.mt * kBM + t;
-    const bool valid = local < w.rows;
-    const int token = !valid ? 0 : w.g == G - 1 ? local : p.a_rows[w.row0 + local];
-    const __half* src = p.a_src + static_cast<long long>(token) * p.k;
-    for (int kb = 0; kb < num_kb; ++kb) {
-      mbar_wait(&empty[s], phase ^ 1);
-      if (t == 0) {
-        mbar_arrive_expect_tx(&full[s], kBBytes);
-        uint8_t* sb = s_b + s * kBBytes;
-#pragma unroll
-        for (int j = 0; j < 4; ++j)
-          tma_load_2d(sb + j * kBChunk, &p.b[(j < 2 ? 0 : kMaxGroups) + w.g], &full[s], w.nt * 128 + (j & 1) * 64,
-                      kb * kBK);
-      }
-      uint8_t* sa = s_a + s * kABytes;
-#pragma unroll
-      for (int c = 0; c < 8; ++c) cp_async_16_zfill(sa + sw128_offset(t, c), src + kb * kBK + c * 8, valid);
-      cp_async_mbar_arrive(&full[s]);
-      if (++s == kStages) {
-        s = 0;
-        phase ^= 1;
-      }
-    }
-  }
-  asm volatile("cp.async.wait_all;" ::: "memory");  // no copy of this thread outlives it
-}
-
 template <bool kGlu>
 __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_kernel(const __grid_constant__ GemmParams p) {
   extern __shared__ uint8_t smem_raw[];
@@ -176,9 +134,7 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_kernel(const __grid_
   for (int i = threadIdx.x; i < 2 * (G + 1); i += blockDim.x) s_meta[i] = p.meta[i];
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) {
-      // the producer's arrive_expect_tx (TMA bytes complete the phase), plus one cp.async arrival per producer
-      // thread when GEMM 1 gathers its rows itself
-      mbar_init(&full[s], kGlu && p.a_rows ? 1 + 128 : 1);
+      mbar_init(&full[s], 1);  // the producer's arrive_expect_tx (the TMA bytes complete the phase)
       mbar_init(&empty[s], 8);  // one arrive per consumer warp
     }
     fence_mbar_init();
@@ -188,13 +144,9 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_kernel(const __grid_
   const int num_kb = p.k / kBK;
   const int wg = threadIdx.x / 128;
 
-  const bool gathering = kGlu && p.a_rows != nullptr;
   if (wg == 0) {
     setmaxnreg_dec<56>();
-    if (gathering)
-      produce_gathered(p, s_meta, s_a, s_b, full, empty, units, num_kb);
-    else if (threadIdx.x == 0)
-      produce<kGlu>(p, s_meta, s_a, s_b, full, empty, units, num_kb);
+    if (threadIdx.x == 0) produce<kGlu>(p, s_meta, s_a, s_b, full, empty, units, num_kb);
     return;
   }
 
@@ -219,8 +171,6 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_kernel(const __grid_
     int prev = -1;
     for (int kb = 0; kb < num_kb; ++kb) {
       mbar_wait(&full[s], phase);
-      // cp.async wrote the A tile through the generic proxy; wgmma reads it through the async proxy
-      if (gathering) fence_proxy_async_smem();
       if (!idle) {
         const uint64_t da = make_desc_sw128(s_a + s * kABytes + cw * 64 * 128);
         const uint64_t db = make_desc_sw128(s_b + s * kBBytes, kBChunk, 1024);

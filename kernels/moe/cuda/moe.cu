@@ -85,12 +85,12 @@ const char* moe_supported(int T, int K, int E, int d, int dexp) {
 
 MoeConfig moe_config(int, int, int) {
   return MoeConfig{kb::env_int("KBENCH_MOE_SKIP_EMPTY_HALVES", 0) != 0,
-                   kb::env_int("KBENCH_MOE_KEEP_WORKSPACES", 0) != 0, kb::env_int("KBENCH_MOE_FUSE_GATHER", 0) != 0};
+                   kb::env_int("KBENCH_MOE_KEEP_WORKSPACES", 0) != 0};
 }
 
 void moe_describe(const MoeConfig& c, char* buf, int size) {
-  snprintf(buf, size, "MoeConfig{skip_empty_halves=%d, keep_workspaces=%d, fuse_gather=%d}", c.skip_empty_halves,
-           c.keep_workspaces, c.fuse_gather);
+  snprintf(buf, size, "MoeConfig{skip_empty_halves=%d, keep_workspaces=%d}", c.skip_empty_halves,
+           c.keep_workspaces);
 }
 
 const char* moe_run(const MoeArgs& a, cudaStream_t stream, cudaEvent_t* events) {
@@ -105,15 +105,10 @@ const char* moe_run(const MoeArgs& a, cudaStream_t stream, cudaEvent_t* events) 
   route_kernel<<<1, kRouteThreads, 0, stream>>>(a.experts, a.T, a.K, a.E, a.meta, a.rows_token, a.rows_pair);
   mark(1);
   GemmParams g1{}, g2{};
-  if (a.fuse_gather) {  // GEMM 1 reads x's rows itself (grouped_gemm.cuh: produce_gathered)
-    g1.a_src = static_cast<const __half*>(a.x);
-    g1.a_rows = a.rows_token;
-  } else {
-    gather_kernel<<<pairs, 256, 0, stream>>>(static_cast<const __half*>(a.x), a.rows_token,
-                                            static_cast<__half*>(a.xs), a.d);
-  }
+  gather_kernel<<<pairs, 256, 0, stream>>>(static_cast<const __half*>(a.x), a.rows_token, static_cast<__half*>(a.xs),
+                                          a.d);
   mark(2);
-  bool ok = (a.fuse_gather || map_f16(&g1.a[0], a.xs, a.d, pairs, kBM)) && map_f16(&g1.a[1], a.x, a.d, a.T, kBM) &&
+  bool ok = map_f16(&g1.a[0], a.xs, a.d, pairs, kBM) && map_f16(&g1.a[1], a.x, a.d, a.T, kBM) &&
             map_f16(&g2.a[0], a.h, a.dexp, pairs + a.T, kBM);
   for (int g = 0; ok && g < G; ++g) {
     ok = map_f16(&g1.b[g], a.w_gate[g], a.dexp, a.d, kBK) &&
@@ -138,10 +133,14 @@ const char* moe_run(const MoeArgs& a, cudaStream_t stream, cudaEvent_t* events) 
   mark(3);
   grouped_gemm_kernel<false><<<info.sms, kThreads, kSmemBytes, stream>>>(g2);
   mark(4);
-  const long long chunks = static_cast<long long>(a.T) * (a.d / 8);
-  combine_kernel<<<static_cast<int>((chunks + 255) / 256), 256, 0, stream>>>(
-      static_cast<const __half*>(a.y), static_cast<const __half*>(a.scores), static_cast<__half*>(a.out), a.T, a.K,
-      a.d);
+  if (a.out) moe_run_combine(a.y, a.scores, a.out, a.T, a.K, a.d, stream);
   mark(5);
   return kb::launch_error("moe cuda");
+}
+
+const char* moe_run_combine(const void* y, const void* scores, void* out, int T, int K, int d, cudaStream_t stream) {
+  const long long chunks = static_cast<long long>(T) * (d / 8);
+  combine_kernel<<<static_cast<int>((chunks + 255) / 256), 256, 0, stream>>>(
+      static_cast<const __half*>(y), static_cast<const __half*>(scores), static_cast<__half*>(out), T, K, d);
+  return kb::launch_error("moe cuda combine");
 }

@@ -21,18 +21,16 @@ struct MoeArgs {
   void* xs;           // fp16 [T*K][d]: the routed rows gathered in expert order
   void* h;            // fp16 [T*K + T][dexp]: silu(gate) * up, routed rows then the shared expert's
   void* y;            // fp16 [T*K + T][d]: expert outputs, pair order, then the shared expert's
-  void* out;          // fp16 [T][d], written
+  void* out;          // fp16 [T][d], written; nullptr: stop after GEMM 2 (Y holds the result, moe_run_combine)
   int skip_empty_halves;  // MoeConfig::skip_empty_halves
-  int fuse_gather;        // MoeConfig::fuse_gather (xs unused, may be null)
 };
 
 // A named configuration (KBENCH_PRINT_CONFIG=1 prints the one picked for each shape). The defaults are the measured
-// build; the knobs KBENCH_MOE_SKIP_EMPTY_HALVES=1, KBENCH_MOE_KEEP_WORKSPACES=1 and KBENCH_MOE_FUSE_GATHER=1 turn on
+// build; the knobs KBENCH_MOE_SKIP_EMPTY_HALVES=1 and KBENCH_MOE_KEEP_WORKSPACES=1 turn on
 // candidates that benchmarks/moe.py times beside it (docs/moe-notes.md).
 struct MoeConfig {
   bool skip_empty_halves;  // GEMM consumers with no rows in the last m-tile of a group issue no MMAs
   bool keep_workspaces;    // the gather, H and Y workspaces stay allocated across calls of one shape
-  bool fuse_gather;        // GEMM 1's producer warpgroup gathers the routed rows by cp.async: no gather pass
 };
 MoeConfig moe_config(int T, int K, int E);
 void moe_describe(const MoeConfig& c, char* buf, int size);
@@ -42,3 +40,5 @@ const char* moe_supported(int T, int K, int E, int d, int dexp);
 // Enqueues route -> gather -> GEMM 1 (gate|up, SiLU*up) -> GEMM 2 (down, scatter) -> combine on `stream`.
 // events (optional, for benchmarks): 6 events recorded before, between and after the five stages.
 const char* moe_run(const MoeArgs& args, cudaStream_t stream, cudaEvent_t* events = nullptr);
+// The combine alone: out [T][d] = y's shared row T*K + t + sum_k scores[t][k] * y's row t*K + k (fp16 in and out).
+const char* moe_run_combine(const void* y, const void* scores, void* out, int T, int K, int d, cudaStream_t stream);
