@@ -191,6 +191,24 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_kernel(const __grid_
         phase ^= 1;
       }
     }
+    // The epilogue's destination rows: this thread stores 16 bytes of rows t / 8 + 16 i (i < 4) in every pass. GEMM
+    // 2's routed rows come from out_rows in global memory: loaded here, while the last MMAs run, not inside the
+    // passes (ncu, 2026-11-24: those dependent loads were ~3% of GEMM 2's stall samples).
+    const int row_base = w.mt * kBM + cw * 64;  // first row of this warpgroup within the group
+    long long out_off[4];                        // element offset of the row's first column, or -1: past the group
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int local = row_base + t / 8 + 16 * i;
+      long long out_row = -1;
+      if (local < w.rows) {
+        if constexpr (kGlu) {
+          out_row = w.row0 + local;  // H keeps the sorted order (routed rows, then the shared expert's)
+        } else {
+          out_row = w.g == G - 1 ? p.shared_out_row0 + local : p.out_rows[w.row0 + local];
+        }
+      }
+      out_off[i] = out_row < 0 ? -1 : out_row * p.n_out + (t % 8) * 8;
+    }
     wgmma_wait<0>();
 #pragma unroll
     for (int i = 0; i < 128; ++i) reg_fence(acc[i]);
@@ -200,7 +218,6 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_kernel(const __grid_
 
     // Epilogue: 64-column passes through shared memory, so global stores are 128-byte row segments.
     constexpr int kPasses = kGlu ? 2 : 4;
-    const int row_base = w.mt * kBM + cw * 64;  // first row of this warpgroup within the group
 #pragma unroll
     for (int pass = 0; pass < kPasses; ++pass) {
       named_bar_sync(1 + cw, 128);  // the previous pass's readers are done with my_c
@@ -223,19 +240,9 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_kernel(const __grid_
       const int col0 = w.nt * (kGlu ? 128 : 256) + pass * 64;
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
-        const int idx = t + 128 * i;
-        const int r = idx / 8, ch = idx % 8;
-        const int local = row_base + r;
-        if (local < w.rows) {
-          long long out_row;
-          if constexpr (kGlu) {
-            out_row = w.row0 + local;  // H keeps the sorted order (routed rows, then the shared expert's)
-          } else {
-            out_row = w.g == G - 1 ? p.shared_out_row0 + local : p.out_rows[w.row0 + local];
-          }
-          *reinterpret_cast<uint4*>(p.out + out_row * p.n_out + col0 + ch * 8) =
-              *reinterpret_cast<const uint4*>(my_c + r * kCPitch + ch * 16);
-        }
+        if (out_off[i] >= 0)
+          *reinterpret_cast<uint4*>(p.out + out_off[i] + col0) =
+              *reinterpret_cast<const uint4*>(my_c + (t / 8 + 16 * i) * kCPitch + (t % 8) * 16);
       }
     }
   }
