@@ -32,7 +32,9 @@ from .evaluator import timing
 COLUMNS = ("date", "gpu", "world_size", "backend", "metric", "case", "us")
 # official: `kbench perf` benchmark mode; leaderboard: its leaderboard mode; kernel: CUDA events around one call;
 # profiler: one call's device time per kernel from the torch profiler (`kbench profile`), where events cannot split it.
-METRICS = ("official", "leaderboard", "kernel", "profiler")
+# ncu: one kernel's duration under Nsight Compute, which locks the clocks to base: the figure that compares across
+# machines (the others move by a few % from one H100 to the next)
+METRICS = ("official", "leaderboard", "kernel", "profiler", "ncu")
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -400,7 +402,7 @@ def results_markdown(folder: Path) -> str:
                     return cell(f"{o}/{n}", c) if r and r["date"] == newest[(o, c)] else "—"
 
                 names = [n for n in names if any(stage_cell(o, n, c) != "—" for o in owners for c in cases)]
-                out += [""] + _markdown(["stages of", "case"] + names,
+                out += ([""] if whole else []) + _markdown(["stages of", "case"] + names,
                                         [[o, labels[c]] + [stage_cell(o, n, c) for n in names]
                                          for o in owners for c in cases
                                          if any((f"{o}/{n}", c) in latest for n in names)])
