@@ -8,10 +8,17 @@ timed on the call's own q and cache; GB/s counts the cache rows it must read (kv
 The projections' share is the end-to-end time minus the attention kernel. The official protocol's figure (host
 clock around the call) is `kbench perf mla-decode --backend cuda`. Floor: problems/mla-decode/spec.yml roofline at
 790 TF/s bf16 and 3.0 TB/s.
+
+Peer: FlashInfer's MLA decode (BatchMLAPagedAttentionWrapper), timed as "flashinfer/attention" on the same q and
+cache (copied once into its paged layout, 64-row pages, the rope keys rotated as the reference rotates them) when
+`import flashinfer` works; its output is compared with our attention kernel's first. It is not on the GPU image:
+carry its wheel (device README; flashinfer-python 0.5.3 with apache-tvm-ffi) and put it on PYTHONPATH.
 """
 from __future__ import annotations
 
 import argparse
+import importlib.util
+import math
 import sys
 
 import torch
@@ -42,6 +49,30 @@ def checks(mod, ref) -> list[str]:
     return failures
 
 
+def flashinfer_attention(q: torch.Tensor, cache: torch.Tensor, kv_len: int, cos: torch.Tensor, sin: torch.Tensor):
+    """FlashInfer's MLA decode on our inputs: q [bs, 128, 576] bf16 (absorbed q_nope | roped q_pe), cache
+    [bs, max_seq, 576] bf16 (latent | un-rotated k_rope), cos/sin [max_seq, 32] bf16. Returns a function that runs
+    it (output [bs, 128, 512] bf16), or None without flashinfer."""
+    if importlib.util.find_spec("flashinfer") is None:
+        return None
+    import flashinfer
+
+    bs, page = q.shape[0], 64
+    pages = (kv_len + page - 1) // page
+    rows = cache[:, :pages * page]
+    c, s = torch.cat([cos[:pages * page]] * 2, -1), torch.cat([sin[:pages * page]] * 2, -1)
+    kr = rows[..., 512:]
+    kr = kr * c + torch.cat((-kr[..., 32:], kr[..., :32]), -1) * s  # the reference's bf16 RoPE of the keys
+    ckv = rows[..., :512].reshape(bs * pages, page, 512).contiguous()
+    kpe = kr.reshape(bs * pages, page, 64).contiguous()
+    q_nope, q_pe = q[..., :512].contiguous(), q[..., 512:].contiguous()
+    i32 = dict(dtype=torch.int32, device=q.device)
+    wrapper = flashinfer.mla.BatchMLAPagedAttentionWrapper(torch.empty(128 << 20, dtype=torch.uint8, device=q.device))
+    wrapper.plan(torch.arange(bs + 1, **i32), torch.arange(bs + 1, **i32) * pages, torch.arange(bs * pages, **i32),
+                 torch.full((bs,), kv_len, **i32), 128, 512, 64, page, False, 1 / math.sqrt(192), q.dtype, cache.dtype)
+    return lambda: wrapper.run(q_nope, q_pe, ckv, kpe)
+
+
 def time_case(case, cuda_mod, torch_mod, ref, runs, candidates, revisions) -> dict:
     roofline = problems.load_spec("mla-decode").roofline
     floor = 1e6 * max(roofline.flops(case) / BF16_FLOPS, roofline.bytes(case) / HBM_BPS)
@@ -63,6 +94,12 @@ def time_case(case, cuda_mod, torch_mod, ref, runs, candidates, revisions) -> di
     cos, sin = cuda_mod._rope_tables(cache.data.shape[1], 64, x.device)
     row["attention"] = timer(lambda: cuda_mod.ext.mla_attention(q, cache.data, kv_len, cos, sin, None), runs)
     row["attention_GBps"] = bs * kv_len * 576 * 2 / (row["attention"] * 1e-6) / 1e9
+    peer = flashinfer_attention(q, cache.data, kv_len, cos, sin)
+    if peer is not None:
+        ours = cuda_mod.ext.mla_attention(q, cache.data, kv_len, cos, sin, None)
+        ratio = benchlib.tolerance_ratio(peer(), ours, 2e-2, 8e-3)
+        print(f"{row['case']}: flashinfer's attention within {ratio:.2f}x of the tolerance from ours", flush=True)
+        row["flashinfer/attention"] = timer(peer, runs)
     row["projections"] = row["cuda"] - row["attention"]
     for name in candidates:
         with benchlib.knobs(CANDIDATES[name]):
@@ -103,17 +140,18 @@ def main():
     names = [("cuda", "cuda"), ("torch", "torch"), ("attention", "cuda/attention"),
              ("projections", "cuda/projections")] + \
         [(f"cuda+{n}{part}", f"cuda+{n}{part}") for n in candidates for part in ("", "/attention")] + \
-        [(n, n) for n in revisions]
-    results = [benchlib.Row(gpu, 1, name, "kernel", r["case"], r[key]) for r in rows for key, name in names]
-    results += [benchlib.Row(gpu, 1, name, "kernel", "geomean", benchlib.geomean(r[key] for r in rows))
-                for key, name in names]
+        [(n, n) for n in revisions] + [("flashinfer/attention", "flashinfer/attention")]
+    results = [benchlib.Row(gpu, 1, name, "kernel", r["case"], r[key]) for r in rows for key, name in names
+               if r.get(key)]
+    results += [benchlib.Row(gpu, 1, name, "kernel", "geomean", benchlib.geomean(r.get(key) for r in rows))
+                for key, name in names if benchlib.geomean(r.get(key) for r in rows)]
     benchlib.record("mla-decode", results)
     cols = ["floor", "cuda", *(f"cuda+{n}" for n in candidates), *revisions, "cuda_host", "torch", "attention",
-            *(f"cuda+{n}/attention" for n in candidates), "attention_GBps", "projections"]
+            *(f"cuda+{n}/attention" for n in candidates), "flashinfer/attention", "attention_GBps", "projections"]
     benchlib.table(f"mla-decode on {gpu} (us; kernel = CUDA events, L2 flushed; cuda_host = host clock); "
                    f"failures: {len(failures)}", ["case"] + cols,
-                   [[r["case"]] + [r[c] for c in cols] for r in rows] +
-                   [["geomean"] + [benchlib.geomean(r[c] for r in rows) for c in cols]])
+                   [[r["case"]] + [r.get(c) for c in cols] for r in rows] +
+                   [["geomean"] + [benchlib.geomean(r.get(c) for r in rows) for c in cols]])
     for msg in failures[:10]:
         print("  FAIL " + msg)
     sys.exit(1 if failures else 0)

@@ -11,10 +11,18 @@ turned on by knobs (kernels/moe/cuda/moe_api.h: MoeConfig): each is checked on e
 beside the default under its own backend name ("cuda+<name>"). --rev REV also checks and times the cuda backend as
 it was at git revision REV ("cuda@REV"), in the same process on the same inputs. The official protocol's figure (host clock
 around the call) is `kbench perf moe --backend cuda`. Floor = max(FLOPs / 790 TF/s fp16, bytes / 3.0 TB/s).
+
+Peer: FlashInfer's CUTLASS fused MoE (TensorRT-LLM's kernels), timed as "flashinfer" with the router included, the
+shared expert as one more expert every token picks with weight 1, when `import flashinfer` works (not on the GPU
+image: carry its wheel, device README). Its weights are stacked once per case, outside the timing (the leaderboard
+would make it stack them every call). Not yet run: flashinfer-python 0.5.3's JIT build of its sm90 MoE module did not
+finish in 400 s on the 16-core H100 machine (2026-11-24); build it first in a call of its own (MAX_JOBS=16,
+FLASHINFER_CUDA_ARCH_LIST=9.0a), then run this script in the next call while the machine is still warm.
 """
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import sys
 
 import torch
@@ -53,6 +61,43 @@ def floor_us(case) -> float:
     return 1e6 * max(roofline.flops(case) / F16_FLOPS, roofline.bytes(case) / HBM_BPS)
 
 
+def flashinfer_moe(data, ref):
+    """FlashInfer's cutlass_fused_moe on the official inputs: (function computing out [bs, seqlen, d] fp16, its
+    tolerance ratio against the reference), or None without flashinfer. fc1 rows hold one half of SwiGLU, then the
+    other; which half is the gate in its convention is found by trying both against the reference."""
+    if importlib.util.find_spec("flashinfer") is None:
+        return None
+    from flashinfer.fused_moe import cutlass_fused_moe
+
+    x, weights, config = data
+    n_experts, k, d = config["n_routed_experts"], config["n_experts_per_token"], x.shape[-1]
+    names = [f"experts.{e}" for e in range(n_experts)] + ["shared_experts"]
+    fc2 = torch.stack([weights[f"{n}.2.weight"].t() for n in names]).contiguous()  # [E+1, d, dexp]
+    expected = ref.ref_kernel(data)
+
+    def layer(fc1):
+        def run():
+            scores, experts = torch.topk(F.linear(x, weights["router.weight"]).softmax(-1), k=k, dim=-1, sorted=False)
+            t = experts.numel() // k
+            shared = torch.full((t, 1), n_experts, dtype=torch.int32, device=x.device)
+            out = cutlass_fused_moe(x.view(t, d), torch.cat([experts.view(t, k).int(), shared], 1),
+                                    torch.cat([scores.view(t, k).float(), torch.ones_like(shared, dtype=torch.float)], 1),
+                                    fc1, fc2, torch.float16, quant_scales=[])
+            return (out[0] if isinstance(out, (list, tuple)) else out).view(x.shape)
+        return run
+
+    best = None
+    for first, second in ((1, 0), (0, 1)):  # (up, gate) or (gate, up) as fc1's first half
+        fc1 = torch.stack([torch.cat([weights[f"{n}.{first}.weight"].t(), weights[f"{n}.{second}.weight"].t()])
+                           for n in names]).contiguous()  # [E+1, 2 dexp, d]
+        run = layer(fc1)
+        ratio = benchlib.tolerance_ratio(run(), expected, 1e-2, 1e-2)
+        if best is None or ratio < best[1]:
+            best = (run, ratio)
+        del fc1
+    return best
+
+
 def time_case(case, cuda_mod, torch_mod, runs, candidates, revisions) -> dict:
     ref = problems.load_modules("moe").reference
     data = ref.generate_input(**problems.official_case(case))
@@ -66,6 +111,11 @@ def time_case(case, cuda_mod, torch_mod, runs, candidates, revisions) -> dict:
             row[f"cuda+{name}"] = timer(lambda: cuda_mod.custom_kernel(data), runs)
     for name, mod in revisions.items():
         row[name] = timer(lambda: mod.custom_kernel(data), runs)
+    peer = flashinfer_moe(data, problems.load_modules("moe").reference)
+    if peer is not None:
+        print(f"{row['case']}: flashinfer's layer within {peer[1]:.2f}x of the tolerance", flush=True)
+        row["flashinfer"] = timer(peer[0], runs)
+        del peer
     torch_mod.MOE_PATH = "loop"
     row["torch"] = timer(lambda: torch_mod.custom_kernel(data), max(3, runs // 5))
     if hasattr(torch, "_grouped_mm"):
@@ -116,7 +166,8 @@ def main():
     torch_mod = benchlib.build("moe", "torch")
     rows = [time_case(c, cuda_mod, torch_mod, args.runs, candidates, revisions)
             for c in problems.load_spec("moe").benchmarks]
-    backends = [("cuda", "cuda"), ("torch", "torch"), ("torch_grouped_bf16", "torch-grouped-bf16")] + \
+    backends = [("cuda", "cuda"), ("torch", "torch"), ("torch_grouped_bf16", "torch-grouped-bf16"),
+                ("flashinfer", "flashinfer")] + \
         [(s, f"cuda/{s}") for s in STAGES] + [(f"cuda+{n}", f"cuda+{n}") for n in candidates] + \
         [(f"cuda+{n}/{s}", f"cuda+{n}/{s}") for n in candidates for s in STAGES] + [(n, n) for n in revisions]
     results = [benchlib.Row(gpu, 1, name, "kernel", r["case"], r[key]) for r in rows for key, name in backends
@@ -124,7 +175,8 @@ def main():
     results += [benchlib.Row(gpu, 1, name, "kernel", "geomean", benchlib.geomean(r.get(key) for r in rows))
                 for key, name in backends if benchlib.geomean(r.get(key) for r in rows)]
     benchlib.record("moe", results)
-    cols = ["floor", "cuda", *(f"cuda+{n}" for n in candidates), *revisions, "cuda_host", "torch", "torch_grouped_bf16",
+    cols = ["floor", "cuda", *(f"cuda+{n}" for n in candidates), *revisions, "cuda_host", "flashinfer", "torch",
+            "torch_grouped_bf16",
             *STAGES]
     geo = {c: benchlib.geomean(r.get(c) for r in rows) for c in cols}
     benchlib.table(f"moe on {gpu} (us; kernel = CUDA events, L2 flushed; cuda_host = host clock); "
