@@ -1,8 +1,8 @@
 """kernels/_common/graph_replay.py, the policy (CPU tier): a key's first call runs eagerly and is captured for the
 next (while captures pay off), replays after; once a capture goes unreplayed (inputs that move every call) a key is
 captured only when it comes twice in a row; at most `keep` graphs are held; tensor_key tells tensors apart by
-address, shape, strides and dtype. torch.cuda's graph and stream API is replaced by a recorder (the GPU test in
-test_mla_cuda_gpu.py runs the real one)."""
+address, shape, strides and dtype. torch.cuda's graph and stream API is replaced by a recorder (the GPU tests in
+test_mla_cuda_gpu.py and test_moe_cuda_gpu.py run the real one)."""
 import contextlib
 import importlib.util
 from pathlib import Path
@@ -95,3 +95,14 @@ def test_tensor_key_tells_address_shape_stride_and_dtype_apart(gr):
     assert gr.tensor_key(base[1:]) != key                           # other address
     assert gr.tensor_key(base.view(torch.int32)) != key             # other dtype
     assert gr.tensor_key(torch.zeros(4, 6)) != key                  # another tensor
+
+
+def test_a_tuple_output_comes_back_whole_from_the_replay(gr):
+    """moe's step returns (Y, top scores): a replay hands back the captured call's tuple, the same tensors each time
+    (the graph's buffers, which the replay rewrites)."""
+    replay = gr.GraphReplay()
+    step = lambda: (torch.ones(2), torch.zeros(3))  # noqa: E731
+    eager = replay.replay("k", step)
+    first, second = replay.replay("k", step), replay.replay("k", step)
+    assert isinstance(eager, tuple) and len(eager) == 2
+    assert first is second and [t.shape for t in first] == [(2,), (3,)]
