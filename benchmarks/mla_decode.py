@@ -30,7 +30,8 @@ BF16_FLOPS, HBM_BPS = 790e12, 3.0e12
 # Each is checked on every official case, then timed beside the default as "cuda+<name>"; --rev REV does the same
 # for the cuda backend as it was at git revision REV ("cuda@REV").
 CANDIDATES = {"eager": {"KBENCH_MLA_GRAPH": "0"},
-              "no-prefetch": {"KBENCH_MLA_PREFETCH_TABLES": "0"}}
+              "two-s": {"KBENCH_MLA_S_ONCE": "0"},
+              "two-s-no-prefetch": {"KBENCH_MLA_S_ONCE": "0", "KBENCH_MLA_PREFETCH_TABLES": "0"}}
 
 
 def checks(mod, ref) -> list[str]:

@@ -35,8 +35,9 @@ def attention_definition(q, cache, kv_len, cos, sin):
 @pytest.mark.parametrize("bs,kv_len,splits,knobs",
                          [(1, 2, None, ""), (3, 65, None, ""), (16, 1025, None, ""), (128, 130, None, ""),
                           (2, 8192, None, ""), (128, 4097, None, ""), (128, 4097, "2", ""), (16, 1025, "3", ""),
-                          (3, 65, None, "PREFETCH_TABLES=0"), (128, 4097, None, "PREFETCH_TABLES=0"),
-                          (16, 1025, "3", "PREFETCH_TABLES=0")])
+                          (3, 65, None, "S_ONCE=0"), (128, 4097, None, "S_ONCE=0"), (16, 1025, "3", "S_ONCE=0"),
+                          (3, 65, None, "S_ONCE=0,PREFETCH_TABLES=0"), (128, 4097, None, "S_ONCE=0,PREFETCH_TABLES=0"),
+                          (16, 1025, "3", "S_ONCE=0,PREFETCH_TABLES=0")])
 def test_attention_matches_the_definition(mla, bs, kv_len, splits, knobs, monkeypatch):
     """splits: None = the shipped choice, else KBENCH_MLA_SPLITS forces it; knobs: other KBENCH_MLA_ settings (the
     candidates' knobs), comma-separated NAME=VALUE."""

@@ -1,5 +1,7 @@
 // Absorbed MLA decode attention on Hopper: 128 query heads attend over one batch row's latent cache
 // (576 = latent 512 | rope 64 per position), as multi-query attention with the keys' RoPE applied on the fly.
+// This file holds the pieces both schedules share (Params, the RoPE tables and rotation, the split combine) and the
+// previous schedule, kept as KBENCH_MLA_S_ONCE=0; the shipped one is attention_s_once.cuh.
 //
 // CTA = (batch row, head group of 64, kv split). Warpgroup 2 (the producer, one thread) loads Q once and streams the cache through a
 // 2-stage ring of 64-row tiles with TMA (9 boxes of 64 x 64, 128-byte swizzle). The two consumer warpgroups

@@ -9,6 +9,7 @@
 
 #include "assemble_q.cuh"
 #include "attention.cuh"
+#include "attention_s_once.cuh"
 #include "knobs.h"
 #include "launch_error.h"
 #include "mla_api.h"
@@ -26,12 +27,14 @@ int mla_num_sms() {
     cudaDeviceGetAttribute(&sms[dev & 63], cudaDevAttrMultiProcessorCount, dev);
     cudaFuncSetAttribute(mla_attention_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
     cudaFuncSetAttribute(mla_attention_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
+    cudaFuncSetAttribute(mla_attention_s_once_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSOnceSmemBytes);
   }
   return sms[dev & 63];
 }
 
 void mla_describe(const MlaConfig& c, char* buf, int size) {
-  snprintf(buf, size, "MlaConfig{splits=%d, prefetch_tables=%d}", c.splits, c.prefetch_tables ? 1 : 0);
+  snprintf(buf, size, "MlaConfig{splits=%d, prefetch_tables=%d, s_once=%d}", c.splits, c.prefetch_tables ? 1 : 0,
+           c.s_once ? 1 : 0);
 }
 
 const char* mla_run(const MlaArgs& a, cudaStream_t stream) {
@@ -56,8 +59,12 @@ const char* mla_run(const MlaArgs& a, cudaStream_t stream) {
   p.scale_log2 = static_cast<float>(1.4426950408889634 / std::sqrt(192.0));
   if (p.splits > 1 && (!a.part_o || !a.part_ml)) return "mla cuda: a split plan needs the partial buffers";
   const dim3 grid(kHeadGroups * a.bs * p.splits);
-  const auto kernel = a.config.prefetch_tables ? mla_attention_kernel<true> : mla_attention_kernel<false>;
-  kernel<<<grid, kThreads, kSmemBytes, stream>>>(tm_q, tm_kv, p);
+  if (a.config.s_once) {
+    mla_attention_s_once_kernel<<<grid, kThreads, kSOnceSmemBytes, stream>>>(tm_q, tm_kv, p);
+  } else {
+    const auto kernel = a.config.prefetch_tables ? mla_attention_kernel<true> : mla_attention_kernel<false>;
+    kernel<<<grid, kThreads, kSmemBytes, stream>>>(tm_q, tm_kv, p);
+  }
   if (p.splits > 1)
     mla_combine_kernel<<<(a.bs * kHeads + 7) / 8, 256, 0, stream>>>(a.part_o, a.part_ml,
                                                                     static_cast<__nv_bfloat16*>(a.out), a.bs,

@@ -15,10 +15,11 @@ constexpr int kHeadGroups = kHeads / kHG;  // CTAs per batch row without a split
 struct MlaConfig {
   int splits;            // CTAs per (batch row, head group) the cache is split over; > 1 adds the combine pass
   bool prefetch_tables;  // the consumers load the next tile's RoPE cos/sin while this tile is processed
+  bool s_once;           // attention_s_once.cuh: one warpgroup computes S and the softmax, both P V
 };
 
 // bs batch rows, kv_len cache rows to read, sms the GPU's SM count. KBENCH_MLA_SPLITS=N forces N splits;
-// KBENCH_MLA_PREFETCH_TABLES=0/1 overrides prefetch_tables.
+// KBENCH_MLA_PREFETCH_TABLES=0/1 overrides prefetch_tables, KBENCH_MLA_S_ONCE=0/1 s_once.
 inline MlaConfig mla_config(int bs, int kv_len, int sms) {
   // No split where one CTA per (row, head group) already fills >= 90% of its waves (batch 128 on 132 SMs: 256 CTAs
   // in 2 waves, 97%): splitting adds the combine pass and the fp32 partials for no wave gain (measured on two H100s,
@@ -34,5 +35,9 @@ inline MlaConfig mla_config(int bs, int kv_len, int sms) {
   // prefetch_tables: the attention kernel 445 -> 400 us and 640 -> 571 us on the benchmark cases (H100, CUDA events,
   // 2026-11-24; docs/mla-decode-notes.md)
   const bool prefetch_tables = kb::env_int("KBENCH_MLA_PREFETCH_TABLES", 1) != 0;
-  return MlaConfig{splits, prefetch_tables};
+  // s_once: the attention kernel 397 -> 349 us and 573 -> 504 us on the benchmark cases (H100, CUDA events, one
+  // process, 2026-11-24; docs/mla-decode-notes.md, finding 10). 0 runs attention.cuh's schedule (prefetch_tables
+  // applies to that one only).
+  const bool s_once = kb::env_int("KBENCH_MLA_S_ONCE", 1) != 0;
+  return MlaConfig{splits, prefetch_tables, s_once};
 }

@@ -1,0 +1,296 @@
+// Absorbed MLA decode attention, the "S once" schedule (MlaConfig::s_once): the same CTA, tiles, TMA ring and
+// numerics as attention.cuh, with each tile's S computed once, by one warpgroup (docs/mla-decode-notes.md, finding 10).
+//
+// Why: the kernel is bound by shared-memory reads, ~9.5 ns per KB of operand traffic a tile in all three schedules
+// measured (attention.cuh 296 KB a tile at ~3.1 us, the ping-pong variant 352 KB at ~3.3 us, FlashInfer's 224 KB
+// at ~2.1 us). wgmma re-reads the A operand (Q, 72 KB a tile) for every instruction, so splitting S's 64 positions
+// over the two warpgroups (m64n32 each, attention.cuh) reads Q twice. Here:
+//   consumer warpgroup 0: S = Q K^T over the tile's 64 positions (36 wgmma m64n64k16: Q and K read once), the
+//     whole online softmax (no exchange of row maxima), P (bf16) kept in registers for its own O += P V (wgmma with
+//     A from registers: an m64n64 accumulator's columns 16j .. 16j+15, packed to bf16 pairs, are the m64k16 A
+//     fragment) and written to shared memory with the rescale factors for warpgroup 1;
+//   consumer warpgroup 1: waits for P, rescales its O, O += P V for the other 256 columns;
+//   producer warpgroup: warp 0 issues the TMA loads, warps 1-3 rotate each landed tile's rope columns and arrive on
+//     the stage's `roped` barrier (the consumers wait on it instead of `full`), off the consumers' path.
+// Shared-memory operand traffic a tile: S 144 KB + P V 72 KB (+ 8 KB of P written): 224 KB.
+#pragma once
+#include "attention.cuh"
+
+namespace mla {
+
+constexpr int kRotators = 96;  // producer warps 1..3
+constexpr int kRopeItems = kTile * 4;  // (row, group of 8 frequencies) pairs a tile
+constexpr int kItemsPerRotator = (kRopeItems + kRotators - 1) / kRotators;
+constexpr int kSOnceSmemBytes = 1024 + kTileBytes * (1 + kStages) + kBlockBytes + 3 * kHG * 4 + 8 * (1 + 3 * kStages);
+// Named barriers between the consumer warpgroups (256 threads: one side syncs, the other arrives).
+constexpr int kBarPReady = 5;  // P and the rescale factors of the current tile are in shared memory
+constexpr int kBarPFree = 6;   // warpgroup 1 has read them (its P V done): warpgroup 0 may write the next
+constexpr int kBarRows = 7;    // the final row maxima and sums are in shared memory
+
+__global__ void __launch_bounds__(kThreads, 1) mla_attention_s_once_kernel(const __grid_constant__ CUtensorMap tm_q,
+                                                                           const __grid_constant__ CUtensorMap tm_kv,
+                                                                           const Params p) {
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t* base = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
+  uint8_t* s_q = base;
+  uint8_t* s_kv = s_q + kTileBytes;
+  uint8_t* s_p = s_kv + kStages * kTileBytes;                    // P [64 heads][64 positions] bf16, swizzled rows
+  float* s_alpha = reinterpret_cast<float*>(s_p + kBlockBytes);  // [64] this tile's rescale factors
+  float* s_m = s_alpha + kHG;                                    // [64] final row maxima (log2 domain)
+  float* s_l = s_m + kHG;                                        // [64] final row sums
+  uint64_t* q_full = reinterpret_cast<uint64_t*>(s_l + kHG);
+  uint64_t* full = q_full + 1;        // TMA landed
+  uint64_t* roped = full + kStages;   // ... and the rope columns rotated
+  uint64_t* empty = roped + kStages;  // both consumer warpgroups done with the stage
+
+  const int b = blockIdx.x / (2 * p.splits);
+  const int hg = (blockIdx.x / p.splits) % 2;
+  const int split = blockIdx.x % p.splits;
+  const int kv_len = *p.kv_len;
+  const int num_tiles = (kv_len + kTile - 1) / kTile;
+  const int tiles_per_split = (num_tiles + p.splits - 1) / p.splits;
+  const int tile0 = split * tiles_per_split;
+  const int tile1 = min(num_tiles, tile0 + tiles_per_split);
+
+  if (threadIdx.x == 0) {
+    mbar_init(q_full, 1);
+    for (int s = 0; s < kStages; ++s) {
+      mbar_init(&full[s], 1);
+      mbar_init(&roped[s], kRotators);
+      mbar_init(&empty[s], 8);  // one arrive per consumer warp
+    }
+    fence_mbar_init();
+  }
+  __syncthreads();
+
+  if (threadIdx.x >= 256) {  // producer warpgroup: warp 0 loads, warps 1-3 rotate
+    setmaxnreg_dec<88>();
+    const int pt = threadIdx.x - 256;
+    if (pt == 0) {
+      tma_prefetch_desc(&tm_q);
+      tma_prefetch_desc(&tm_kv);
+      mbar_arrive_expect_tx(q_full, kTileBytes);
+      for (int j = 0; j < kBlocks; ++j)
+        tma_load_2d(s_q + j * kBlockBytes, &tm_q, q_full, j * 64, b * kHeads + hg * kHG);
+      int s = 0;
+      uint32_t phase = 0;
+      for (int tile = tile0; tile < tile1; ++tile) {
+        mbar_wait(&empty[s], phase ^ 1);
+        mbar_arrive_expect_tx(&full[s], kTileBytes);
+        for (int j = 0; j < kBlocks; ++j)
+          tma_load_2d(s_kv + s * kTileBytes + j * kBlockBytes, &tm_kv, &full[s], j * 64,
+                      b * p.max_seq + tile * kTile);
+        if (++s == kStages) {
+          s = 0;
+          phase ^= 1;
+        }
+      }
+    } else if (pt >= 32) {
+      // Rotator u takes items u, u + 96, u + 192 of a tile; item i = (row i / 4, frequencies 8 (i % 4) ..).
+      // The cos/sin of the next tile's items are loaded while this tile waits and rotates.
+      const int u = pt - 32;
+      RopeTables tab[kItemsPerRotator];
+      auto prefetch = [&](int tile) {
+#pragma unroll
+        for (int k = 0; k < kItemsPerRotator; ++k) {
+          const int item = u + kRotators * k, pos = tile * kTile + item / 4;
+          if (item < kRopeItems && pos < kv_len) tab[k] = load_rope_tables(pos, item % 4, p);
+        }
+      };
+      if (tile0 < tile1) prefetch(tile0);
+      int s = 0;
+      uint32_t phase = 0;
+      for (int tile = tile0; tile < tile1; ++tile) {
+        mbar_wait(&full[s], phase);
+        uint8_t* rope_block = s_kv + s * kTileBytes + 8 * kBlockBytes;
+#pragma unroll
+        for (int k = 0; k < kItemsPerRotator; ++k) {
+          const int item = u + kRotators * k;
+          if (item < kRopeItems && tile * kTile + item / 4 < kv_len) rotate_in_place(rope_block, item / 4, item % 4, tab[k]);
+        }
+        fence_proxy_async_smem();
+        mbar_arrive(&roped[s]);
+        if (tile + 1 < tile1) prefetch(tile + 1);
+        if (++s == kStages) {
+          s = 0;
+          phase ^= 1;
+        }
+      }
+    }
+    return;
+  }
+
+  setmaxnreg_inc<208>();
+  const int w = threadIdx.x / 128;  // this warpgroup's output columns: 256w .. 256w + 255
+  const int t = threadIdx.x % 128;
+  const int warp = t / 32, lane = t % 32;
+  const int frag_row = warp * 16 + lane / 4;  // heads frag_row and frag_row + 8 (within the CTA's 64)
+  const int frag_col = 2 * (lane % 4);
+  const int ntiles = tile1 - tile0;
+
+  float o[128];
+#pragma unroll
+  for (int i = 0; i < 128; ++i) o[i] = 0.0f;
+  // Warpgroup 0's softmax state. m_run: the row maxima (log2 domain); l_run: this thread's share of the row sums
+  // (its 16 positions of each tile), summed across the quad once at the end.
+  float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
+
+  // One loop per warpgroup (their work differs; a shared loop branches around every wgmma).
+  int s = 0;
+  uint32_t phase = 0;
+  if (w == 0) {
+    uint32_t pa[16];  // P as bf16 pairs: pa[4j .. 4j+3] = the A fragment of positions 16j .. 16j+15
+    mbar_wait(q_full, 0);
+    for (int i = 0; i < ntiles; ++i) {
+      const int tile = tile0 + i;
+      uint8_t* kv = s_kv + s * kTileBytes;
+      mbar_wait(&roped[s], phase);
+      // S = Q K^T over the tile's 64 positions.
+      float sc[32];
+      wgmma_fence();
+#pragma unroll
+      for (int blk = 0; blk < kBlocks; ++blk) {
+        const uint64_t da = make_desc_sw128(s_q + blk * kBlockBytes);
+        const uint64_t db = make_desc_sw128(kv + blk * kBlockBytes);
+#pragma unroll
+        for (int q = 0; q < 4; ++q) wgmma_m64n64k16_bf16<0>(sc, da + 2 * q, db + 2 * q, blk > 0 || q > 0);
+      }
+      wgmma_commit();
+      wgmma_wait<0>();
+#pragma unroll
+      for (int j = 0; j < 32; ++j) reg_fence(sc[j]);
+
+      // Online softmax (log2 domain): sc[4c + 2h + e] = head frag_row + 8h, position 8c + frag_col + e.
+      float m_new[2] = {m_run[0], m_run[1]};
+#pragma unroll
+      for (int c = 0; c < 8; ++c)
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int pos = tile * kTile + 8 * c + frag_col + e;
+            float& v = sc[4 * c + 2 * h + e];
+            v = pos < kv_len ? v * p.scale_log2 : -INFINITY;
+            m_new[h] = fmaxf(m_new[h], v);
+          }
+      float alpha[2];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        m_new[h] = fmaxf(m_new[h], __shfl_xor_sync(0xffffffff, m_new[h], 1));
+        m_new[h] = fmaxf(m_new[h], __shfl_xor_sync(0xffffffff, m_new[h], 2));
+        alpha[h] = exp2f(m_run[h] - m_new[h]);
+        m_run[h] = m_new[h];
+        l_run[h] *= alpha[h];
+      }
+#pragma unroll
+      for (int c = 0; c < 8; ++c)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const float p0 = exp2f(sc[4 * c + 2 * h] - m_run[h]), p1 = exp2f(sc[4 * c + 2 * h + 1] - m_run[h]);
+          l_run[h] += p0 + p1;
+          const __nv_bfloat162 pair = __floats2bfloat162_rn(p0, p1);
+          pa[2 * c + h] = *reinterpret_cast<const uint32_t*>(&pair);
+        }
+      // Hand P and the rescale factors to warpgroup 1 once it has read the previous tile's.
+      named_bar_sync(kBarPFree, 256);
+#pragma unroll
+      for (int c = 0; c < 8; ++c)
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+          *reinterpret_cast<uint32_t*>(s_p + sw128_offset(frag_row + 8 * h, c) + frag_col * 2) = pa[2 * c + h];
+      if ((lane & 3) == 0) {
+        s_alpha[frag_row] = alpha[0];
+        s_alpha[frag_row + 8] = alpha[1];
+      }
+      fence_proxy_async_smem();
+      named_bar_arrive(kBarPReady, 256);
+#pragma unroll
+      for (int j = 0; j < 128; ++j) o[j] *= alpha[(j >> 1) & 1];
+      // O += P V, columns 0 .. 255 (blocks 0 .. 3), P from registers.
+      const uint64_t db = make_desc_sw128(kv, kBlockBytes, 1024);
+      wgmma_fence();
+#pragma unroll
+      for (int q = 0; q < 4; ++q) wgmma_m64n256k16_rs_bf16<1>(o, pa + 4 * q, db + (2048 >> 4) * q, 1);
+      wgmma_commit();
+      wgmma_wait<0>();
+#pragma unroll
+      for (int j = 0; j < 128; ++j) reg_fence(o[j]);
+      __syncwarp();
+      if (lane == 0) mbar_arrive(&empty[s]);
+      if (++s == kStages) {
+        s = 0;
+        phase ^= 1;
+      }
+    }
+  } else {
+    if (ntiles > 0) named_bar_arrive(kBarPFree, 256);  // the P buffer starts free
+    for (int i = 0; i < ntiles; ++i) {
+      uint8_t* kv = s_kv + s * kTileBytes;
+      mbar_wait(&roped[s], phase);
+      named_bar_sync(kBarPReady, 256);
+      const float alpha0 = s_alpha[frag_row], alpha1 = s_alpha[frag_row + 8];
+#pragma unroll
+      for (int j = 0; j < 128; ++j) o[j] *= (j >> 1) & 1 ? alpha1 : alpha0;
+      // O += P V, columns 256 .. 511 (blocks 4 .. 7), P from shared memory.
+      const uint64_t da = make_desc_sw128(s_p);
+      const uint64_t db = make_desc_sw128(kv + 4 * kBlockBytes, kBlockBytes, 1024);
+      wgmma_fence();
+#pragma unroll
+      for (int q = 0; q < 4; ++q) wgmma_m64n256k16_bf16<1>(o, da + 2 * q, db + (2048 >> 4) * q, 1);
+      wgmma_commit();
+      wgmma_wait<0>();
+      if (i + 1 < ntiles) named_bar_arrive(kBarPFree, 256);
+#pragma unroll
+      for (int j = 0; j < 128; ++j) reg_fence(o[j]);
+      __syncwarp();
+      if (lane == 0) mbar_arrive(&empty[s]);
+      if (++s == kStages) {
+        s = 0;
+        phase ^= 1;
+      }
+    }
+  }
+
+  // The final row maxima and sums, from warpgroup 0 to both.
+  if (w == 0) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      l_run[h] += __shfl_xor_sync(0xffffffff, l_run[h], 1);
+      l_run[h] += __shfl_xor_sync(0xffffffff, l_run[h], 2);
+      if ((lane & 3) == 0) {
+        s_m[frag_row + 8 * h] = m_run[h];
+        s_l[frag_row + 8 * h] = l_run[h];
+      }
+    }
+  }
+  named_bar_sync(kBarRows, 256);
+  const int head0 = hg * kHG;
+  if (p.splits == 1) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int row = frag_row + 8 * h;
+      const float inv = 1.0f / s_l[row];
+      __nv_bfloat16* dst = p.out + (static_cast<long long>(b) * kHeads + head0 + row) * kLatent + 256 * w;
+#pragma unroll
+      for (int c = 0; c < 32; ++c)
+        *reinterpret_cast<__nv_bfloat162*>(dst + 8 * c + frag_col) =
+            __floats2bfloat162_rn(o[4 * c + 2 * h] * inv, o[4 * c + 2 * h + 1] * inv);
+    }
+  } else {
+    const long long bh = (static_cast<long long>(split) * p.bs + b) * kHeads + head0;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int row = frag_row + 8 * h;
+      float* dst = p.part_o + (bh + row) * kLatent + 256 * w;
+#pragma unroll
+      for (int c = 0; c < 32; ++c)
+        *reinterpret_cast<float2*>(dst + 8 * c + frag_col) = make_float2(o[4 * c + 2 * h], o[4 * c + 2 * h + 1]);
+      if (w == 0 && (lane & 3) == 0) {
+        p.part_ml[(bh + row) * 2] = s_m[row];
+        p.part_ml[(bh + row) * 2 + 1] = s_l[row];
+      }
+    }
+  }
+}
+
+}  // namespace mla
