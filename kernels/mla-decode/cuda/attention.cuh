@@ -80,6 +80,81 @@ __device__ __forceinline__ void rotate_in_place(uint8_t* rope_block, int r, int 
   *hi = b;
 }
 
+// The CTA's batch row, head group, split and its tiles [tile0, tile1) of the cache (kv_len read from device memory).
+struct CtaWork {
+  int b, hg, split, kv_len, tile0, tile1;
+};
+
+__device__ __forceinline__ CtaWork cta_work(const Params& p) {
+  CtaWork c;
+  c.b = blockIdx.x / (2 * p.splits);
+  c.hg = (blockIdx.x / p.splits) % 2;
+  c.split = blockIdx.x % p.splits;
+  c.kv_len = *p.kv_len;
+  const int num_tiles = (c.kv_len + kTile - 1) / kTile;
+  const int tiles_per_split = (num_tiles + p.splits - 1) / p.splits;
+  c.tile0 = c.split * tiles_per_split;
+  c.tile1 = min(num_tiles, c.tile0 + tiles_per_split);
+  return c;
+}
+
+// The producer thread: Q once, then the CTA's cache tiles through the kStages ring (full: bytes landed; empty: the
+// consumers' 8 warps are done with the stage).
+__device__ __forceinline__ void load_q_and_tiles(const CUtensorMap* tm_q, const CUtensorMap* tm_kv, uint8_t* s_q,
+                                                 uint8_t* s_kv, uint64_t* q_full, uint64_t* full, uint64_t* empty,
+                                                 const CtaWork& c, int max_seq) {
+  tma_prefetch_desc(tm_q);
+  tma_prefetch_desc(tm_kv);
+  mbar_arrive_expect_tx(q_full, kTileBytes);
+  for (int j = 0; j < kBlocks; ++j) tma_load_2d(s_q + j * kBlockBytes, tm_q, q_full, j * 64, c.b * kHeads + c.hg * kHG);
+  int s = 0;
+  uint32_t phase = 0;
+  for (int tile = c.tile0; tile < c.tile1; ++tile) {
+    mbar_wait(&empty[s], phase ^ 1);
+    mbar_arrive_expect_tx(&full[s], kTileBytes);
+    for (int j = 0; j < kBlocks; ++j)
+      tma_load_2d(s_kv + s * kTileBytes + j * kBlockBytes, tm_kv, &full[s], j * 64, c.b * max_seq + tile * kTile);
+    if (++s == kStages) {
+      s = 0;
+      phase ^= 1;
+    }
+  }
+}
+
+// A consumer warpgroup's 256 output columns (256w ..) of heads frag_row and frag_row + 8: with one split the output
+// normalised by the row sums l; with splits the fp32 partials, and (write_ml) the rows' (max, sum) for the combine.
+// o: the m64n256 accumulator; m, l: per head h of the two.
+__device__ __forceinline__ void store_rows(const Params& p, const CtaWork& c, const float* o, int w, int frag_row,
+                                           int frag_col, const float* m, const float* l, bool write_ml) {
+  const int head0 = c.hg * kHG;
+  if (p.splits == 1) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int row = frag_row + 8 * h;
+      const float inv = 1.0f / l[h];
+      __nv_bfloat16* dst = p.out + (static_cast<long long>(c.b) * kHeads + head0 + row) * kLatent + 256 * w;
+#pragma unroll
+      for (int col = 0; col < 32; ++col)
+        *reinterpret_cast<__nv_bfloat162*>(dst + 8 * col + frag_col) =
+            __floats2bfloat162_rn(o[4 * col + 2 * h] * inv, o[4 * col + 2 * h + 1] * inv);
+    }
+  } else {
+    const long long bh = (static_cast<long long>(c.split) * p.bs + c.b) * kHeads + head0;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int row = frag_row + 8 * h;
+      float* dst = p.part_o + (bh + row) * kLatent + 256 * w;
+#pragma unroll
+      for (int col = 0; col < 32; ++col)
+        *reinterpret_cast<float2*>(dst + 8 * col + frag_col) = make_float2(o[4 * col + 2 * h], o[4 * col + 2 * h + 1]);
+      if (write_ml) {
+        p.part_ml[(bh + row) * 2] = m[h];
+        p.part_ml[(bh + row) * 2 + 1] = l[h];
+      }
+    }
+  }
+}
+
 // kPrefetchTables: each consumer thread loads the cos/sin it needs for the next tile while this one is processed,
 // taking the tables' L2 latency off the per-tile path (MlaConfig::prefetch_tables).
 template <bool kPrefetchTables>
@@ -97,14 +172,8 @@ __global__ void __launch_bounds__(kThreads, 1) mla_attention_kernel(const __grid
   uint64_t* full = q_full + 1;
   uint64_t* empty = full + kStages;
 
-  const int b = blockIdx.x / (2 * p.splits);
-  const int hg = (blockIdx.x / p.splits) % 2;
-  const int split = blockIdx.x % p.splits;
-  const int kv_len = *p.kv_len;
-  const int num_tiles = (kv_len + kTile - 1) / kTile;
-  const int tiles_per_split = (num_tiles + p.splits - 1) / p.splits;
-  const int tile0 = split * tiles_per_split;
-  const int tile1 = min(num_tiles, tile0 + tiles_per_split);
+  const CtaWork work = cta_work(p);
+  const int kv_len = work.kv_len, tile0 = work.tile0, tile1 = work.tile1;
 
   if (threadIdx.x == 0) {
     mbar_init(q_full, 1);
@@ -118,26 +187,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_attention_kernel(const __grid
 
   if (threadIdx.x >= 256) {  // producer warpgroup: gives its registers to the consumers
     setmaxnreg_dec<56>();
-    if (threadIdx.x == 256) {
-      tma_prefetch_desc(&tm_q);
-      tma_prefetch_desc(&tm_kv);
-      mbar_arrive_expect_tx(q_full, kTileBytes);
-      for (int j = 0; j < kBlocks; ++j)
-        tma_load_2d(s_q + j * kBlockBytes, &tm_q, q_full, j * 64, b * kHeads + hg * kHG);
-      int s = 0;
-      uint32_t phase = 0;
-      for (int tile = tile0; tile < tile1; ++tile) {
-        mbar_wait(&empty[s], phase ^ 1);
-        mbar_arrive_expect_tx(&full[s], kTileBytes);
-        for (int j = 0; j < kBlocks; ++j)
-          tma_load_2d(s_kv + s * kTileBytes + j * kBlockBytes, &tm_kv, &full[s], j * 64,
-                      b * p.max_seq + tile * kTile);
-        if (++s == kStages) {
-          s = 0;
-          phase ^= 1;
-        }
-      }
-    }
+    if (threadIdx.x == 256) load_q_and_tiles(&tm_q, &tm_kv, s_q, s_kv, q_full, full, empty, work, p.max_seq);
     return;
   }
 
@@ -263,33 +313,10 @@ __global__ void __launch_bounds__(kThreads, 1) mla_attention_kernel(const __grid
   for (int h = 0; h < 2; ++h)
     if ((lane & 3) == 0) s_sum[w * kHG + frag_row + 8 * h] = l_run[h];
   named_bar_sync(kBarSum, 256);
-  const int head0 = hg * kHG;
-  if (p.splits == 1) {
+  float l_row[2];
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int row = frag_row + 8 * h;
-      const float inv = 1.0f / (s_sum[row] + s_sum[kHG + row]);
-      __nv_bfloat16* dst = p.out + (static_cast<long long>(b) * kHeads + head0 + row) * kLatent + 256 * w;
-#pragma unroll
-      for (int c = 0; c < 32; ++c)
-        *reinterpret_cast<__nv_bfloat162*>(dst + 8 * c + frag_col) =
-            __floats2bfloat162_rn(o[4 * c + 2 * h] * inv, o[4 * c + 2 * h + 1] * inv);
-    }
-  } else {
-    const long long bh = (static_cast<long long>(split) * p.bs + b) * kHeads + head0;
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int row = frag_row + 8 * h;
-      float* dst = p.part_o + (bh + row) * kLatent + 256 * w;
-#pragma unroll
-      for (int c = 0; c < 32; ++c)
-        *reinterpret_cast<float2*>(dst + 8 * c + frag_col) = make_float2(o[4 * c + 2 * h], o[4 * c + 2 * h + 1]);
-      if (w == 0 && (lane & 3) == 0) {
-        p.part_ml[(bh + row) * 2] = m_run[h];
-        p.part_ml[(bh + row) * 2 + 1] = s_sum[row] + s_sum[kHG + row];
-      }
-    }
-  }
+  for (int h = 0; h < 2; ++h) l_row[h] = s_sum[frag_row + 8 * h] + s_sum[kHG + frag_row + 8 * h];
+  store_rows(p, work, o, w, frag_row, frag_col, m_run, l_row, w == 0 && (lane & 3) == 0);
 }
 
 // Splits > 1: out[b][h] = sum_s 2^(m_s - M) O_s / sum_s 2^(m_s - M) l_s; one warp per (b, h), 16 columns a lane.

@@ -43,14 +43,8 @@ __global__ void __launch_bounds__(kThreads, 1) mla_attention_s_once_kernel(const
   uint64_t* roped = full + kStages;   // ... and the rope columns rotated
   uint64_t* empty = roped + kStages;  // both consumer warpgroups done with the stage
 
-  const int b = blockIdx.x / (2 * p.splits);
-  const int hg = (blockIdx.x / p.splits) % 2;
-  const int split = blockIdx.x % p.splits;
-  const int kv_len = *p.kv_len;
-  const int num_tiles = (kv_len + kTile - 1) / kTile;
-  const int tiles_per_split = (num_tiles + p.splits - 1) / p.splits;
-  const int tile0 = split * tiles_per_split;
-  const int tile1 = min(num_tiles, tile0 + tiles_per_split);
+  const CtaWork work = cta_work(p);
+  const int kv_len = work.kv_len, tile0 = work.tile0, tile1 = work.tile1;
 
   if (threadIdx.x == 0) {
     mbar_init(q_full, 1);
@@ -67,24 +61,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_attention_s_once_kernel(const
     setmaxnreg_dec<88>();
     const int pt = threadIdx.x - 256;
     if (pt == 0) {
-      tma_prefetch_desc(&tm_q);
-      tma_prefetch_desc(&tm_kv);
-      mbar_arrive_expect_tx(q_full, kTileBytes);
-      for (int j = 0; j < kBlocks; ++j)
-        tma_load_2d(s_q + j * kBlockBytes, &tm_q, q_full, j * 64, b * kHeads + hg * kHG);
-      int s = 0;
-      uint32_t phase = 0;
-      for (int tile = tile0; tile < tile1; ++tile) {
-        mbar_wait(&empty[s], phase ^ 1);
-        mbar_arrive_expect_tx(&full[s], kTileBytes);
-        for (int j = 0; j < kBlocks; ++j)
-          tma_load_2d(s_kv + s * kTileBytes + j * kBlockBytes, &tm_kv, &full[s], j * 64,
-                      b * p.max_seq + tile * kTile);
-        if (++s == kStages) {
-          s = 0;
-          phase ^= 1;
-        }
-      }
+      load_q_and_tiles(&tm_q, &tm_kv, s_q, s_kv, q_full, full, empty, work, p.max_seq);
     } else if (pt >= 32) {
       // Rotator u takes items u, u + 96, u + 192 of a tile; item i = (row i / 4, frequencies 8 (i % 4) ..).
       // The cos/sin of the next tile's items are loaded while this tile waits and rotates.
@@ -138,6 +115,17 @@ __global__ void __launch_bounds__(kThreads, 1) mla_attention_s_once_kernel(const
   // One loop per warpgroup (their work differs; a shared loop branches around every wgmma).
   int s = 0;
   uint32_t phase = 0;
+  // After a warpgroup's last read of stage s (its P V waited for): hand the stage back to the producer, go to the next.
+  auto release_stage = [&]() {
+#pragma unroll
+    for (int j = 0; j < 128; ++j) reg_fence(o[j]);
+    __syncwarp();
+    if (lane == 0) mbar_arrive(&empty[s]);
+    if (++s == kStages) {
+      s = 0;
+      phase ^= 1;
+    }
+  };
   if (w == 0) {
     uint32_t pa[16];  // P as bf16 pairs: pa[4j .. 4j+3] = the A fragment of positions 16j .. 16j+15
     mbar_wait(q_full, 0);
@@ -213,14 +201,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_attention_s_once_kernel(const
       for (int q = 0; q < 4; ++q) wgmma_m64n256k16_rs_bf16<1>(o, pa + 4 * q, db + (2048 >> 4) * q, 1);
       wgmma_commit();
       wgmma_wait<0>();
-#pragma unroll
-      for (int j = 0; j < 128; ++j) reg_fence(o[j]);
-      __syncwarp();
-      if (lane == 0) mbar_arrive(&empty[s]);
-      if (++s == kStages) {
-        s = 0;
-        phase ^= 1;
-      }
+      release_stage();
     }
   } else {
     if (ntiles > 0) named_bar_arrive(kBarPFree, 256);  // the P buffer starts free
@@ -240,14 +221,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_attention_s_once_kernel(const
       wgmma_commit();
       wgmma_wait<0>();
       if (i + 1 < ntiles) named_bar_arrive(kBarPFree, 256);
-#pragma unroll
-      for (int j = 0; j < 128; ++j) reg_fence(o[j]);
-      __syncwarp();
-      if (lane == 0) mbar_arrive(&empty[s]);
-      if (++s == kStages) {
-        s = 0;
-        phase ^= 1;
-      }
+      release_stage();
     }
   }
 
@@ -264,33 +238,8 @@ __global__ void __launch_bounds__(kThreads, 1) mla_attention_s_once_kernel(const
     }
   }
   named_bar_sync(kBarRows, 256);
-  const int head0 = hg * kHG;
-  if (p.splits == 1) {
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int row = frag_row + 8 * h;
-      const float inv = 1.0f / s_l[row];
-      __nv_bfloat16* dst = p.out + (static_cast<long long>(b) * kHeads + head0 + row) * kLatent + 256 * w;
-#pragma unroll
-      for (int c = 0; c < 32; ++c)
-        *reinterpret_cast<__nv_bfloat162*>(dst + 8 * c + frag_col) =
-            __floats2bfloat162_rn(o[4 * c + 2 * h] * inv, o[4 * c + 2 * h + 1] * inv);
-    }
-  } else {
-    const long long bh = (static_cast<long long>(split) * p.bs + b) * kHeads + head0;
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int row = frag_row + 8 * h;
-      float* dst = p.part_o + (bh + row) * kLatent + 256 * w;
-#pragma unroll
-      for (int c = 0; c < 32; ++c)
-        *reinterpret_cast<float2*>(dst + 8 * c + frag_col) = make_float2(o[4 * c + 2 * h], o[4 * c + 2 * h + 1]);
-      if (w == 0 && (lane & 3) == 0) {
-        p.part_ml[(bh + row) * 2] = s_m[row];
-        p.part_ml[(bh + row) * 2 + 1] = s_l[row];
-      }
-    }
-  }
+  const float m_row[2] = {s_m[frag_row], s_m[frag_row + 8]}, l_row[2] = {s_l[frag_row], s_l[frag_row + 8]};
+  store_rows(p, work, o, w, frag_row, frag_col, m_row, l_row, w == 0 && (lane & 3) == 0);
 }
 
 }  // namespace mla
