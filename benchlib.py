@@ -33,8 +33,9 @@ COLUMNS = ("date", "gpu", "world_size", "backend", "metric", "case", "us")
 # official: `kbench perf` benchmark mode; leaderboard: its leaderboard mode; kernel: CUDA events around one call;
 # profiler: one call's device time per kernel from the torch profiler (`kbench profile`), where events cannot split it.
 # ncu: one kernel's duration under Nsight Compute, which locks the clocks to base: the figure that compares across
-# machines (the others move by a few % from one H100 to the next)
-METRICS = ("official", "leaderboard", "kernel", "profiler", "ncu")
+# machines (the others move by a few % from one H100 to the next). host-loop: the official host-clock window replayed
+# by benchmarks/host_gap.py, beside the CUDA events inside that window ("<backend>/host", "<backend>/device").
+METRICS = ("official", "leaderboard", "kernel", "profiler", "ncu", "host-loop")
 
 
 # ----------------------------------------------------------------------------------------------------------------

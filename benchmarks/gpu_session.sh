@@ -8,7 +8,8 @@
 #   sanitize (compute-sanitizer on small cases of the CUDA backends), ncu (Nsight Compute's sections for the kernels
 #   matching NCU_KERNELS in benchmarks/calls.py NCU_PROBLEM: NCU_SKIP launches skipped, NCU_COUNT profiled), moe-official, mla-official (kbench perf of the
 #   shipped build and of each candidate, in the modes OFFICIAL_MODES, default benchmark; OFFICIAL_CANDIDATES = which
-#   candidates, comma-separated, default all);
+#   candidates, comma-separated, default all); host-gap (benchmarks/host_gap.py for GAP_PROBLEMS: the official
+#   window with CUDA events inside it);
 # Limits: TIER_S, PROFILE_S, SANITIZE_S seconds; TIER_FILES = the test files of the tier, in the order given;
 #   TIER_K = a pytest -k expression selecting among them.
 # several GPUs: dist-check, dist-bench (benchmarks/distributed.py), dist-perf (kbench perf), dist-tier, window-ab
@@ -59,6 +60,9 @@ for part in "$@"; do
                   ${OFFICIAL_CANDIDATES+--candidates "$OFFICIAL_CANDIDATES"} ;;
   mla-bench) step "${BENCH_S:-400}" mla_bench python3 benchmarks/mla_decode.py \
                ${BENCH_CANDIDATES+--candidates "$BENCH_CANDIDATES"} ;;
+  host-gap) for p in ${GAP_PROBLEMS:-mla-decode moe}; do  # the official window with CUDA events inside it
+              step "${GAP_S:-300}" "host_gap_$p" python3 benchmarks/host_gap.py "$p" --runs "${GAP_RUNS:-40}" --profile "${GAP_PROFILE:-0}" ${GAP_CPROFILE:+--cprofile}
+            done ;;
   mla-check) step 500 mla_check python3 -m pytest -q -x -p no:cacheprovider tests/test_mla_cuda_gpu.py ;;
   mla-perf) step 400 mla_bench python3 benchmarks/mla_decode.py
             step 300 mla_perf kbench perf mla-decode --backend cuda --json "$W/records/perf_mla-decode_cuda.json"

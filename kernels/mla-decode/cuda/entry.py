@@ -5,9 +5,11 @@ Per head h, Wkvu holds W_UK[h] [128, 512] and W_UV[h] [128, 512], so q_nope . (W
 and sum_t p_t W_UV latent_t = W_UV (sum_t p_t latent_t): attention runs once over the 576-wide latent cache, read in
 place by ext.mla_attention (kernels/mla-decode/cuda/attention.cuh), which applies the keys' RoPE on the fly from
 cos/sin tables built with the reference's own bf16 ops. `ext` is the load_inline module the template defines above.
-Everything after the cache append is replayed as one CUDA graph while the inputs stay at their addresses
-(graph_replay: benchmark mode calls with the same tensors), which takes the host's per-launch time out of the call;
-the cache length reaches the kernels through device memory, so one graph serves the growing cache.
+The whole step, the cache append included (KVCache.forward's write done on the device at the row the kernels read
+from device memory; the module's counter advanced on the host), is replayed as one CUDA graph while the inputs stay
+at their addresses (graph_replay: benchmark mode calls with the same tensors): the GPU starts ~40 us after the call
+does, where the host's launches up to the attention kernel used to keep it idle ~300 us (notes, finding 11); one
+graph serves the growing cache.
 Tiny problems (under 256 MB of per-head keys and values, e.g. prefill 1 at batch 16) follow the reference's op order
 instead (kernels/mla-decode/_shared/reference_order.py): there its bf16 roundings are as large as the tolerance.
 """
@@ -45,14 +47,17 @@ def _device_length(device: torch.device) -> torch.Tensor:
     return _lengths[device]
 
 
-def _attend(config, x: torch.Tensor, cache: torch.Tensor, kv_len: int, cos, sin, lens) -> torch.Tensor:
-    """Everything after the cache append: q projections, absorption, attention, W_UV and wo. x [bs, 1, dim] bf16,
-    cache [bs, max_seq, 576] bf16 with kv_len rows, lens int32 [1] holding kv_len on the device. Returns [bs, 1, dim].
-    Captured as one graph (graph_replay): nothing here may depend on kv_len on the host but mla_attention's
-    configuration (the kernels read lens)."""
+def _step(config, x: torch.Tensor, cache: torch.Tensor, kv_len: int, cos, sin, lens) -> torch.Tensor:
+    """The whole decode step: the new cache row, q projections, absorption, attention, W_UV and wo. x [bs, 1, dim]
+    bf16, cache [bs, max_seq, 576] bf16 holding kv_len - 1 rows (row kv_len - 1 is written here), lens int32 [1]
+    holding kv_len on the device. Returns [bs, 1, dim]. Captured as one graph (graph_replay): nothing here may
+    depend on kv_len on the host but mla_attention's configuration (the kernels and the append read lens)."""
     bs = x.shape[0]
     heads, lora = config.n_heads, config.kv_lora_rank
     nope, rope, dv = config.qk_nope_head_dim, config.qk_rope_head_dim, config.v_head_dim
+    # KVCache.forward's append (data[:, seq_len] = c_kv) at the row lens - 1 read on the device, so that the append
+    # is inside the graph: the host's first launch is the graph's
+    cache.index_copy_(1, (lens - 1).long(), F.linear(x, config.KV_proj_down_weight))
     q = F.linear(F.linear(x, config.Q_proj_down_weight), config.Q_proj_up_weight).view(bs, heads, nope + rope)
     w_kvu = config.KV_proj_up_weight.view(heads, nope + dv, lora)
     q_nope_absorbed = torch.bmm(q[..., :nope].transpose(0, 1), w_kvu[:, :nope])          # [H, bs, lora]
@@ -71,20 +76,28 @@ def custom_kernel(data: input_t) -> output_t:
     if (heads, lora, nope, rope, dv) != (128, 512, 128, 64, 128):
         raise ValueError("the mla-decode cuda backend is built for DeepSeek's dims (128 heads, latent 512, nope 128, "
                          "rope 64, v 128); use the torch backend for others")
-    kv, kv_len = kv_cache(F.linear(x, config.KV_proj_down_weight))            # writes row seq_len
-    if reference_order.affordable(bs, kv_len, config):
+    if reference_order.affordable(bs, kv_cache.seq_len + 1, config):
         # tiny problems: the reference's bf16 roundings are as large as the tolerance; follow its op order
+        kv, kv_len = kv_cache(F.linear(x, config.KV_proj_down_weight))            # writes row seq_len
         q = F.linear(F.linear(x, config.Q_proj_down_weight), config.Q_proj_up_weight).view(bs, heads, nope + rope)
         y = reference_order.attend(q, kv[..., :lora], kv[..., lora:], config, kv_len)
         return F.linear(y.reshape(bs, 1, heads * dv), config.wo_weight), kv_cache.data
     cache = kv_cache.data
+    kv_len = kv_cache.seq_len + 1
+    if kv_len > cache.shape[1] or cache.dtype != torch.bfloat16:
+        raise ValueError(f"the cache holds {cache.shape[1]} rows of {cache.dtype}: no room for row {kv_len - 1} "
+                         f"(build it with a larger max_seq_len, in bf16)")
     cos, sin = _rope_tables(cache.shape[1], rope, x.device)
     lens = _device_length(x.device)
     lens.fill_(kv_len)
-    step = lambda: _attend(config, x, cache, kv_len, cos, sin, lens)  # noqa: E731
+    step = lambda: _step(config, x, cache, kv_len, cos, sin, lens)  # noqa: E731
     if os.environ.get("KBENCH_MLA_GRAPH") == "0":  # the launches one by one (docs/mla-decode-notes.md)
-        return step(), cache
-    key = graph_replay.tensor_key(x, cache, config.Q_proj_down_weight, config.Q_proj_up_weight,
-                                  config.KV_proj_up_weight, config.wo_weight, cos, sin, lens) + \
-        tuple(os.environ.get(k) for k in ("KBENCH_MLA_SPLITS", "KBENCH_MLA_PREFETCH_TABLES"))
-    return _graphs.replay(key, step).clone(), cache
+        out = step()
+    else:
+        key = graph_replay.tensor_key(x, cache, config.KV_proj_down_weight, config.Q_proj_down_weight,
+                                      config.Q_proj_up_weight, config.KV_proj_up_weight, config.wo_weight, cos, sin,
+                                      lens) + \
+            tuple(os.environ.get(k) for k in ("KBENCH_MLA_SPLITS", "KBENCH_MLA_PREFETCH_TABLES", "KBENCH_MLA_S_ONCE"))
+        out = _graphs.replay(key, step).clone()
+    kv_cache.seq_len = kv_len  # what KVCache.forward does after its append (the append ran in the step)
+    return out, cache

@@ -1,0 +1,160 @@
+"""Where the official figure goes beyond the device's time: the official benchmark loop of a single-GPU problem
+replayed in one process, with CUDA events inside each host-clock window and the SM clock read after each run.
+
+    python benchmarks/host_gap.py mla-decode --backend cuda --runs 40      # table last; rows into results/
+
+Per benchmark case, in the spec's order and after the warm-up case (as the harness runs them): inputs generated
+once, one call checked against the reference (untimed), then --runs timed calls the official way (synchronize,
+host clock, call, synchronize, host clock; no L2 flush; inputs cloned before each run where the protocol clones)
+with a pair of CUDA events recorded around the same call. Then --runs more calls with the L2 flushed before each
+(benchmarks' usual event timer) on the same inputs. Columns (us, means over the runs):
+  host    the official window (what `kbench perf` averages)
+  device  the CUDA events inside that window: the GPU's span of the call
+  host-device  host time not covered by the events (the events only bracket the call, so a GPU waiting for the host
+          inside the call counts as device time: compare with the kernels' sum under --profile)
+  issue   host time until the call returned, before the closing synchronize
+  flushed the CUDA events with an L2 flush before each call
+  MHz     the SM clock after the runs (min / median), from NVML when pynvml imports
+Rows: metric host-loop, backend "<backend>/host", "<backend>/device", "<backend>/flushed".
+--cprofile: the Python profile (cProfile, top 15 by cumulative time) of the timed runs of each case.
+--profile N: then N more runs of the official window under the torch profiler, and per kernel (CUPTI's trace: the
+kernels inside a replayed graph count) the launches a run and the mean / min / max duration: which kernel varies.
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import cProfile
+import pstats
+import json
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from kbench import benchlib, problems
+from kbench.evaluator import guards
+
+guards.torch = torch  # the harness sets it when it starts; guards.clone needs it
+
+
+def sm_clock():
+    """A function returning the SM clock in MHz, or None without NVML."""
+    try:
+        import pynvml
+        pynvml.nvmlInit()
+        handle = pynvml.nvmlDeviceGetHandleByIndex(torch.cuda.current_device())
+        return lambda: pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_SM)
+    except Exception:  # no pynvml, or no NVML on this machine
+        return lambda: None
+
+
+def timed_runs(call, given_for_run, runs: int, flush=None, clock=lambda: None):
+    """runs x (host us, device us, SM MHz, issue us): the official host window with CUDA events inside it; issue is
+    the host time until the call returned (before the closing synchronize)."""
+    out = []
+    for _ in range(runs):
+        given = given_for_run()
+        if flush is not None:
+            flush()
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        t0 = time.perf_counter_ns()
+        start.record()
+        result = call(given)
+        issue = (time.perf_counter_ns() - t0) / 1e3
+        end.record()
+        torch.cuda.synchronize()
+        host = (time.perf_counter_ns() - t0) / 1e3
+        out.append((host, start.elapsed_time(end) * 1e3, clock(), issue))
+        del result, given
+    return out
+
+
+def kernel_spread(call, given_for_run, runs: int) -> list[list[str]]:
+    """runs calls in the official window under the torch profiler: per kernel name, [name, launches a run, mean,
+    min, max us], the longest total first."""
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        timed_runs(call, given_for_run, runs)
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "trace.json"
+        prof.export_chrome_trace(str(path))
+        events = json.loads(path.read_text()).get("traceEvents", [])
+    durations = collections.defaultdict(list)
+    for e in events:
+        if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset") and "dur" in e:
+            durations[e["name"][:60]].append(float(e["dur"]))
+    ordered = sorted(durations.items(), key=lambda kv: -sum(kv[1]))
+    busy = sum(sum(d) for d in durations.values()) / runs
+    return [["(all kernels and copies: busy a run)", "", f"{busy:.1f}", "", ""]] + [[name, f"{len(d) / runs:.1f}", f"{statistics.mean(d):.1f}", f"{min(d):.1f}", f"{max(d):.1f}"]
+            for name, d in ordered[:14]]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("problem")
+    ap.add_argument("--backend", default="cuda")
+    ap.add_argument("--runs", type=int, default=40)
+    ap.add_argument("--cprofile", action="store_true", help="cProfile the timed runs (top 15 functions a case)")
+    ap.add_argument("--profile", type=int, default=0, metavar="N", help="N more runs under the profiler per case")
+    args = ap.parse_args()
+    spec = problems.load_spec(args.problem)
+    if spec.distributed:
+        raise SystemExit(f"{args.problem} is distributed: its official window is the ranks' (benchmarks/distributed.py)")
+    mod = benchlib.build(args.problem, args.backend)
+    ref = problems.load_modules(args.problem).reference
+    clone_inputs = spec.protocol.clone_inputs
+    flush_buf = torch.empty(64 * 1024 * 1024, dtype=torch.int32, device="cuda")
+    clock = sm_clock()
+    gpu = torch.cuda.get_device_name()
+    rows, table, spreads = [], [], []
+    for label, case in [("warm-up", spec.tests[0])] + [("", c) for c in spec.benchmarks]:
+        data = ref.generate_input(**problems.official_case(case))
+        given, check = (guards.clone(data), data) if clone_inputs else (data, guards.clone(data, deep=True))
+        ok, msg = ref.check_implementation(check, mod.custom_kernel(given))
+        del check
+        line = problems.format_case(case)
+        print(f"{label or 'case'} {line}: {'ok' if ok else msg}", flush=True)
+        if not ok:
+            raise SystemExit(f"{args.backend} fails {line}: fix it before timing")
+        if label:
+            timed_runs(mod.custom_kernel, lambda: guards.clone(data) if clone_inputs else data, 3)
+            continue
+        next_given = (lambda: guards.clone(data)) if clone_inputs else (lambda: data)
+        profiler = cProfile.Profile() if args.cprofile else None
+        if profiler:
+            profiler.enable()
+        plain = timed_runs(mod.custom_kernel, next_given, args.runs, clock=clock)
+        if profiler:
+            profiler.disable()
+            print(f"cProfile of {args.runs} timed runs, {line}:")
+            pstats.Stats(profiler).sort_stats("cumulative").print_stats(15)
+        flushed = timed_runs(mod.custom_kernel, next_given, args.runs, flush=lambda: flush_buf.fill_(42), clock=clock)
+        host, dev, issue = [r[0] for r in plain], [r[1] for r in plain], [r[3] for r in plain]
+        mhz = [r[2] for r in plain + flushed if r[2] is not None]
+        fl = [r[1] for r in flushed]
+        means = {"host": statistics.mean(host), "device": statistics.mean(dev), "flushed": statistics.mean(fl)}
+        rows += [benchlib.Row(gpu, 1, f"{args.backend}/{k}", "host-loop", line, v) for k, v in means.items()]
+        table.append([line.split("; seed")[0], f"{means['host']:.1f}", f"{statistics.median(host):.1f}",
+                      f"{means['device']:.1f}", f"{statistics.median(dev):.1f}",
+                      f"{means['host'] - means['device']:.1f}", f"{statistics.mean(issue):.1f}",
+                      f"{means['flushed']:.1f}",
+                      " ".join(f"{h:.0f}/{d:.0f}" for h, d in zip(host[:4], dev[:4])),
+                      f"{min(mhz)}/{statistics.median(mhz):.0f}" if mhz else "—"])
+        if args.profile:
+            spreads.append((line, kernel_spread(mod.custom_kernel, next_given, args.profile)))
+        del data, given
+    for line, spread in spreads:
+        benchlib.table(f"kernels over {args.profile} runs of the official window: {line}",
+                       ["kernel", "a run", "mean", "min", "max"], spread)
+    benchlib.record(args.problem, rows)
+    benchlib.table(f"{args.problem} {args.backend}: the official window, {args.runs} runs a column ({gpu})",
+                   ["case", "host", "host med", "device", "device med", "host-device", "issue", "flushed",
+                    "first runs host/device", "MHz min/med"], table)
+
+
+if __name__ == "__main__":
+    main()
