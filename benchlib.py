@@ -54,7 +54,10 @@ def build(problem: str, backend: str, target: str = "h100", dev: bool = False, r
 
 def kernels_at(rev: str) -> Path:
     """The kernels/ tree of git revision ``rev`` of the checkout kbench runs from, extracted to a temporary folder
-    (kept for the process: its builds import from there)."""
+    (kept for the process: its builds import from there). A folder holding a ``kernels/`` tree is taken as it is: a
+    copy of old kernels carried to a machine whose checkout lacks the revision (`git archive REV kernels | tar x`)."""
+    if (Path(rev) / "kernels").is_dir():
+        return Path(rev) / "kernels"
     repo = Path(__file__).resolve().parent
     try:
         archive = subprocess.run(["git", "-C", str(repo), "archive", rev, "kernels"], capture_output=True,
@@ -307,9 +310,10 @@ def checked_revisions(problem: str, backend: str, revs: Sequence[str],
     passed, failures = {}, []
     for rev in revs:
         mod = build(problem, backend, rev=rev)
-        wrong = [f"{backend}@{rev}: {w}" for w in check(mod)]
+        label = f"{backend}@{Path(rev).name if (Path(rev) / 'kernels').is_dir() else rev}"  # a carried folder: its name
+        wrong = [f"{label}: {w}" for w in check(mod)]
         failures += wrong
-        passed.update({} if wrong else {f"{backend}@{rev}": mod})
+        passed.update({} if wrong else {label: mod})
     return passed, failures
 
 

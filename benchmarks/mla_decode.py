@@ -109,6 +109,9 @@ def time_case(case, cuda_mod, torch_mod, ref, runs, candidates, revisions) -> di
                                                   runs)
     for name, mod in revisions.items():
         row[name] = timer(lambda: call(mod), runs)
+        row[f"{name}/attention"] = timer(lambda: mod.ext.mla_attention(q, cache.data, kv_len, cos, sin, None), runs)
+    # the shipped attention once more, last: a drift across the run shows as the two figures' difference
+    row["attention (again)"] = timer(lambda: cuda_mod.ext.mla_attention(q, cache.data, kv_len, cos, sin, None), runs)
     return row
 
 
@@ -141,14 +144,16 @@ def main():
     names = [("cuda", "cuda"), ("torch", "torch"), ("attention", "cuda/attention"),
              ("projections", "cuda/projections")] + \
         [(f"cuda+{n}{part}", f"cuda+{n}{part}") for n in candidates for part in ("", "/attention")] + \
-        [(n, n) for n in revisions] + [("flashinfer/attention", "flashinfer/attention")]
+        [(n + part, n + part) for n in revisions for part in ("", "/attention")] + \
+        [("flashinfer/attention", "flashinfer/attention")]
     results = [benchlib.Row(gpu, 1, name, "kernel", r["case"], r[key]) for r in rows for key, name in names
                if r.get(key)]
     results += [benchlib.Row(gpu, 1, name, "kernel", "geomean", benchlib.geomean(r.get(key) for r in rows))
                 for key, name in names if benchlib.geomean(r.get(key) for r in rows)]
     benchlib.record("mla-decode", results)
     cols = ["floor", "cuda", *(f"cuda+{n}" for n in candidates), *revisions, "cuda_host", "torch", "attention",
-            *(f"cuda+{n}/attention" for n in candidates), "flashinfer/attention", "attention_GBps", "projections"]
+            "attention (again)", *(f"cuda+{n}/attention" for n in candidates), *(f"{n}/attention" for n in revisions),
+            "flashinfer/attention", "attention_GBps", "projections"]
     benchlib.table(f"mla-decode on {gpu} (us; kernel = CUDA events, L2 flushed; cuda_host = host clock); "
                    f"failures: {len(failures)}", ["case"] + cols,
                    [[r["case"]] + [r.get(c) for c in cols] for r in rows] +

@@ -136,3 +136,12 @@ def test_a_backend_as_it_was_at_a_git_revision_builds_and_runs():
     assert (benchlib.kernels_at("HEAD") / "fp8-mm" / "torch" / "kernel.yml").is_file()
     with pytest.raises(ValueError, match="revision 'no-such-revision'"):
         benchlib.build("fp8-mm", "torch", rev="no-such-revision")
+
+
+def test_a_carried_kernels_folder_stands_for_a_revision(tmp_path):
+    """--rev FOLDER: a folder holding kernels/ (old kernels carried where the checkout lacks the revision)."""
+    shutil.copytree(Path(benchlib.__file__).resolve().parent / "kernels" / "fp8-mm",
+                    tmp_path / "kernels" / "fp8-mm")
+    assert benchlib.kernels_at(str(tmp_path)) == tmp_path / "kernels"
+    mod = benchlib.build("fp8-mm", "torch", rev=str(tmp_path))
+    assert callable(mod.custom_kernel)

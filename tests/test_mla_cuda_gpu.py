@@ -38,9 +38,10 @@ def attention_definition(q, cache, kv_len, cos, sin):
                           (3, 65, None, "S_ONCE=0"), (128, 4097, None, "S_ONCE=0"), (16, 1025, "3", "S_ONCE=0"),
                           (3, 65, None, "S_ONCE=0,PREFETCH_TABLES=0"), (128, 4097, None, "S_ONCE=0,PREFETCH_TABLES=0"),
                           (16, 1025, "3", "S_ONCE=0,PREFETCH_TABLES=0")])
-def test_attention_matches_the_definition(mla, bs, kv_len, splits, knobs, monkeypatch):
+def test_attention_matches_the_definition(mla, bs, kv_len, splits, knobs, monkeypatch, grow=1.0):
     """splits: None = the shipped choice, else KBENCH_MLA_SPLITS forces it; knobs: other KBENCH_MLA_ settings (the
-    candidates' knobs), comma-separated NAME=VALUE."""
+    candidates' knobs), comma-separated NAME=VALUE. grow: the keys' rope columns scaled from 1 at position 0 to
+    `grow` at the last, so that the row maxima keep rising tile after tile (the s-once softmax rescales lazily)."""
     import torch
 
     if splits:
@@ -54,7 +55,9 @@ def test_attention_matches_the_definition(mla, bs, kv_len, splits, knobs, monkey
     max_seq = 8192
     q = torch.randn(bs, 128, 576, generator=gen, device="cuda").bfloat16()
     cache = torch.zeros(bs, max_seq, 576, device="cuda", dtype=torch.bfloat16)
-    cache[:, :kv_len] = torch.randn(bs, kv_len, 576, generator=gen, device="cuda").bfloat16()
+    rows = torch.randn(bs, kv_len, 576, generator=gen, device="cuda")
+    rows[..., 512:] *= torch.linspace(1.0, grow, kv_len, device="cuda")[:, None]
+    cache[:, :kv_len] = rows.bfloat16()
     cos, sin = mla._rope_tables(max_seq, 64, q.device)
     expected = attention_definition(q, cache, kv_len, cos, sin)
     for attempt in range(2):
@@ -64,6 +67,17 @@ def test_attention_matches_the_definition(mla, bs, kv_len, splits, knobs, monkey
         rel = ((out.float() - expected).norm() / expected.norm()).item()
         ratio = benchlib.tolerance_ratio(out, expected, 2e-2, 8e-3)
         assert rel < 1e-2 and ratio <= 1, f"call {attempt + 1}: relative error {rel:.2e}, worst {ratio:.2f}x tolerance"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("bs,kv_len,splits,knobs", [(16, 1025, None, ""), (128, 4097, "2", ""),
+                                                    (16, 1025, None, "S_ONCE=0")])
+def test_attention_with_rising_maxima(mla, bs, kv_len, splits, knobs, monkeypatch):
+    """The keys' rope columns growing 64x along the cache (the values, the latent columns, stay as they are): at
+    kv_len 1025 a tile's best scores exceed the previous tiles' maxima by about the lazy rescale's slack (8 in log2
+    units) or more, so the maxima move all along the cache, a path random data takes only on the first tiles.
+    (Scaling whole rows fails both schedules: the outputs grow with the values, and bf16 P's rounding with them.)"""
+    test_attention_matches_the_definition(mla, bs, kv_len, splits, knobs, monkeypatch, grow=64.0)
 
 
 def _judge(tmp_path, cases, mode="test", **kw):

@@ -68,6 +68,13 @@ __device__ __forceinline__ void wgmma_wait() {
 }
 
 // Keep the compiler from moving accumulator reads/writes across an in-flight wgmma.
+// 2^x with one MUFU.EX2 (ex2.approx.ftz: ~2 ulp, denormal results flushed to 0, 2^-inf = 0). exp2f without
+// --use_fast_math wraps the MUFU in a range fix-up (3 more instructions), which an online softmax does not need.
+__device__ __forceinline__ float ex2_approx(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
 __device__ __forceinline__ void reg_fence(float& r) { asm volatile("" : "+f"(r)::"memory"); }
 
 // Shared-memory matrix descriptor of a tile written by TMA with CU_TENSOR_MAP_SWIZZLE_128B into a 1024-byte

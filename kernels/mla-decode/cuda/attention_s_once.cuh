@@ -13,6 +13,11 @@
 //   producer warpgroup: warp 0 issues the TMA loads, warps 1-3 rotate each landed tile's rope columns and arrive on
 //     the stage's `roped` barrier (the consumers wait on it instead of `full`), off the consumers' path.
 // Shared-memory operand traffic a tile: S 144 KB + P V 72 KB (+ 8 KB of P written): 224 KB.
+// Warpgroup 0's softmax sits between its S and its P V with warpgroup 1 idle, so it is kept short (finding 12):
+// MUFU.EX2 without exp2f's range fix-up, the scale folded into the exponent's FMA, the causal-length mask only on
+// a split's last tile, and a lazy rescale: the running maxima move (and O, l are rescaled) only when a row's new
+// maximum exceeds its running one by more than kRescaleSlack (log2 domain), so P <= 2^kRescaleSlack; the result
+// O / l does not depend on which maxima were used, only on their being the same for O and l.
 #pragma once
 #include "attention.cuh"
 
@@ -21,11 +26,12 @@ namespace mla {
 constexpr int kRotators = 96;  // producer warps 1..3
 constexpr int kRopeItems = kTile * 4;  // (row, group of 8 frequencies) pairs a tile
 constexpr int kItemsPerRotator = (kRopeItems + kRotators - 1) / kRotators;
-constexpr int kSOnceSmemBytes = 1024 + kTileBytes * (1 + kStages) + kBlockBytes + 3 * kHG * 4 + 8 * (1 + 3 * kStages);
+constexpr int kSOnceSmemBytes = 1024 + kTileBytes * (1 + kStages) + kBlockBytes + 3 * kHG * 4 + 16 + 8 * (1 + 3 * kStages);
 // Named barriers between the consumer warpgroups (256 threads: one side syncs, the other arrives).
 constexpr int kBarPReady = 5;  // P and the rescale factors of the current tile are in shared memory
 constexpr int kBarPFree = 6;   // warpgroup 1 has read them (its P V done): warpgroup 0 may write the next
 constexpr int kBarRows = 7;    // the final row maxima and sums are in shared memory
+constexpr float kRescaleSlack = 8.0f;  // P up to 256: exact in bf16's exponent range, fp32 sums far from overflow
 
 __global__ void __launch_bounds__(kThreads, 1) mla_attention_s_once_kernel(const __grid_constant__ CUtensorMap tm_q,
                                                                            const __grid_constant__ CUtensorMap tm_kv,
@@ -38,7 +44,8 @@ __global__ void __launch_bounds__(kThreads, 1) mla_attention_s_once_kernel(const
   float* s_alpha = reinterpret_cast<float*>(s_p + kBlockBytes);  // [64] this tile's rescale factors
   float* s_m = s_alpha + kHG;                                    // [64] final row maxima (log2 domain)
   float* s_l = s_m + kHG;                                        // [64] final row sums
-  uint64_t* q_full = reinterpret_cast<uint64_t*>(s_l + kHG);
+  int* s_rescale = reinterpret_cast<int*>(s_l + kHG);            // [4] per warp: this tile moved its rows' maxima
+  uint64_t* q_full = reinterpret_cast<uint64_t*>(s_rescale + 4);
   uint64_t* full = q_full + 1;        // TMA landed
   uint64_t* roped = full + kStages;   // ... and the rope columns rotated
   uint64_t* empty = roped + kStages;  // both consumer warpgroups done with the stage
@@ -149,32 +156,41 @@ __global__ void __launch_bounds__(kThreads, 1) mla_attention_s_once_kernel(const
       for (int j = 0; j < 32; ++j) reg_fence(sc[j]);
 
       // Online softmax (log2 domain): sc[4c + 2h + e] = head frag_row + 8h, position 8c + frag_col + e.
-      float m_new[2] = {m_run[0], m_run[1]};
+      if (tile * kTile + kTile > kv_len) {  // the split's last tile: positions past the cache do not count
 #pragma unroll
-      for (int c = 0; c < 8; ++c)
+        for (int c = 0; c < 8; ++c)
 #pragma unroll
-        for (int h = 0; h < 2; ++h)
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const int pos = tile * kTile + 8 * c + frag_col + e;
-            float& v = sc[4 * c + 2 * h + e];
-            v = pos < kv_len ? v * p.scale_log2 : -INFINITY;
-            m_new[h] = fmaxf(m_new[h], v);
-          }
-      float alpha[2];
+          for (int j = 0; j < 4; ++j)
+            if (tile * kTile + 8 * c + frag_col + (j & 1) >= kv_len) sc[4 * c + j] = -INFINITY;
+      }
+      float m_new[2];
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        m_new[h] = fmaxf(m_new[h], __shfl_xor_sync(0xffffffff, m_new[h], 1));
-        m_new[h] = fmaxf(m_new[h], __shfl_xor_sync(0xffffffff, m_new[h], 2));
-        alpha[h] = exp2f(m_run[h] - m_new[h]);
-        m_run[h] = m_new[h];
-        l_run[h] *= alpha[h];
+        float mx = -INFINITY;
+#pragma unroll
+        for (int c = 0; c < 8; ++c) mx = fmaxf(mx, fmaxf(sc[4 * c + 2 * h], sc[4 * c + 2 * h + 1]));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 2));
+        m_new[h] = fmaxf(m_run[h], mx * p.scale_log2);  // scale_log2 > 0: the maximum commutes with it
+      }
+      // One decision per warp (its 16 rows), so the O rescale below is skipped or done by whole warps.
+      const bool rescale =
+          __any_sync(0xffffffff, m_new[0] > m_run[0] + kRescaleSlack || m_new[1] > m_run[1] + kRescaleSlack);
+      float alpha[2] = {1.0f, 1.0f};
+      if (rescale) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          alpha[h] = ex2_approx(m_run[h] - m_new[h]);
+          m_run[h] = m_new[h];
+          l_run[h] *= alpha[h];
+        }
       }
 #pragma unroll
       for (int c = 0; c < 8; ++c)
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          const float p0 = exp2f(sc[4 * c + 2 * h] - m_run[h]), p1 = exp2f(sc[4 * c + 2 * h + 1] - m_run[h]);
+          const float p0 = ex2_approx(fmaf(sc[4 * c + 2 * h], p.scale_log2, -m_run[h]));
+          const float p1 = ex2_approx(fmaf(sc[4 * c + 2 * h + 1], p.scale_log2, -m_run[h]));
           l_run[h] += p0 + p1;
           const __nv_bfloat162 pair = __floats2bfloat162_rn(p0, p1);
           pa[2 * c + h] = *reinterpret_cast<const uint32_t*>(&pair);
@@ -190,10 +206,13 @@ __global__ void __launch_bounds__(kThreads, 1) mla_attention_s_once_kernel(const
         s_alpha[frag_row] = alpha[0];
         s_alpha[frag_row + 8] = alpha[1];
       }
+      if (lane == 0) s_rescale[warp] = rescale;
       fence_proxy_async_smem();
       named_bar_arrive(kBarPReady, 256);
+      if (rescale) {
 #pragma unroll
-      for (int j = 0; j < 128; ++j) o[j] *= alpha[(j >> 1) & 1];
+        for (int j = 0; j < 128; ++j) o[j] *= alpha[(j >> 1) & 1];
+      }
       // O += P V, columns 0 .. 255 (blocks 0 .. 3), P from registers.
       const uint64_t db = make_desc_sw128(kv, kBlockBytes, 1024);
       wgmma_fence();
@@ -209,9 +228,11 @@ __global__ void __launch_bounds__(kThreads, 1) mla_attention_s_once_kernel(const
       uint8_t* kv = s_kv + s * kTileBytes;
       mbar_wait(&roped[s], phase);
       named_bar_sync(kBarPReady, 256);
-      const float alpha0 = s_alpha[frag_row], alpha1 = s_alpha[frag_row + 8];
+      if (s_rescale[warp]) {  // warpgroup 0's warp of the same 16 rows moved their maxima
+        const float alpha0 = s_alpha[frag_row], alpha1 = s_alpha[frag_row + 8];
 #pragma unroll
-      for (int j = 0; j < 128; ++j) o[j] *= (j >> 1) & 1 ? alpha1 : alpha0;
+        for (int j = 0; j < 128; ++j) o[j] *= (j >> 1) & 1 ? alpha1 : alpha0;
+      }
       // O += P V, columns 256 .. 511 (blocks 4 .. 7), P from shared memory.
       const uint64_t da = make_desc_sw128(s_p);
       const uint64_t db = make_desc_sw128(kv + 4 * kBlockBytes, kBlockBytes, 1024);

@@ -24,6 +24,7 @@ from task import input_t, output_t
 
 _tables = {}  # (device, max_seq, rope) -> (cos, sin) [max_seq, rope/2] bf16: a constant of the problem
 _lengths = {}  # device -> int32 [1]: the cache length the kernels read
+_side_streams = {}  # device -> torch.cuda.Stream
 _graphs = graph_replay.GraphReplay()
 
 
@@ -47,6 +48,13 @@ def _device_length(device: torch.device) -> torch.Tensor:
     return _lengths[device]
 
 
+def _side_stream(device: torch.device) -> torch.cuda.Stream:
+    """One side stream per device for the process (the cache append runs there, joined before the attention)."""
+    if device not in _side_streams:
+        _side_streams[device] = torch.cuda.Stream(device)
+    return _side_streams[device]
+
+
 def _step(config, x: torch.Tensor, cache: torch.Tensor, kv_len: int, cos, sin, lens) -> torch.Tensor:
     """The whole decode step: the new cache row, q projections, absorption, attention, W_UV and wo. x [bs, 1, dim]
     bf16, cache [bs, max_seq, 576] bf16 holding kv_len - 1 rows (row kv_len - 1 is written here), lens int32 [1]
@@ -56,13 +64,18 @@ def _step(config, x: torch.Tensor, cache: torch.Tensor, kv_len: int, cos, sin, l
     heads, lora = config.n_heads, config.kv_lora_rank
     nope, rope, dv = config.qk_nope_head_dim, config.qk_rope_head_dim, config.v_head_dim
     # KVCache.forward's append (data[:, seq_len] = c_kv) at the row lens - 1 read on the device, so that the append
-    # is inside the graph: the host's first launch is the graph's
-    cache.index_copy_(1, (lens - 1).long(), F.linear(x, config.KV_proj_down_weight))
+    # is inside the graph (the host's first launch is the graph's); on a side stream beside the q projections,
+    # which leave most SMs idle at 128 rows
+    main, side = torch.cuda.current_stream(), _side_stream(x.device)
+    side.wait_stream(main)
+    with torch.cuda.stream(side):
+        cache.index_copy_(1, (lens - 1).long(), F.linear(x, config.KV_proj_down_weight))
     q = F.linear(F.linear(x, config.Q_proj_down_weight), config.Q_proj_up_weight).view(bs, heads, nope + rope)
     w_kvu = config.KV_proj_up_weight.view(heads, nope + dv, lora)
     q_nope_absorbed = torch.bmm(q[..., :nope].transpose(0, 1), w_kvu[:, :nope])          # [H, bs, lora]
     # [bs, H, 576] = q_nope_absorbed transposed | q_rope with the reference's RoPE at kv_len - 1, in one launch
     q_full = ext.mla_assemble_q(q_nope_absorbed, q, cos, sin, lens)  # noqa: F821 (ext: template)
+    main.wait_stream(side)  # the attention reads the new row
     o_latent = ext.mla_attention(q_full, cache, kv_len, cos, sin, lens)  # noqa: F821 (ext: template) [bs, H, lora]
     y = torch.bmm(o_latent.transpose(0, 1), w_kvu[:, nope:].transpose(1, 2))  # [H, bs, v]
     return F.linear(y.transpose(0, 1).reshape(bs, 1, heads * dv), config.wo_weight)
