@@ -126,6 +126,11 @@ def test_fused_q_assembly_is_bitwise_the_torch_path(mla, bs, pos):
     benchlib.poison_allocator()
     lens = torch.tensor([pos + 1], dtype=torch.int32, device="cuda")
     assert torch.equal(mla.ext.mla_assemble_q(qn, q, cos, sin, lens), expected)
+    # the rope columns alone, in place, beside latent columns written there before (the shipped path)
+    q_full = expected.clone()
+    q_full[..., 512:] = float("nan")
+    mla.ext.mla_rope_q(q_full, q, cos, sin, lens)
+    assert torch.equal(q_full, expected)
     lens.fill_(8193)  # past the tables: NaN rather than a read out of bounds
     assert mla.ext.mla_assemble_q(qn, q, cos, sin, lens)[..., 512:].isnan().all()
 

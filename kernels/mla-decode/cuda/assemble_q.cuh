@@ -14,7 +14,8 @@ constexpr int kAssembleThreads = 256;  // one thread per 8 output elements: 72 p
 __device__ __forceinline__ float bf16r(float x) { return __bfloat162float(__float2bfloat16_rn(x)); }
 
 // qn [H][bs][512] (the per-head bmm's output), q [bs][H][192] (q_nope 128 | q_rope 64, un-rotated),
-// cos_tab / sin_tab [max_seq][32], kv_len [1]; writes q_full [bs][H][576].
+// cos_tab / sin_tab [max_seq][32], kv_len [1]; writes q_full [bs][H][576]. qn null: only the rope columns (the
+// bmm wrote the latent ones straight into q_full), one thread per 8 of them.
 __global__ void __launch_bounds__(kAssembleThreads) assemble_q_kernel(const __nv_bfloat16* __restrict__ qn,
                                                                       const __nv_bfloat16* __restrict__ q,
                                                                       const __nv_bfloat16* __restrict__ cos_tab,
@@ -24,9 +25,10 @@ __global__ void __launch_bounds__(kAssembleThreads) assemble_q_kernel(const __nv
                                                                       int max_seq) {
   const long long i = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x;
   const long long rows = static_cast<long long>(bs) * heads;
-  if (i >= rows * 72) return;
-  const int chunk = static_cast<int>(i % 72);
-  const long long row = i / 72;  // b * heads + h
+  const int per_row = qn ? 72 : 8;
+  if (i >= rows * per_row) return;
+  const int chunk = static_cast<int>(i % per_row) + (qn ? 0 : 64);
+  const long long row = i / per_row;  // b * heads + h
   const int b = static_cast<int>(row / heads), h = static_cast<int>(row % heads);
   uint4* dst = reinterpret_cast<uint4*>(q_full + row * 576) + chunk;
   if (chunk < 64) {  // latent part: a transpose of the bmm's [H][bs] order

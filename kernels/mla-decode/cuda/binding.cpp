@@ -94,3 +94,24 @@ torch::Tensor mla_assemble_q(torch::Tensor qn, torch::Tensor q, torch::Tensor co
   TORCH_CHECK(err == nullptr, err ? err : "");
   return q_full;
 }
+
+// q_full [bs, heads, 576] bf16 whose latent columns the bmm wrote: the rope columns, in place, as mla_assemble_q
+// writes them.
+void mla_rope_q(torch::Tensor q_full, torch::Tensor q, torch::Tensor cos, torch::Tensor sin, torch::Tensor lens) {
+  TORCH_CHECK(q_full.is_cuda() && q_full.scalar_type() == at::kBFloat16 && q_full.is_contiguous() &&
+                  q_full.dim() == 3 && q_full.size(2) == 576,
+              "mla_rope_q: q_full must be a contiguous bf16 CUDA tensor [bs, heads, 576]");
+  TORCH_CHECK(q.scalar_type() == at::kBFloat16 && q.is_contiguous() && q.dim() == 3 && q.size(0) == q_full.size(0) &&
+                  q.size(1) == q_full.size(1) && q.size(2) == 192 && q.device() == q_full.device(),
+              "mla_rope_q: q must be a contiguous bf16 tensor [bs, heads, 192] on q_full's device");
+  TORCH_CHECK(cos.scalar_type() == at::kBFloat16 && sin.scalar_type() == at::kBFloat16 && cos.is_contiguous() &&
+                  sin.is_contiguous() && cos.size(1) == 32 && sin.sizes() == cos.sizes(),
+              "mla_rope_q: cos and sin must be contiguous bf16 [max_seq, 32]");
+  check_lengths(lens, q, "mla_rope_q");
+  const c10::cuda::CUDAGuard guard(q.device());
+  const char* err = launch_mla_assemble_q(nullptr, q.data_ptr(), cos.data_ptr(), sin.data_ptr(), q_full.data_ptr(),
+                                          static_cast<int>(q_full.size(0)), static_cast<int>(q_full.size(1)),
+                                          lens.data_ptr<int>(), static_cast<int>(cos.size(0)),
+                                          c10::cuda::getCurrentCUDAStream().stream());
+  TORCH_CHECK(err == nullptr, err ? err : "");
+}

@@ -72,13 +72,18 @@ def _step(config, x: torch.Tensor, cache: torch.Tensor, kv_len: int, cos, sin, l
         cache.index_copy_(1, (lens - 1).long(), F.linear(x, config.KV_proj_down_weight))
     q = F.linear(F.linear(x, config.Q_proj_down_weight), config.Q_proj_up_weight).view(bs, heads, nope + rope)
     w_kvu = config.KV_proj_up_weight.view(heads, nope + dv, lora)
-    q_nope_absorbed = torch.bmm(q[..., :nope].transpose(0, 1), w_kvu[:, :nope])          # [H, bs, lora]
-    # [bs, H, 576] = q_nope_absorbed transposed | q_rope with the reference's RoPE at kv_len - 1, in one launch
-    q_full = ext.mla_assemble_q(q_nope_absorbed, q, cos, sin, lens)  # noqa: F821 (ext: template)
+    # q_full [bs, H, 576] = (q_nope W_UK) | q_rope with the reference's RoPE at kv_len - 1. The per-head bmm writes
+    # its [H, bs, lora] result straight into q_full's latent columns (cuBLAS takes the strided output as it is:
+    # ldc = H * 576, batch stride 576), so no transpose pass; ext.mla_rope_q writes the rope columns.
+    q_full = torch.empty(bs, heads, lora + rope, device=x.device, dtype=x.dtype)
+    torch.bmm(q[..., :nope].transpose(0, 1), w_kvu[:, :nope], out=q_full[..., :lora].transpose(0, 1))
+    ext.mla_rope_q(q_full, q, cos, sin, lens)  # noqa: F821 (ext: template)
     main.wait_stream(side)  # the attention reads the new row
     o_latent = ext.mla_attention(q_full, cache, kv_len, cos, sin, lens)  # noqa: F821 (ext: template) [bs, H, lora]
-    y = torch.bmm(o_latent.transpose(0, 1), w_kvu[:, nope:].transpose(1, 2))  # [H, bs, v]
-    return F.linear(y.transpose(0, 1).reshape(bs, 1, heads * dv), config.wo_weight)
+    # y [bs, H, v], written by the per-head bmm through a transposed view: wo reads it as [bs, H * v] in place
+    y = torch.empty(bs, heads, dv, device=x.device, dtype=x.dtype)
+    torch.bmm(o_latent.transpose(0, 1), w_kvu[:, nope:].transpose(1, 2), out=y.transpose(0, 1))
+    return F.linear(y.view(bs, 1, heads * dv), config.wo_weight)
 
 
 def custom_kernel(data: input_t) -> output_t:

@@ -74,7 +74,7 @@ const char* mla_run(const MlaArgs& a, cudaStream_t stream) {
 
 const char* launch_mla_assemble_q(const void* qn, const void* q, const void* cos_tab, const void* sin_tab, void* q_full,
                                   int bs, int heads, const int* kv_len_dev, int max_seq, cudaStream_t stream) {
-  const long long threads = static_cast<long long>(bs) * heads * 72;
+  const long long threads = static_cast<long long>(bs) * heads * (qn ? 72 : 8);
   assemble_q_kernel<<<static_cast<int>((threads + kAssembleThreads - 1) / kAssembleThreads), kAssembleThreads, 0,
                       stream>>>(static_cast<const __nv_bfloat16*>(qn), static_cast<const __nv_bfloat16*>(q),
                                 static_cast<const __nv_bfloat16*>(cos_tab), static_cast<const __nv_bfloat16*>(sin_tab),

@@ -29,5 +29,6 @@ const char* mla_run(const MlaArgs& args, cudaStream_t stream);
 // head), q bf16 [bs][heads][192] (q_nope | un-rotated q_rope), cos/sin bf16 [max_seq][32] -> q_full bf16
 // [bs][heads][576] = qn transposed | q_rope with the reference's RoPE at position kv_len - 1, kv_len read from device
 // memory (kv_len_dev, int32 [1]); a position outside [0, max_seq) writes NaN rather than reading past the tables.
+// qn null: only q_full's rope columns are written (its latent columns already hold qn, written there by the bmm).
 const char* launch_mla_assemble_q(const void* qn, const void* q, const void* cos_tab, const void* sin_tab, void* q_full,
                                   int bs, int heads, const int* kv_len_dev, int max_seq, cudaStream_t stream);
