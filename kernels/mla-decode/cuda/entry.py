@@ -64,10 +64,13 @@ def _step(config, x: torch.Tensor, cache: torch.Tensor, kv_len: int, cos, sin, l
     heads, lora = config.n_heads, config.kv_lora_rank
     nope, rope, dv = config.qk_nope_head_dim, config.qk_rope_head_dim, config.v_head_dim
     # KVCache.forward's append (data[:, seq_len] = c_kv) at the row lens - 1 read on the device, so that the append
-    # is inside the graph (the host's first launch is the graph's); on a side stream beside the q projections,
-    # which leave most SMs idle at 128 rows
-    main, side = torch.cuda.current_stream(), _side_stream(x.device)
-    side.wait_stream(main)
+    # is inside the graph (the host's first launch is the graph's). In a graph it runs on a side stream beside the q
+    # projections, which leave most SMs idle at 128 rows; run eagerly (inputs that move, leaderboard mode) the host's
+    # launches are the bottleneck, and the fork and join would only add to them.
+    main = torch.cuda.current_stream()
+    side = _side_stream(x.device) if torch.cuda.is_current_stream_capturing() else main
+    if side is not main:
+        side.wait_stream(main)
     with torch.cuda.stream(side):
         cache.index_copy_(1, (lens - 1).long(), F.linear(x, config.KV_proj_down_weight))
     q = F.linear(F.linear(x, config.Q_proj_down_weight), config.Q_proj_up_weight).view(bs, heads, nope + rope)
@@ -78,7 +81,8 @@ def _step(config, x: torch.Tensor, cache: torch.Tensor, kv_len: int, cos, sin, l
     q_full = torch.empty(bs, heads, lora + rope, device=x.device, dtype=x.dtype)
     torch.bmm(q[..., :nope].transpose(0, 1), w_kvu[:, :nope], out=q_full[..., :lora].transpose(0, 1))
     ext.mla_rope_q(q_full, q, cos, sin, lens)  # noqa: F821 (ext: template)
-    main.wait_stream(side)  # the attention reads the new row
+    if side is not main:
+        main.wait_stream(side)  # the attention reads the new row
     o_latent = ext.mla_attention(q_full, cache, kv_len, cos, sin, lens)  # noqa: F821 (ext: template) [bs, H, lora]
     # y [bs, H, v], written by the per-head bmm through a transposed view: wo reads it as [bs, H * v] in place
     y = torch.empty(bs, heads, dv, device=x.device, dtype=x.dtype)
