@@ -4,7 +4,7 @@
 # Parts (one GPU): build (compile the CUDA backends in parallel first: saves minutes on a fresh machine; BUILD_SPECS
 #   = "problem:dev ..." picks which), probe,
 #   fp8-check, fp8-perf, moe-check, moe-perf, mla-check, mla-perf (checks, then the benchmark scripts with their
-#   candidates, then kbench perf; mla-bench: only the benchmark script, BENCH_CANDIDATES = which, BENCH_REV = a git revision timed beside), tier (the GPU test tier), profile (kbench profile of moe and mla-decode cuda),
+#   candidates, then kbench perf; mla-bench: only the benchmark script, BENCH_CANDIDATES = which, BENCH_REV = a git revision timed beside; mla-rope-cost: the attention with and without its RoPE, a dev build: BUILD_SPECS mla-decode:1), tier (the GPU test tier), profile (kbench profile of moe and mla-decode cuda),
 #   sanitize (compute-sanitizer on small cases of the CUDA backends), ncu (Nsight Compute's sections for the kernels
 #   matching NCU_KERNELS in benchmarks/calls.py NCU_PROBLEM: NCU_SKIP launches skipped, NCU_COUNT profiled), moe-official, mla-official (kbench perf of the
 #   shipped build and of each candidate, in the modes OFFICIAL_MODES, default benchmark; OFFICIAL_CANDIDATES = which
@@ -63,6 +63,7 @@ for part in "$@"; do
   host-gap) for p in ${GAP_PROBLEMS:-mla-decode moe}; do  # the official window with CUDA events inside it
               step "${GAP_S:-300}" "host_gap_$p" python3 benchmarks/host_gap.py "$p" --runs "${GAP_RUNS:-40}" --profile "${GAP_PROFILE:-0}" ${GAP_CPROFILE:+--cprofile}
             done ;;
+  mla-rope-cost) step "${BENCH_S:-300}" mla_rope_cost python3 benchmarks/mla_decode.py --rope-cost ;;
   mla-check) step 500 mla_check python3 -m pytest -q -x -p no:cacheprovider tests/test_mla_cuda_gpu.py ;;
   mla-perf) step 400 mla_bench python3 benchmarks/mla_decode.py
             step 300 mla_perf kbench perf mla-decode --backend cuda --json "$W/records/perf_mla-decode_cuda.json"

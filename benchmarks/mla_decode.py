@@ -115,6 +115,33 @@ def time_case(case, cuda_mod, torch_mod, ref, runs, candidates, revisions) -> di
     return row
 
 
+def rope_cost(runs: int) -> None:
+    """--rope-cost: the shipped attention kernel timed with and without its RoPE rotation of the keys (a dev build;
+    KBENCH_MLA_DEV_SKIP_ROPE=1 leaves the keys un-rotated: wrong results, timing only), twice each, alternating, on
+    every benchmark case's cache. Rows: cuda[dev]/attention, cuda[dev]/attention-without-rope (the medians)."""
+    gpu = torch.cuda.get_device_name()
+    ref = problems.load_modules("mla-decode").reference
+    mod = benchlib.build("mla-decode", "cuda", dev=True)
+    timer, rows, table = benchlib.Timer(), [], []
+    for case in problems.load_spec("mla-decode").benchmarks:
+        config, x, cache = ref.generate_input(**problems.official_case(case))
+        bs, kv_len = x.shape[0], cache.seq_len + 1
+        q = torch.randn(bs, 128, 576, device="cuda").bfloat16()
+        cos, sin = mod._rope_tables(cache.data.shape[1], 64, x.device)
+        times = {"attention": [], "attention-without-rope": []}
+        for _ in range(2):
+            for name, skip in (("attention", "0"), ("attention-without-rope", "1")):
+                with benchlib.knobs({"KBENCH_MLA_DEV_SKIP_ROPE": skip}):
+                    times[name].append(timer(lambda: mod.ext.mla_attention(q, cache.data, kv_len, cos, sin, None), runs))
+        label = problems.format_case(case)
+        rows += [benchlib.Row(gpu, 1, f"cuda[dev]/{n}", "kernel", label, benchlib.median(t)) for n, t in times.items()]
+        table.append([label.split("; seed")[0]] + [" / ".join(f"{v:.1f}" for v in t) for t in times.values()])
+        del config, x, cache
+    benchlib.record("mla-decode", rows)
+    benchlib.table(f"mla-decode attention with and without the keys' RoPE (us, two rounds; {gpu})",
+                   ["case", "with RoPE", "without (timing only)"], table)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=20)
@@ -125,7 +152,12 @@ def main():
     ap.add_argument("--official", metavar="MODES",
                     help="instead of timing kernels: judge the shipped build and each candidate with kbench perf in "
                          "these modes (comma-separated: benchmark,leaderboard)")
+    ap.add_argument("--rope-cost", action="store_true",
+                    help="instead: time the attention kernel with and without its RoPE rotation (a dev build)")
     args = ap.parse_args()
+    if args.rope_cost:
+        rope_cost(args.runs)
+        return
     if args.official:
         benchlib.official_figures("mla-decode", "cuda", benchlib.selected(CANDIDATES, args.candidates),
                                   args.official.split(","))

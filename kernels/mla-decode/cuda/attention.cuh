@@ -46,7 +46,19 @@ struct Params {
   const int* kv_len;             // [1] in device memory: a captured graph replays for any cache length
   int bs, max_seq, splits;
   float scale_log2;              // log2(e) / sqrt(192)
+#ifdef KBENCH_DEV
+  int skip_rope;                 // timing only (KBENCH_MLA_DEV_SKIP_ROPE): the keys left un-rotated
+#endif
 };
+
+// Dev builds may time the kernel without the keys' RoPE (wrong results); the shipped build has no such branch.
+__device__ __forceinline__ bool rope_skipped(const Params& p) {
+#ifdef KBENCH_DEV
+  return p.skip_rope != 0;
+#else
+  return false;
+#endif
+}
 
 __device__ __forceinline__ float bf(float x) { return __bfloat162float(__float2bfloat16_rn(x)); }
 

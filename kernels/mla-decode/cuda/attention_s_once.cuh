@@ -90,7 +90,8 @@ __global__ void __launch_bounds__(kThreads, 1) mla_attention_s_once_kernel(const
 #pragma unroll
         for (int k = 0; k < kItemsPerRotator; ++k) {
           const int item = u + kRotators * k;
-          if (item < kRopeItems && tile * kTile + item / 4 < kv_len) rotate_in_place(rope_block, item / 4, item % 4, tab[k]);
+          if (item < kRopeItems && tile * kTile + item / 4 < kv_len && !rope_skipped(p))
+            rotate_in_place(rope_block, item / 4, item % 4, tab[k]);
         }
         fence_proxy_async_smem();
         mbar_arrive(&roped[s]);

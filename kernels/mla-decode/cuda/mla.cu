@@ -57,6 +57,10 @@ const char* mla_run(const MlaArgs& a, cudaStream_t stream) {
   p.kv_len = a.kv_len_dev;
   p.splits = a.config.splits;
   p.scale_log2 = static_cast<float>(1.4426950408889634 / std::sqrt(192.0));
+#ifdef KBENCH_DEV
+  // timing only (benchmarks/mla_decode.py --rope-cost): what the in-kernel RoPE of the keys costs; wrong results
+  p.skip_rope = kb::env_int("KBENCH_MLA_DEV_SKIP_ROPE", 0);
+#endif
   if (p.splits > 1 && (!a.part_o || !a.part_ml)) return "mla cuda: a split plan needs the partial buffers";
   const dim3 grid(kHeadGroups * a.bs * p.splits);
   if (a.config.s_once) {
