@@ -52,12 +52,19 @@ def build(problem: str, backend: str, target: str = "h100", dev: bool = False, r
         return generator.load_in_process(generator.load_build(problem, backend, target, root=root, dev=dev))
 
 
+def _carried_kernels(rev: str) -> Path | None:
+    """``rev``/kernels when ``rev`` is a folder holding a kernels/ tree: a copy of old kernels carried to a machine
+    whose checkout lacks the revision (`git archive REV kernels | tar x -C FOLDER`)."""
+    tree = Path(rev) / "kernels"
+    return tree if tree.is_dir() else None
+
+
 def kernels_at(rev: str) -> Path:
     """The kernels/ tree of git revision ``rev`` of the checkout kbench runs from, extracted to a temporary folder
-    (kept for the process: its builds import from there). A folder holding a ``kernels/`` tree is taken as it is: a
-    copy of old kernels carried to a machine whose checkout lacks the revision (`git archive REV kernels | tar x`)."""
-    if (Path(rev) / "kernels").is_dir():
-        return Path(rev) / "kernels"
+    (kept for the process: its builds import from there); a carried folder (_carried_kernels) is taken as it is."""
+    carried = _carried_kernels(rev)
+    if carried:
+        return carried
     repo = Path(__file__).resolve().parent
     try:
         archive = subprocess.run(["git", "-C", str(repo), "archive", rev, "kernels"], capture_output=True,
@@ -310,7 +317,7 @@ def checked_revisions(problem: str, backend: str, revs: Sequence[str],
     passed, failures = {}, []
     for rev in revs:
         mod = build(problem, backend, rev=rev)
-        label = f"{backend}@{Path(rev).name if (Path(rev) / 'kernels').is_dir() else rev}"  # a carried folder: its name
+        label = f"{backend}@{Path(rev).name if _carried_kernels(rev) else rev}"  # a carried folder: its name
         wrong = [f"{label}: {w}" for w in check(mod)]
         failures += wrong
         passed.update({} if wrong else {label: mod})

@@ -26,16 +26,13 @@ import argparse
 import collections
 import cProfile
 import pstats
-import json
 import statistics
-import tempfile
 import time
-from pathlib import Path
 
 import torch
 
 from kbench import benchlib, problems
-from kbench.evaluator import guards
+from kbench.evaluator import guards, timing
 
 guards.torch = torch  # the harness sets it when it starts; guards.clone needs it
 
@@ -79,18 +76,14 @@ def kernel_spread(call, given_for_run, runs: int) -> list[list[str]]:
     from torch.profiler import ProfilerActivity, profile
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         timed_runs(call, given_for_run, runs)
-    with tempfile.TemporaryDirectory() as folder:
-        path = Path(folder) / "trace.json"
-        prof.export_chrome_trace(str(path))
-        events = json.loads(path.read_text()).get("traceEvents", [])
     durations = collections.defaultdict(list)
-    for e in events:
-        if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset") and "dur" in e:
-            durations[e["name"][:60]].append(float(e["dur"]))
+    for name, _, dur in timing.device_work(prof):
+        durations[name[:60]].append(float(dur))
     ordered = sorted(durations.items(), key=lambda kv: -sum(kv[1]))
     busy = sum(sum(d) for d in durations.values()) / runs
-    return [["(all kernels and copies: busy a run)", "", f"{busy:.1f}", "", ""]] + [[name, f"{len(d) / runs:.1f}", f"{statistics.mean(d):.1f}", f"{min(d):.1f}", f"{max(d):.1f}"]
-            for name, d in ordered[:14]]
+    return [["(all kernels and copies: busy a run)", "", f"{busy:.1f}", "", ""]] + \
+        [[name, f"{len(d) / runs:.1f}", f"{statistics.mean(d):.1f}", f"{min(d):.1f}", f"{max(d):.1f}"]
+         for name, d in ordered[:14]]
 
 
 def main():
@@ -103,7 +96,8 @@ def main():
     args = ap.parse_args()
     spec = problems.load_spec(args.problem)
     if spec.distributed:
-        raise SystemExit(f"{args.problem} is distributed: its official window is the ranks' (benchmarks/distributed.py)")
+        raise SystemExit(f"{args.problem} is distributed: its official window is the ranks' "
+                         "(benchmarks/distributed.py)")
     mod = benchlib.build(args.problem, args.backend)
     ref = problems.load_modules(args.problem).reference
     clone_inputs = spec.protocol.clone_inputs
@@ -120,10 +114,10 @@ def main():
         print(f"{label or 'case'} {line}: {'ok' if ok else msg}", flush=True)
         if not ok:
             raise SystemExit(f"{args.backend} fails {line}: fix it before timing")
-        if label:
-            timed_runs(mod.custom_kernel, lambda: guards.clone(data) if clone_inputs else data, 3)
-            continue
         next_given = (lambda: guards.clone(data)) if clone_inputs else (lambda: data)
+        if label:
+            timed_runs(mod.custom_kernel, next_given, 3)
+            continue
         profiler = cProfile.Profile() if args.cprofile else None
         if profiler:
             profiler.enable()

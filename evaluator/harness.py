@@ -312,14 +312,7 @@ def profile_once(judge: Judge, case: dict) -> tuple[str | None, str]:
 def _device_idle_line(prof) -> str:
     """One line under a CUDA profile: the call's device span, the time its kernels and copies kept the device busy,
     and the difference (the device waiting for the host inside the call), from the profiler's trace."""
-    import json
-    import tempfile
-    with tempfile.TemporaryDirectory() as folder:
-        path = os.path.join(folder, "trace.json")
-        prof.export_chrome_trace(path)
-        with open(path, encoding="utf-8") as f:
-            events = json.load(f).get("traceEvents", [])
-    work = [(e["ts"], e["dur"]) for e in events if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset") and "dur" in e]
+    work = [(start, dur) for _, start, dur in timing.device_work(prof)]
     span, busy = timing.device_gaps(work)
     return (f"\ndevice: {span:.1f} us from the first kernel's start to the last one's end, {busy:.1f} us busy, "
             f"{span - busy:.1f} us idle between them")

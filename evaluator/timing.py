@@ -8,7 +8,10 @@ raw durations a worker sends, so a patched copy inside the worker cannot change 
 """
 from __future__ import annotations
 
+import json
 import math
+import os
+import tempfile
 import time
 from typing import Any, Callable, NamedTuple
 
@@ -104,6 +107,18 @@ def should_stop(durations_ns: list[float], elapsed_ns: float, *, rel_err_stop: f
     return (s["err"] / s["mean"] < rel_err_stop
             or s["mean"] * n > budget_s * 1e9
             or elapsed_ns > max_wall_s * 1e9)
+
+
+def device_work(prof: Any) -> list[tuple[str, float, float]]:
+    """The kernels and copies of a finished torch profiler run (``prof``: what ``torch.profiler.profile`` yields),
+    as (name, start, duration) in us, read from its Chrome trace."""
+    with tempfile.TemporaryDirectory() as folder:
+        path = os.path.join(folder, "trace.json")
+        prof.export_chrome_trace(path)
+        with open(path, encoding="utf-8") as f:
+            events = json.load(f).get("traceEvents", [])
+    return [(e.get("name", ""), e["ts"], e["dur"]) for e in events
+            if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset") and "dur" in e]
 
 
 def device_gaps(kernels: list[tuple[float, float]]) -> tuple[float, float]:

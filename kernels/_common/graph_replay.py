@@ -27,8 +27,9 @@ def tensor_key(*tensors: torch.Tensor) -> tuple:
 class GraphReplay:
     """`replay(key, step)` returns step()'s output (a tensor or a tuple of tensors), from a replayed graph of step when
     it has one for key. step must launch on the current stream (or on side streams that wait for it and that it
-    waits for before returning), never synchronise, and read nothing the key leaves out. The output of a replay is the graph's own buffers, overwritten by the next replay: callers that hand
-    it out clone it, or read it on the current stream before the next replay."""
+    waits for before returning), never synchronise, and read nothing the key leaves out. The output of a replay is
+    the graph's own buffers, overwritten by the next replay: callers that hand it out clone it, or read it on the
+    current stream before the next replay."""
 
     def __init__(self, keep: int = 2):
         self._graphs: collections.OrderedDict = collections.OrderedDict()  # key -> (CUDAGraph, output)

@@ -15,6 +15,15 @@ static void check_lengths(const torch::Tensor& lens, const torch::Tensor& q, con
               ": lens must be an int32 tensor of one element on q's device");
 }
 
+// The query's RoPE inputs: cos/sin bf16 [max_seq, 32] (the tables), lens as check_lengths wants it.
+static void check_rope_inputs(const torch::Tensor& cos, const torch::Tensor& sin, const torch::Tensor& lens,
+                              const torch::Tensor& q, const char* who) {
+  TORCH_CHECK(cos.scalar_type() == at::kBFloat16 && sin.scalar_type() == at::kBFloat16 && cos.is_contiguous() &&
+                  sin.is_contiguous() && cos.size(1) == 32 && sin.sizes() == cos.sizes(),
+              who, ": cos and sin must be contiguous bf16 [max_seq, 32]");
+  check_lengths(lens, q, who);
+}
+
 // The caller's device-side length, or a new one holding kv_len.
 static torch::Tensor device_length(const c10::optional<torch::Tensor>& lens, int64_t kv_len, const torch::Tensor& q,
                                    const char* who) {
@@ -81,10 +90,7 @@ torch::Tensor mla_assemble_q(torch::Tensor qn, torch::Tensor q, torch::Tensor co
   TORCH_CHECK(q.scalar_type() == at::kBFloat16 && q.is_contiguous() && q.dim() == 3 && q.size(0) == qn.size(1) &&
                   q.size(1) == qn.size(0) && q.size(2) == 192,
               "mla_assemble_q: q must be a contiguous bf16 tensor [bs, heads, 192]");
-  TORCH_CHECK(cos.scalar_type() == at::kBFloat16 && sin.scalar_type() == at::kBFloat16 && cos.is_contiguous() &&
-                  sin.is_contiguous() && cos.size(1) == 32 && sin.sizes() == cos.sizes(),
-              "mla_assemble_q: cos and sin must be contiguous bf16 [max_seq, 32]");
-  check_lengths(lens, q, "mla_assemble_q");
+  check_rope_inputs(cos, sin, lens, q, "mla_assemble_q");
   const c10::cuda::CUDAGuard guard(q.device());
   const int64_t heads = qn.size(0), bs = qn.size(1);
   torch::Tensor q_full = torch::empty({bs, heads, 576}, q.options());
@@ -104,10 +110,7 @@ void mla_rope_q(torch::Tensor q_full, torch::Tensor q, torch::Tensor cos, torch:
   TORCH_CHECK(q.scalar_type() == at::kBFloat16 && q.is_contiguous() && q.dim() == 3 && q.size(0) == q_full.size(0) &&
                   q.size(1) == q_full.size(1) && q.size(2) == 192 && q.device() == q_full.device(),
               "mla_rope_q: q must be a contiguous bf16 tensor [bs, heads, 192] on q_full's device");
-  TORCH_CHECK(cos.scalar_type() == at::kBFloat16 && sin.scalar_type() == at::kBFloat16 && cos.is_contiguous() &&
-                  sin.is_contiguous() && cos.size(1) == 32 && sin.sizes() == cos.sizes(),
-              "mla_rope_q: cos and sin must be contiguous bf16 [max_seq, 32]");
-  check_lengths(lens, q, "mla_rope_q");
+  check_rope_inputs(cos, sin, lens, q, "mla_rope_q");
   const c10::cuda::CUDAGuard guard(q.device());
   const char* err = launch_mla_assemble_q(nullptr, q.data_ptr(), cos.data_ptr(), sin.data_ptr(), q_full.data_ptr(),
                                           static_cast<int>(q_full.size(0)), static_cast<int>(q_full.size(1)),
