@@ -35,7 +35,9 @@ COLUMNS = ("date", "gpu", "world_size", "backend", "metric", "case", "us")
 # ncu: one kernel's duration under Nsight Compute, which locks the clocks to base: the figure that compares across
 # machines (the others move by a few % from one H100 to the next). host-loop: the official host-clock window replayed
 # by benchmarks/host_gap.py, beside the CUDA events inside that window ("<backend>/host", "<backend>/device").
-METRICS = ("official", "leaderboard", "kernel", "profiler", "ncu", "host-loop")
+# trace: one phase of a kernel's loop from its own clock64 stamps in a dev build (benchmarks/mla_decode.py
+# --phase-trace), the median per tile in us at the SM clock ("<backend>/trace:<phase>").
+METRICS = ("official", "leaderboard", "kernel", "profiler", "ncu", "host-loop", "trace")
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -325,13 +327,16 @@ def checked_revisions(problem: str, backend: str, revs: Sequence[str],
 
 
 def official_figures(problem: str, backend: str, candidates: Mapping[str, Mapping[str, str]],
-                     modes: Sequence[str] = ("benchmark",)) -> list[Row]:
+                     modes: Sequence[str] = ("benchmark",), rounds: int = 1) -> list[Row]:
     """Judge ``backend`` as shipped and under each candidate's knobs with ``kbench perf PROBLEM --mode MODE`` (one
     worker process each, the official protocol), record the rows (backend "<backend>+<name>" for a candidate) and
-    return them. A run that fails or crashes adds no rows; its output is printed."""
+    return them. A run that fails or crashes adds no rows; its output is printed. With rounds > 1 every odd round
+    runs the list backwards (A B, B A, ...): a machine that speeds up or slows down over the session then favours
+    no configuration."""
     rows = []
-    for mode in modes:
-        for name, settings in [("", {})] + list(candidates.items()):
+    configs = [("", {})] + list(candidates.items())
+    for mode, r in ((m, r) for m in modes for r in range(rounds)):
+        for name, settings in (configs[::-1] if r % 2 else configs):
             label = f"{backend}+{name}" if name else backend
             with tempfile.TemporaryDirectory() as tmp:
                 path = Path(tmp) / "record.json"

@@ -4,7 +4,7 @@
 # Parts (one GPU): build (compile the CUDA backends in parallel first: saves minutes on a fresh machine; BUILD_SPECS
 #   = "problem:dev ..." picks which), probe,
 #   fp8-check, fp8-perf, moe-check, moe-perf, mla-check, mla-perf (checks, then the benchmark scripts with their
-#   candidates, then kbench perf; mla-bench: only the benchmark script, BENCH_CANDIDATES = which, BENCH_REV = a git revision timed beside; mla-rope-cost: the attention with and without its RoPE, a dev build: BUILD_SPECS mla-decode:1), tier (the GPU test tier), profile (kbench profile of moe and mla-decode cuda),
+#   candidates, then kbench perf; mla-bench: only the benchmark script, BENCH_CANDIDATES = which, BENCH_REV = a git revision timed beside; mla-rope-cost: the attention with and without its RoPE, a dev build: BUILD_SPECS mla-decode:1; mla-trace: the attention's per-phase clock64 trace, the same dev build), tier (the GPU test tier), profile (kbench profile of moe and mla-decode cuda),
 #   sanitize (compute-sanitizer on small cases of the CUDA backends), ncu (Nsight Compute's sections for the kernels
 #   matching NCU_KERNELS in benchmarks/calls.py NCU_PROBLEM: NCU_SKIP launches skipped, NCU_COUNT profiled), moe-official, mla-official (kbench perf of the
 #   shipped build and of each candidate, in the modes OFFICIAL_MODES, default benchmark; OFFICIAL_CANDIDATES = which
@@ -57,6 +57,7 @@ for part in "$@"; do
   moe-official) step "${OFFICIAL_S:-300}" moe_official python3 benchmarks/moe.py --official "${OFFICIAL_MODES:-benchmark}" \
                   ${OFFICIAL_CANDIDATES+--candidates "$OFFICIAL_CANDIDATES"} ;;
   mla-official) step "${OFFICIAL_S:-300}" mla_official python3 benchmarks/mla_decode.py --official "${OFFICIAL_MODES:-benchmark}" \
+                  --rounds "${OFFICIAL_ROUNDS:-1}" \
                   ${OFFICIAL_CANDIDATES+--candidates "$OFFICIAL_CANDIDATES"} ;;
   mla-bench) step "${BENCH_S:-400}" mla_bench python3 benchmarks/mla_decode.py \
                ${BENCH_CANDIDATES+--candidates "$BENCH_CANDIDATES"} ${BENCH_REV:+--rev "$BENCH_REV"} ;;
@@ -64,6 +65,7 @@ for part in "$@"; do
               step "${GAP_S:-300}" "host_gap_$p" python3 benchmarks/host_gap.py "$p" --runs "${GAP_RUNS:-40}" --profile "${GAP_PROFILE:-0}" ${GAP_CPROFILE:+--cprofile}
             done ;;
   mla-rope-cost) step "${BENCH_S:-300}" mla_rope_cost python3 benchmarks/mla_decode.py --rope-cost ;;
+  mla-trace) TAIL=40 step "${BENCH_S:-300}" mla_trace python3 benchmarks/mla_decode.py --phase-trace ;;
   mla-check) step 500 mla_check python3 -m pytest -q -x -p no:cacheprovider tests/test_mla_cuda_gpu.py ;;
   mla-perf) step 400 mla_bench python3 benchmarks/mla_decode.py
             step 300 mla_perf kbench perf mla-decode --backend cuda --json "$W/records/perf_mla-decode_cuda.json"

@@ -30,6 +30,7 @@ BF16_FLOPS, HBM_BPS = 790e12, 3.0e12
 # Each is checked on every official case, then timed beside the default as "cuda+<name>"; --rev REV does the same
 # for the cuda backend as it was at git revision REV ("cuda@REV").
 CANDIDATES = {"eager": {"KBENCH_MLA_GRAPH": "0"},
+              "rope-after-tile": {"KBENCH_MLA_ROPE_FIRST": "0"},
               "two-s": {"KBENCH_MLA_S_ONCE": "0"},
               "two-s-no-prefetch": {"KBENCH_MLA_S_ONCE": "0", "KBENCH_MLA_PREFETCH_TABLES": "0"}}
 
@@ -145,6 +146,65 @@ def rope_cost(runs: int) -> None:
                    ["case", "with RoPE", "without (timing only)"], table)
 
 
+# --phase-trace: the intervals between the s-once kernel's clock64 stamps (attention.cuh: trace_stamp), per role:
+# (name, role, from event, to event, tile offset of the "to" event). Roles: 0 = consumer warpgroup 0 (S, softmax, its
+# P V), 1 = warpgroup 1 (the other P V), 2 = the TMA thread, 3 = a rotator warp.
+TRACE_SHAPE = (8, 4, 128, 8)  # kTraceCtas, kTraceRoles, kTraceTiles, kTraceEvents
+TRACE_PHASES = [
+    ("tile period (wg0)", 0, 0, 0, 1),
+    ("wg0 wait roped", 0, 0, 1, 0), ("wg0 S", 0, 1, 2, 0), ("wg0 softmax", 0, 2, 3, 0),
+    ("wg0 wait P free", 0, 3, 4, 0), ("wg0 P store + rescale", 0, 4, 5, 0), ("wg0 P V", 0, 5, 6, 0),
+    ("wg0 release -> next", 0, 6, 0, 1),
+    ("wg1 wait roped", 1, 0, 1, 0), ("wg1 wait P ready", 1, 1, 2, 0), ("wg1 rescale + P V", 1, 2, 3, 0),
+    ("wg1 release -> next", 1, 3, 0, 1),
+    ("loader wait empty", 2, 0, 1, 0),
+    ("rotator wait full", 3, 0, 1, 0), ("rotator rotate", 3, 1, 2, 0),
+]
+
+
+def phase_trace() -> None:
+    """--phase-trace: one run of the shipped attention kernel (a dev build) per benchmark case with clock64 stamps
+    at each role's points of the tile loop in the first 8 CTAs; prints the median of each interval over the middle
+    tiles (cycles and us at the SM clock), plus the TMA issue -> landed latency. Rows: cuda[dev]/trace:<phase>,
+    metric trace."""
+    gpu = torch.cuda.get_device_name()
+    ref = problems.load_modules("mla-decode").reference
+    mod = benchlib.build("mla-decode", "cuda", dev=True)
+    mhz = 1980  # the H100's SM clock under this load (host_gap's profile read 1980 MHz throughout: notes, finding 11)
+    rows, table = [], []
+    for case in problems.load_spec("mla-decode").benchmarks:
+        config, x, cache = ref.generate_input(**problems.official_case(case))
+        bs, kv_len = x.shape[0], cache.seq_len + 1
+        q = torch.randn(bs, 128, 576, device="cuda").bfloat16()
+        cos, sin = mod._rope_tables(cache.data.shape[1], 64, x.device)
+        trace = torch.zeros(TRACE_SHAPE, dtype=torch.int64, device="cuda")
+        for _ in range(3):  # the last run's stamps are kept (each run overwrites them)
+            with benchlib.knobs({"KBENCH_MLA_DEV_TRACE": str(trace.data_ptr())}):
+                mod.ext.mla_attention(q, cache.data, kv_len, cos, sin, None)
+        torch.cuda.synchronize()
+        t = trace.cpu().double()
+        ntiles = min((kv_len + 63) // 64, TRACE_SHAPE[2])
+        mid = slice(2, ntiles - 2)
+        label = problems.format_case(case)
+        line = [label.split("; seed")[0]]
+        for name, role, a, b, off in TRACE_PHASES:
+            start = t[:, role, mid, a]
+            end = t[:, role, 2 + off:ntiles - 2 + off, b]
+            cycles = (end - start).median().item()
+            rows.append(benchlib.Row(gpu, 1, f"cuda[dev]/trace:{name}", "trace", label, cycles / mhz))
+            line.append(f"{cycles:.0f} ({cycles / mhz:.2f})")
+        landed = (t[:, 3, mid, 1] - t[:, 2, mid, 1]).median().item()  # rotator's full wait ends - TMA issued
+        rows.append(benchlib.Row(gpu, 1, "cuda[dev]/trace:tma issue -> landed", "trace", label, landed / mhz))
+        line.append(f"{landed:.0f} ({landed / mhz:.2f})")
+        table.append(line)
+        del config, x, cache
+    benchlib.record("mla-decode", rows)
+    names = [n for n, *_ in TRACE_PHASES] + ["tma issue -> landed (<=)"]
+    benchlib.table(f"mla-decode s-once attention: median cycles (us at {mhz} MHz) per tile, middle tiles of 8 CTAs; "
+                   f"{gpu}", ["phase"] + [r[0] for r in table],
+                   [[n] + [r[i + 1] for r in table] for i, n in enumerate(names)])
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=20)
@@ -155,15 +215,22 @@ def main():
     ap.add_argument("--official", metavar="MODES",
                     help="instead of timing kernels: judge the shipped build and each candidate with kbench perf in "
                          "these modes (comma-separated: benchmark,leaderboard)")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="with --official: this many rounds, every other one in reverse order")
     ap.add_argument("--rope-cost", action="store_true",
                     help="instead: time the attention kernel with and without its RoPE rotation (a dev build)")
+    ap.add_argument("--phase-trace", action="store_true",
+                    help="instead: where the attention kernel's tile time goes, from clock64 stamps (a dev build)")
     args = ap.parse_args()
     if args.rope_cost:
         rope_cost(args.runs)
         return
+    if args.phase_trace:
+        phase_trace()
+        return
     if args.official:
         benchlib.official_figures("mla-decode", "cuda", benchlib.selected(CANDIDATES, args.candidates),
-                                  args.official.split(","))
+                                  args.official.split(","), args.rounds)
         return
     gpu = torch.cuda.get_device_name()
     ref = problems.load_modules("mla-decode").reference

@@ -81,6 +81,19 @@ int main() {
   return 0;
 }
 """
+MLA_ROPE_FIRST_PROGRAM = r"""
+#include <cstdio>
+#include "mla_config.h"
+int main() { printf("%d", mla_config(128, 4097, 132).rope_first ? 1 : 0); return 0; }
+"""
+
+
+@pytest.mark.skipif(shutil.which("c++") is None, reason="no host C++ compiler on PATH")
+@pytest.mark.parametrize("knob,expected", [(None, "1"), ("0", "0"), ("1", "1")])
+def test_mla_rope_first_is_the_default_and_its_knob_turns_it_off(tmp_path, knob, expected):
+    knobs = {"KBENCH_MLA_ROPE_FIRST": knob} if knob else {}
+    run = _compile_and_run(tmp_path, MLA_ROPE_FIRST_PROGRAM, ROOT / "kernels" / "mla-decode" / "cuda", **knobs)
+    assert run.stdout == expected
 
 
 @pytest.mark.skipif(shutil.which("c++") is None, reason="no host C++ compiler on PATH")

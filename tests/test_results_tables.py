@@ -1,6 +1,7 @@
 """Measured results are data: the rows in benchmarks/results/*.csv are well formed, and README's tables are made from
 them (benchlib.results_markdown), never typed."""
 import datetime
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -124,3 +125,18 @@ def test_official_figures_judge_the_shipped_build_and_each_candidate_with_its_kn
     assert set(score) == {"torch", "torch+slow"} and {r.metric for r in rows} == {"official"}
     assert score["torch+slow"] > 20e3 > score["torch"]
     assert {r["backend"] for r in benchlib.read(tmp_path / "results" / "fp8-mm.csv")} == {"torch", "torch+slow"}
+
+
+def test_official_rounds_alternate_the_order(monkeypatch, tmp_path):
+    # rounds=3 runs shipped, a, b | b, a, shipped | shipped, a, b: no configuration always runs first
+    seen = []
+
+    def fake_run(cmd, env, **_):
+        seen.append(env.get("KBENCH_TEST_WHICH", "shipped"))
+        return subprocess.CompletedProcess(cmd, 1, "", "")
+
+    monkeypatch.setattr(benchlib.subprocess, "run", fake_run)
+    monkeypatch.setenv("KBENCH_RESULTS", str(tmp_path))
+    benchlib.official_figures("fp8-mm", "torch", {"a": {"KBENCH_TEST_WHICH": "a"}, "b": {"KBENCH_TEST_WHICH": "b"}},
+                              rounds=3)
+    assert seen == ["shipped", "a", "b", "b", "a", "shipped", "shipped", "a", "b"]

@@ -48,8 +48,20 @@ struct Params {
   float scale_log2;              // log2(e) / sqrt(192)
 #ifdef KBENCH_DEV
   int skip_rope;                 // timing only (KBENCH_MLA_DEV_SKIP_ROPE): the keys left un-rotated
+  long long* trace;              // KBENCH_MLA_DEV_TRACE: clock64 stamps [kTraceCtas][kTraceRoles][kTraceTiles][8]
 #endif
 };
+
+// Dev builds may record when each role of the first kTraceCtas CTAs passes each point of its tile loop (SM clock
+// cycles, clock64): where a tile's time goes on the critical path (benchmarks/mla_decode.py --phase-trace).
+constexpr int kTraceCtas = 8, kTraceRoles = 4, kTraceTiles = 128, kTraceEvents = 8;
+enum TraceRole { kTraceWg0 = 0, kTraceWg1 = 1, kTraceLoader = 2, kTraceRotator = 3 };
+__device__ __forceinline__ void trace_stamp(const Params& p, int role, int tile, int event) {
+#ifdef KBENCH_DEV
+  if (p.trace && blockIdx.x < kTraceCtas && tile < kTraceTiles)
+    p.trace[((blockIdx.x * kTraceRoles + role) * kTraceTiles + tile) * kTraceEvents + event] = clock64();
+#endif
+}
 
 // Dev builds may time the kernel without the keys' RoPE (wrong results); the shipped build has no such branch.
 __device__ __forceinline__ bool rope_skipped(const Params& p) {
@@ -111,10 +123,12 @@ __device__ __forceinline__ CtaWork cta_work(const Params& p) {
 }
 
 // The producer thread: Q once, then the CTA's cache tiles through the kStages ring (full: bytes landed; empty: the
-// consumers' 8 warps are done with the stage).
+// consumers' 8 warps are done with the stage). With rope_landed, each tile's rope block (block 8) is loaded first,
+// on rope_landed[s], and full[s] counts only the 8 latent blocks (its other arrivals are the rotators').
 __device__ __forceinline__ void load_q_and_tiles(const CUtensorMap* tm_q, const CUtensorMap* tm_kv, uint8_t* s_q,
                                                  uint8_t* s_kv, uint64_t* q_full, uint64_t* full, uint64_t* empty,
-                                                 const CtaWork& c, int max_seq) {
+                                                 const CtaWork& c, int max_seq, uint64_t* rope_landed = nullptr,
+                                                 const Params* trace = nullptr) {
   tma_prefetch_desc(tm_q);
   tma_prefetch_desc(tm_kv);
   mbar_arrive_expect_tx(q_full, kTileBytes);
@@ -122,10 +136,20 @@ __device__ __forceinline__ void load_q_and_tiles(const CUtensorMap* tm_q, const 
   int s = 0;
   uint32_t phase = 0;
   for (int tile = c.tile0; tile < c.tile1; ++tile) {
+    if (trace) trace_stamp(*trace, kTraceLoader, tile - c.tile0, 0);
     mbar_wait(&empty[s], phase ^ 1);
-    mbar_arrive_expect_tx(&full[s], kTileBytes);
-    for (int j = 0; j < kBlocks; ++j)
-      tma_load_2d(s_kv + s * kTileBytes + j * kBlockBytes, tm_kv, &full[s], j * 64, c.b * max_seq + tile * kTile);
+    if (trace) trace_stamp(*trace, kTraceLoader, tile - c.tile0, 1);
+    const int row = c.b * max_seq + tile * kTile;
+    uint8_t* stage = s_kv + s * kTileBytes;
+    if (rope_landed) {
+      mbar_arrive_expect_tx(&full[s], kTileBytes - kBlockBytes);
+      mbar_arrive_expect_tx(&rope_landed[s], kBlockBytes);
+      tma_load_2d(stage + (kBlocks - 1) * kBlockBytes, tm_kv, &rope_landed[s], (kBlocks - 1) * 64, row);
+      for (int j = 0; j < kBlocks - 1; ++j) tma_load_2d(stage + j * kBlockBytes, tm_kv, &full[s], j * 64, row);
+    } else {
+      mbar_arrive_expect_tx(&full[s], kTileBytes);
+      for (int j = 0; j < kBlocks; ++j) tma_load_2d(stage + j * kBlockBytes, tm_kv, &full[s], j * 64, row);
+    }
     if (++s == kStages) {
       s = 0;
       phase ^= 1;

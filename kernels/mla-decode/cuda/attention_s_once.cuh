@@ -11,7 +11,10 @@
 //     fragment) and written to shared memory with the rescale factors for warpgroup 1;
 //   consumer warpgroup 1: waits for P, rescales its O, O += P V for the other 256 columns;
 //   producer warpgroup: warp 0 issues the TMA loads, warps 1-3 rotate each landed tile's rope columns and arrive on
-//     the stage's `roped` barrier (the consumers wait on it instead of `full`), off the consumers' path.
+//     the stage's `roped` barrier (the consumers wait on it instead of `full`), off the consumers' path. With
+//     kRopeFirst the rope block is loaded first, on `full`, and rotated while the latent blocks land, which `roped`
+//     also counts: the rotation leaves the chain release -> load -> land -> rotate -> S that sets a tile's time with
+//     two stages (finding 17).
 // Shared-memory operand traffic a tile: S 144 KB + P V 72 KB (+ 8 KB of P written): 224 KB.
 // Warpgroup 0's softmax sits between its S and its P V with warpgroup 1 idle, so it is kept short (finding 12):
 // MUFU.EX2 without exp2f's range fix-up, the scale folded into the exponent's FMA, the causal-length mask only on
@@ -33,6 +36,7 @@ constexpr int kBarPFree = 6;   // warpgroup 1 has read them (its P V done): warp
 constexpr int kBarRows = 7;    // the final row maxima and sums are in shared memory
 constexpr float kRescaleSlack = 8.0f;  // P up to 256: exact in bf16's exponent range, fp32 sums far from overflow
 
+template <bool kRopeFirst>
 __global__ void __launch_bounds__(kThreads, 1) mla_attention_s_once_kernel(const __grid_constant__ CUtensorMap tm_q,
                                                                            const __grid_constant__ CUtensorMap tm_kv,
                                                                            const Params p) {
@@ -46,8 +50,8 @@ __global__ void __launch_bounds__(kThreads, 1) mla_attention_s_once_kernel(const
   float* s_l = s_m + kHG;                                        // [64] final row sums
   int* s_rescale = reinterpret_cast<int*>(s_l + kHG);            // [4] per warp: this tile moved its rows' maxima
   uint64_t* q_full = reinterpret_cast<uint64_t*>(s_rescale + 4);
-  uint64_t* full = q_full + 1;        // TMA landed
-  uint64_t* roped = full + kStages;   // ... and the rope columns rotated
+  uint64_t* full = q_full + 1;        // TMA landed (kRopeFirst: the rope block landed)
+  uint64_t* roped = full + kStages;   // ... and the rope columns rotated (kRopeFirst: and the latent blocks landed)
   uint64_t* empty = roped + kStages;  // both consumer warpgroups done with the stage
 
   const CtaWork work = cta_work(p);
@@ -57,7 +61,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_attention_s_once_kernel(const
     mbar_init(q_full, 1);
     for (int s = 0; s < kStages; ++s) {
       mbar_init(&full[s], 1);
-      mbar_init(&roped[s], kRotators);
+      mbar_init(&roped[s], kRotators + (kRopeFirst ? 1 : 0));
       mbar_init(&empty[s], 8);  // one arrive per consumer warp
     }
     fence_mbar_init();
@@ -68,7 +72,8 @@ __global__ void __launch_bounds__(kThreads, 1) mla_attention_s_once_kernel(const
     setmaxnreg_dec<88>();
     const int pt = threadIdx.x - 256;
     if (pt == 0) {
-      load_q_and_tiles(&tm_q, &tm_kv, s_q, s_kv, q_full, full, empty, work, p.max_seq);
+      load_q_and_tiles(&tm_q, &tm_kv, s_q, s_kv, q_full, kRopeFirst ? roped : full, empty, work, p.max_seq,
+                       kRopeFirst ? full : nullptr, &p);
     } else if (pt >= 32) {
       // Rotator u takes items u, u + 96, u + 192 of a tile; item i = (row i / 4, frequencies 8 (i % 4) ..).
       // The cos/sin of the next tile's items are loaded while this tile waits and rotates.
@@ -85,7 +90,9 @@ __global__ void __launch_bounds__(kThreads, 1) mla_attention_s_once_kernel(const
       int s = 0;
       uint32_t phase = 0;
       for (int tile = tile0; tile < tile1; ++tile) {
+        if (u == 0) trace_stamp(p, kTraceRotator, tile - tile0, 0);
         mbar_wait(&full[s], phase);
+        if (u == 0) trace_stamp(p, kTraceRotator, tile - tile0, 1);
         uint8_t* rope_block = s_kv + s * kTileBytes + 8 * kBlockBytes;
 #pragma unroll
         for (int k = 0; k < kItemsPerRotator; ++k) {
@@ -95,6 +102,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_attention_s_once_kernel(const
         }
         fence_proxy_async_smem();
         mbar_arrive(&roped[s]);
+        if (u == 0) trace_stamp(p, kTraceRotator, tile - tile0, 2);
         if (tile + 1 < tile1) prefetch(tile + 1);
         if (++s == kStages) {
           s = 0;
@@ -140,7 +148,9 @@ __global__ void __launch_bounds__(kThreads, 1) mla_attention_s_once_kernel(const
     for (int i = 0; i < ntiles; ++i) {
       const int tile = tile0 + i;
       uint8_t* kv = s_kv + s * kTileBytes;
+      if (t == 0) trace_stamp(p, kTraceWg0, i, 0);
       mbar_wait(&roped[s], phase);
+      if (t == 0) trace_stamp(p, kTraceWg0, i, 1);
       // S = Q K^T over the tile's 64 positions.
       float sc[32];
       wgmma_fence();
@@ -155,6 +165,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_attention_s_once_kernel(const
       wgmma_wait<0>();
 #pragma unroll
       for (int j = 0; j < 32; ++j) reg_fence(sc[j]);
+      if (t == 0) trace_stamp(p, kTraceWg0, i, 2);
 
       // Online softmax (log2 domain): sc[4c + 2h + e] = head frag_row + 8h, position 8c + frag_col + e.
       if (tile * kTile + kTile > kv_len) {  // the split's last tile: positions past the cache do not count
@@ -197,7 +208,9 @@ __global__ void __launch_bounds__(kThreads, 1) mla_attention_s_once_kernel(const
           pa[2 * c + h] = *reinterpret_cast<const uint32_t*>(&pair);
         }
       // Hand P and the rescale factors to warpgroup 1 once it has read the previous tile's.
+      if (t == 0) trace_stamp(p, kTraceWg0, i, 3);
       named_bar_sync(kBarPFree, 256);
+      if (t == 0) trace_stamp(p, kTraceWg0, i, 4);
 #pragma unroll
       for (int c = 0; c < 8; ++c)
 #pragma unroll
@@ -216,19 +229,24 @@ __global__ void __launch_bounds__(kThreads, 1) mla_attention_s_once_kernel(const
       }
       // O += P V, columns 0 .. 255 (blocks 0 .. 3), P from registers.
       const uint64_t db = make_desc_sw128(kv, kBlockBytes, 1024);
+      if (t == 0) trace_stamp(p, kTraceWg0, i, 5);
       wgmma_fence();
 #pragma unroll
       for (int q = 0; q < 4; ++q) wgmma_m64n256k16_rs_bf16<1>(o, pa + 4 * q, db + (2048 >> 4) * q, 1);
       wgmma_commit();
       wgmma_wait<0>();
+      if (t == 0) trace_stamp(p, kTraceWg0, i, 6);
       release_stage();
     }
   } else {
     if (ntiles > 0) named_bar_arrive(kBarPFree, 256);  // the P buffer starts free
     for (int i = 0; i < ntiles; ++i) {
       uint8_t* kv = s_kv + s * kTileBytes;
+      if (t == 0) trace_stamp(p, kTraceWg1, i, 0);
       mbar_wait(&roped[s], phase);
+      if (t == 0) trace_stamp(p, kTraceWg1, i, 1);
       named_bar_sync(kBarPReady, 256);
+      if (t == 0) trace_stamp(p, kTraceWg1, i, 2);
       if (s_rescale[warp]) {  // warpgroup 0's warp of the same 16 rows moved their maxima
         const float alpha0 = s_alpha[frag_row], alpha1 = s_alpha[frag_row + 8];
 #pragma unroll
@@ -242,6 +260,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_attention_s_once_kernel(const
       for (int q = 0; q < 4; ++q) wgmma_m64n256k16_bf16<1>(o, da + 2 * q, db + (2048 >> 4) * q, 1);
       wgmma_commit();
       wgmma_wait<0>();
+      if (t == 0) trace_stamp(p, kTraceWg1, i, 3);
       if (i + 1 < ntiles) named_bar_arrive(kBarPFree, 256);
       release_stage();
     }

@@ -119,7 +119,8 @@ def custom_kernel(data: input_t) -> output_t:
         key = graph_replay.tensor_key(x, cache, config.KV_proj_down_weight, config.Q_proj_down_weight,
                                       config.Q_proj_up_weight, config.KV_proj_up_weight, config.wo_weight, cos, sin,
                                       lens) + \
-            tuple(os.environ.get(k) for k in ("KBENCH_MLA_SPLITS", "KBENCH_MLA_PREFETCH_TABLES", "KBENCH_MLA_S_ONCE"))
+            tuple(os.environ.get(k) for k in ("KBENCH_MLA_SPLITS", "KBENCH_MLA_PREFETCH_TABLES", "KBENCH_MLA_S_ONCE",
+                                             "KBENCH_MLA_ROPE_FIRST"))
         out = _graphs.replay(key, step).clone()
     kv_cache.seq_len = kv_len  # what KVCache.forward does after its append (the append ran in the step)
     return out, cache

@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <mutex>
 
 #include "assemble_q.cuh"
@@ -27,14 +28,17 @@ int mla_num_sms() {
     cudaDeviceGetAttribute(&sms[dev & 63], cudaDevAttrMultiProcessorCount, dev);
     cudaFuncSetAttribute(mla_attention_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
     cudaFuncSetAttribute(mla_attention_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
-    cudaFuncSetAttribute(mla_attention_s_once_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSOnceSmemBytes);
+    cudaFuncSetAttribute(mla_attention_s_once_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                         kSOnceSmemBytes);
+    cudaFuncSetAttribute(mla_attention_s_once_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                         kSOnceSmemBytes);
   }
   return sms[dev & 63];
 }
 
 void mla_describe(const MlaConfig& c, char* buf, int size) {
-  snprintf(buf, size, "MlaConfig{splits=%d, prefetch_tables=%d, s_once=%d}", c.splits, c.prefetch_tables ? 1 : 0,
-           c.s_once ? 1 : 0);
+  snprintf(buf, size, "MlaConfig{splits=%d, prefetch_tables=%d, s_once=%d, rope_first=%d}", c.splits,
+           c.prefetch_tables ? 1 : 0, c.s_once ? 1 : 0, c.rope_first ? 1 : 0);
 }
 
 const char* mla_run(const MlaArgs& a, cudaStream_t stream) {
@@ -60,11 +64,16 @@ const char* mla_run(const MlaArgs& a, cudaStream_t stream) {
 #ifdef KBENCH_DEV
   // timing only (benchmarks/mla_decode.py --rope-cost): what the in-kernel RoPE of the keys costs; wrong results
   p.skip_rope = kb::env_int("KBENCH_MLA_DEV_SKIP_ROPE", 0);
+  // timing only: the address of an int64 CUDA buffer of kTraceCtas * kTraceRoles * kTraceTiles * kTraceEvents
+  // stamps (benchmarks/mla_decode.py --phase-trace allocates it and passes its data_ptr here)
+  if (const char* at = std::getenv("KBENCH_MLA_DEV_TRACE"))
+    p.trace = reinterpret_cast<long long*>(std::strtoull(at, nullptr, 10));
 #endif
   if (p.splits > 1 && (!a.part_o || !a.part_ml)) return "mla cuda: a split plan needs the partial buffers";
   const dim3 grid(kHeadGroups * a.bs * p.splits);
   if (a.config.s_once) {
-    mla_attention_s_once_kernel<<<grid, kThreads, kSOnceSmemBytes, stream>>>(tm_q, tm_kv, p);
+    const auto kernel = a.config.rope_first ? mla_attention_s_once_kernel<true> : mla_attention_s_once_kernel<false>;
+    kernel<<<grid, kThreads, kSOnceSmemBytes, stream>>>(tm_q, tm_kv, p);
   } else {
     const auto kernel = a.config.prefetch_tables ? mla_attention_kernel<true> : mla_attention_kernel<false>;
     kernel<<<grid, kThreads, kSmemBytes, stream>>>(tm_q, tm_kv, p);

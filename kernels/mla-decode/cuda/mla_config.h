@@ -16,10 +16,13 @@ struct MlaConfig {
   int splits;            // CTAs per (batch row, head group) the cache is split over; > 1 adds the combine pass
   bool prefetch_tables;  // the consumers load the next tile's RoPE cos/sin while this tile is processed
   bool s_once;           // attention_s_once.cuh: one warpgroup computes S and the softmax, both P V
+  bool rope_first;       // s_once: each tile's rope block loaded first, on its own barrier, and rotated while the
+                         // latent blocks land (else the rotation starts once the whole tile has landed)
 };
 
 // bs batch rows, kv_len cache rows to read, sms the GPU's SM count. KBENCH_MLA_SPLITS=N forces N splits;
-// KBENCH_MLA_PREFETCH_TABLES=0/1 overrides prefetch_tables, KBENCH_MLA_S_ONCE=0/1 s_once.
+// KBENCH_MLA_PREFETCH_TABLES=0/1 overrides prefetch_tables, KBENCH_MLA_S_ONCE=0/1 s_once, KBENCH_MLA_ROPE_FIRST=0/1
+// rope_first.
 inline MlaConfig mla_config(int bs, int kv_len, int sms) {
   // No split where one CTA per (row, head group) already fills >= 90% of its waves (batch 128 on 132 SMs: 256 CTAs
   // in 2 waves, 97%): splitting adds the combine pass and the fp32 partials for no wave gain (measured on two H100s,
@@ -39,5 +42,8 @@ inline MlaConfig mla_config(int bs, int kv_len, int sms) {
   // process, 2026-11-24; docs/mla-decode-notes.md, finding 10). 0 runs attention.cuh's schedule (prefetch_tables
   // applies to that one only).
   const bool s_once = kb::env_int("KBENCH_MLA_S_ONCE", 1) != 0;
-  return MlaConfig{splits, prefetch_tables, s_once};
+  // rope_first: the keys' rotation off the tile's critical path (docs/mla-decode-notes.md, finding 17: skipping the
+  // rotation altogether took the attention kernel 346 -> 279 us at prefill 4096)
+  const bool rope_first = kb::env_int("KBENCH_MLA_ROPE_FIRST", 1) != 0;
+  return MlaConfig{splits, prefetch_tables, s_once, rope_first};
 }
