@@ -146,27 +146,34 @@ def rope_cost(runs: int) -> None:
                    ["case", "with RoPE", "without (timing only)"], table)
 
 
-# --phase-trace: the intervals between the s-once kernel's clock64 stamps (attention.cuh: trace_stamp), per role:
-# (name, role, from event, to event, tile offset of the "to" event). Roles: 0 = consumer warpgroup 0 (S, softmax, its
-# P V), 1 = warpgroup 1 (the other P V), 2 = the TMA thread, 3 = a rotator warp.
+# --phase-trace: the intervals between the s-once kernel's clock64 stamps (attention.cuh: trace_stamp):
+# (name, from (role, event, tile offset), to (role, event, tile offset)). Roles: 0 = consumer warpgroup 0 (S,
+# softmax, its P V), 1 = warpgroup 1 (the other P V), 2 = the TMA thread, 3 = a rotator warp. Events: wg0 0 before
+# its ready wait, 1 S issued, 2 S done, 3 softmax done, 4 P buffer free, 5 P V issued, 6 P V done; wg1 0 before its
+# ready wait, 1 ready, 2 P ready, 3 P V done; loader 0 before its empty wait, 1 tile issued; rotator 0 before its
+# landed wait, 1 landed, 2 rotated. The last rows follow one tile across the roles (the chain that two stages make).
 TRACE_SHAPE = (8, 4, 128, 8)  # kTraceCtas, kTraceRoles, kTraceTiles, kTraceEvents
 TRACE_PHASES = [
-    ("tile period (wg0)", 0, 0, 0, 1),
-    ("wg0 wait roped", 0, 0, 1, 0), ("wg0 S", 0, 1, 2, 0), ("wg0 softmax", 0, 2, 3, 0),
-    ("wg0 wait P free", 0, 3, 4, 0), ("wg0 P store + rescale", 0, 4, 5, 0), ("wg0 P V", 0, 5, 6, 0),
-    ("wg0 release -> next", 0, 6, 0, 1),
-    ("wg1 wait roped", 1, 0, 1, 0), ("wg1 wait P ready", 1, 1, 2, 0), ("wg1 rescale + P V", 1, 2, 3, 0),
-    ("wg1 release -> next", 1, 3, 0, 1),
-    ("loader wait empty", 2, 0, 1, 0),
-    ("rotator wait full", 3, 0, 1, 0), ("rotator rotate", 3, 1, 2, 0),
+    ("tile period (wg0)", (0, 0, 0), (0, 0, 1)),
+    ("wg0 wait ready", (0, 0, 0), (0, 1, 0)), ("wg0 S", (0, 1, 0), (0, 2, 0)), ("wg0 softmax", (0, 2, 0), (0, 3, 0)),
+    ("wg0 wait P free", (0, 3, 0), (0, 4, 0)), ("wg0 P store + rescale", (0, 4, 0), (0, 5, 0)),
+    ("wg0 P V", (0, 5, 0), (0, 6, 0)), ("wg0 release -> next", (0, 6, 0), (0, 0, 1)),
+    ("wg1 wait ready", (1, 0, 0), (1, 1, 0)), ("wg1 wait P ready", (1, 1, 0), (1, 2, 0)),
+    ("wg1 rescale + P V", (1, 2, 0), (1, 3, 0)), ("wg1 release -> next", (1, 3, 0), (1, 0, 1)),
+    ("loader wait empty", (2, 0, 0), (2, 1, 0)),
+    ("rotator wait landed", (3, 0, 0), (3, 1, 0)), ("rotator rotate", (3, 1, 0), (3, 2, 0)),
+    ("chain: tma issue -> landed (<=)", (2, 1, 0), (3, 1, 0)), ("chain: tma issue -> rotated", (2, 1, 0), (3, 2, 0)),
+    ("chain: tma issue -> wg0 S", (2, 1, 0), (0, 1, 0)), ("chain: wg0 P V issued -> wg1 P V done", (0, 5, 0), (1, 3, 0)),
+    ("chain: wg1 P V done -> next tma issue", (1, 3, 0), (2, 1, 2)),
 ]
 
 
-def phase_trace() -> None:
+def phase_trace(trace_out: str | None = None) -> None:
     """--phase-trace: one run of the shipped attention kernel (a dev build) per benchmark case with clock64 stamps
     at each role's points of the tile loop in the first 8 CTAs; prints the median of each interval over the middle
     tiles (cycles and us at the SM clock), plus the TMA issue -> landed latency. Rows: cuda[dev]/trace:<phase>,
-    metric trace."""
+    metric trace. trace_out: also save each case's raw stamps (int64 [ctas, roles, tiles, events]) as
+    <trace_out>_<prefill>.pt."""
     gpu = torch.cuda.get_device_name()
     ref = problems.load_modules("mla-decode").reference
     mod = benchlib.build("mla-decode", "cuda", dev=True)
@@ -184,22 +191,20 @@ def phase_trace() -> None:
         torch.cuda.synchronize()
         t = trace.cpu().double()
         ntiles = min((kv_len + 63) // 64, TRACE_SHAPE[2])
-        mid = slice(2, ntiles - 2)
         label = problems.format_case(case)
         line = [label.split("; seed")[0]]
-        for name, role, a, b, off in TRACE_PHASES:
-            start = t[:, role, mid, a]
-            end = t[:, role, 2 + off:ntiles - 2 + off, b]
+        for name, (ra, ea, oa), (rb, eb, ob) in TRACE_PHASES:
+            start = t[:, ra, 2 + oa:ntiles - 3 + oa, ea]
+            end = t[:, rb, 2 + ob:ntiles - 3 + ob, eb]
             cycles = (end - start).median().item()
             rows.append(benchlib.Row(gpu, 1, f"cuda[dev]/trace:{name}", "trace", label, cycles / mhz))
             line.append(f"{cycles:.0f} ({cycles / mhz:.2f})")
-        landed = (t[:, 3, mid, 1] - t[:, 2, mid, 1]).median().item()  # rotator's full wait ends - TMA issued
-        rows.append(benchlib.Row(gpu, 1, "cuda[dev]/trace:tma issue -> landed", "trace", label, landed / mhz))
-        line.append(f"{landed:.0f} ({landed / mhz:.2f})")
         table.append(line)
+        if trace_out:
+            torch.save(t, f"{trace_out}_{kv_len - 1}.pt")
         del config, x, cache
     benchlib.record("mla-decode", rows)
-    names = [n for n, *_ in TRACE_PHASES] + ["tma issue -> landed (<=)"]
+    names = [n for n, *_ in TRACE_PHASES]
     benchlib.table(f"mla-decode s-once attention: median cycles (us at {mhz} MHz) per tile, middle tiles of 8 CTAs; "
                    f"{gpu}", ["phase"] + [r[0] for r in table],
                    [[n] + [r[i + 1] for r in table] for i, n in enumerate(names)])
@@ -221,12 +226,13 @@ def main():
                     help="instead: time the attention kernel with and without its RoPE rotation (a dev build)")
     ap.add_argument("--phase-trace", action="store_true",
                     help="instead: where the attention kernel's tile time goes, from clock64 stamps (a dev build)")
+    ap.add_argument("--trace-out", metavar="PREFIX", help="with --phase-trace: save the raw stamps too")
     args = ap.parse_args()
     if args.rope_cost:
         rope_cost(args.runs)
         return
     if args.phase_trace:
-        phase_trace()
+        phase_trace(args.trace_out)
         return
     if args.official:
         benchlib.official_figures("mla-decode", "cuda", benchlib.selected(CANDIDATES, args.candidates),

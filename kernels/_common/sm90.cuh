@@ -101,6 +101,15 @@ __device__ __forceinline__ uint32_t sw128_offset(int row, int chunk) {
   return static_cast<uint32_t>(row * 128 + ((chunk ^ (row & 7)) << 4));
 }
 
+// Four 8x8 matrices of 16-bit elements from a warp's registers into shared memory in one instruction: register j
+// of lane l holds matrix j's row l / 4, columns 2 (l % 4) and 2 (l % 4) + 1 (the layout of a wgmma accumulator's
+// rows and column pairs); lane l gives the address of row l % 8 of matrix l / 8 (16 bytes a row).
+__device__ __forceinline__ void stmatrix_x4(void* row, uint32_t r0, uint32_t r1, uint32_t r2, uint32_t r3) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(smem_u32(row)), "r"(r0),
+               "r"(r1), "r"(r2), "r"(r3)
+               : "memory");
+}
+
 // Generic-proxy writes to shared memory (st.shared, stmatrix) that wgmma or TMA read next: each writing thread
 // fences before the barrier that publishes them.
 __device__ __forceinline__ void fence_proxy_async_smem() {

@@ -83,14 +83,25 @@ __device__ __forceinline__ RopeTables load_rope_tables(int pos, int g, const Par
   return {*reinterpret_cast<const uint4*>(p.cos_tab + at), *reinterpret_cast<const uint4*>(p.sin_tab + at)};
 }
 
-// Step 1: rope columns of tile row r for frequencies 8g .. 8g + 7, in place, with the reference's roundings:
-// out = bf16(bf16(x * cos) + bf16(rotate_half(x) * sin)).
-__device__ __forceinline__ void rotate_in_place(uint8_t* rope_block, int r, int g, const RopeTables& t) {
-  uint4* lo = reinterpret_cast<uint4*>(rope_block + sw128_offset(r, g));      // x[8g .. 8g+7]
-  uint4* hi = reinterpret_cast<uint4*>(rope_block + sw128_offset(r, g + 4));  // x[32+8g .. 32+8g+7]
-  uint4 a = *lo, b = *hi;
-  __nv_bfloat16* x1 = reinterpret_cast<__nv_bfloat16*>(&a);
-  __nv_bfloat16* x2 = reinterpret_cast<__nv_bfloat16*>(&b);
+// The rope columns of tile row r for frequencies 8g .. 8g + 7: x[8g .. 8g+7] (lo) and x[32+8g .. 32+8g+7] (hi).
+struct RopePair {
+  uint4 lo, hi;
+};
+
+__device__ __forceinline__ RopePair load_rope_pair(const uint8_t* rope_block, int r, int g) {
+  return {*reinterpret_cast<const uint4*>(rope_block + sw128_offset(r, g)),
+          *reinterpret_cast<const uint4*>(rope_block + sw128_offset(r, g + 4))};
+}
+
+__device__ __forceinline__ void store_rope_pair(uint8_t* rope_block, int r, int g, const RopePair& x) {
+  *reinterpret_cast<uint4*>(rope_block + sw128_offset(r, g)) = x.lo;
+  *reinterpret_cast<uint4*>(rope_block + sw128_offset(r, g + 4)) = x.hi;
+}
+
+// Step 1's arithmetic, with the reference's roundings: out = bf16(bf16(x * cos) + bf16(rotate_half(x) * sin)).
+__device__ __forceinline__ RopePair rotate_pair(RopePair x, const RopeTables& t) {
+  __nv_bfloat16* x1 = reinterpret_cast<__nv_bfloat16*>(&x.lo);
+  __nv_bfloat16* x2 = reinterpret_cast<__nv_bfloat16*>(&x.hi);
   const __nv_bfloat16* cs = reinterpret_cast<const __nv_bfloat16*>(&t.c);
   const __nv_bfloat16* sn = reinterpret_cast<const __nv_bfloat16*>(&t.s);
 #pragma unroll
@@ -100,8 +111,12 @@ __device__ __forceinline__ void rotate_in_place(uint8_t* rope_block, int r, int 
     x1[e] = __float2bfloat16_rn(bf(u * c) - bf(v * s));  // rotate_half(x)[i] = -x[i + 32]
     x2[e] = __float2bfloat16_rn(bf(v * c) + bf(u * s));  // rotate_half(x)[i + 32] = x[i]
   }
-  *lo = a;
-  *hi = b;
+  return x;
+}
+
+// Step 1: rope columns of tile row r for frequencies 8g .. 8g + 7, in place.
+__device__ __forceinline__ void rotate_in_place(uint8_t* rope_block, int r, int g, const RopeTables& t) {
+  store_rope_pair(rope_block, r, g, rotate_pair(load_rope_pair(rope_block, r, g), t));
 }
 
 // The CTA's batch row, head group, split and its tiles [tile0, tile1) of the cache (kv_len read from device memory).

@@ -35,6 +35,12 @@ constexpr int kBarPReady = 5;  // P and the rescale factors of the current tile 
 constexpr int kBarPFree = 6;   // warpgroup 1 has read them (its P V done): warpgroup 0 may write the next
 constexpr int kBarRows = 7;    // the final row maxima and sums are in shared memory
 constexpr float kRescaleSlack = 8.0f;  // P up to 256: exact in bf16's exponent range, fp32 sums far from overflow
+// Registers a thread after setmaxnreg. The CTA starts with kLaunchRegs a thread (ptxas's count under
+// __launch_bounds__(384, 1)) and setmaxnreg.inc waits until the pool can give what it asks for: if the consumers took
+// more than the producer gave back, the kernel would hang (it did, with 200 / 112).
+constexpr int kLaunchRegs = 168, kConsumerRegs = 200, kProducerRegs = 104;
+static_assert(2 * (kConsumerRegs - kLaunchRegs) <= kLaunchRegs - kProducerRegs,
+              "setmaxnreg: the consumer warpgroups would wait forever for registers the producer does not free");
 
 template <bool kRopeFirst>
 __global__ void __launch_bounds__(kThreads, 1) mla_attention_s_once_kernel(const __grid_constant__ CUtensorMap tm_q,
@@ -69,7 +75,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_attention_s_once_kernel(const
   __syncthreads();
 
   if (threadIdx.x >= 256) {  // producer warpgroup: warp 0 loads, warps 1-3 rotate
-    setmaxnreg_dec<88>();
+    setmaxnreg_dec<kProducerRegs>();
     const int pt = threadIdx.x - 256;
     if (pt == 0) {
       load_q_and_tiles(&tm_q, &tm_kv, s_q, s_kv, q_full, kRopeFirst ? roped : full, empty, work, p.max_seq,
@@ -94,11 +100,21 @@ __global__ void __launch_bounds__(kThreads, 1) mla_attention_s_once_kernel(const
         mbar_wait(&full[s], phase);
         if (u == 0) trace_stamp(p, kTraceRotator, tile - tile0, 1);
         uint8_t* rope_block = s_kv + s * kTileBytes + 8 * kBlockBytes;
+        // All of this thread's shared-memory reads first, then the arithmetic, then the writes: one round trip
+        // through shared memory, which the consumers' wgmma operand reads keep busy (a rotation item after item
+        // took ~2400 cycles a tile, on the tile's critical path: finding 17).
+        RopePair x[kItemsPerRotator];
+        bool mine[kItemsPerRotator];
 #pragma unroll
         for (int k = 0; k < kItemsPerRotator; ++k) {
           const int item = u + kRotators * k;
-          if (item < kRopeItems && tile * kTile + item / 4 < kv_len && !rope_skipped(p))
-            rotate_in_place(rope_block, item / 4, item % 4, tab[k]);
+          mine[k] = item < kRopeItems && tile * kTile + item / 4 < kv_len && !rope_skipped(p);
+          if (mine[k]) x[k] = load_rope_pair(rope_block, item / 4, item % 4);
+        }
+#pragma unroll
+        for (int k = 0; k < kItemsPerRotator; ++k) {
+          const int item = u + kRotators * k;
+          if (mine[k]) store_rope_pair(rope_block, item / 4, item % 4, rotate_pair(x[k], tab[k]));
         }
         fence_proxy_async_smem();
         mbar_arrive(&roped[s]);
@@ -113,7 +129,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_attention_s_once_kernel(const
     return;
   }
 
-  setmaxnreg_inc<208>();
+  setmaxnreg_inc<kConsumerRegs>();
   const int w = threadIdx.x / 128;  // this warpgroup's output columns: 256w .. 256w + 255
   const int t = threadIdx.x % 128;
   const int warp = t / 32, lane = t % 32;
@@ -211,11 +227,13 @@ __global__ void __launch_bounds__(kThreads, 1) mla_attention_s_once_kernel(const
       if (t == 0) trace_stamp(p, kTraceWg0, i, 3);
       named_bar_sync(kBarPFree, 256);
       if (t == 0) trace_stamp(p, kTraceWg0, i, 4);
+      // pa[2c + h] holds rows frag_row + 8h, columns 8c + frag_col, +1: the 8x8 matrix (c, h) of this warp's 16 rows.
+      // stmatrix j2 writes matrices (2 j2, 0), (2 j2, 1), (2 j2 + 1, 0), (2 j2 + 1, 1): lane l addresses row l % 8 of
+      // matrix l / 8, i.e. row 16 warp + 8 ((l / 8) % 2) + l % 8, 16-byte chunk 2 j2 + l / 16.
 #pragma unroll
-      for (int c = 0; c < 8; ++c)
-#pragma unroll
-        for (int h = 0; h < 2; ++h)
-          *reinterpret_cast<uint32_t*>(s_p + sw128_offset(frag_row + 8 * h, c) + frag_col * 2) = pa[2 * c + h];
+      for (int j2 = 0; j2 < 4; ++j2)
+        stmatrix_x4(s_p + sw128_offset(warp * 16 + 8 * ((lane >> 3) & 1) + (lane & 7), 2 * j2 + (lane >> 4)),
+                    pa[4 * j2], pa[4 * j2 + 1], pa[4 * j2 + 2], pa[4 * j2 + 3]);
       if ((lane & 3) == 0) {
         s_alpha[frag_row] = alpha[0];
         s_alpha[frag_row + 8] = alpha[1];
