@@ -110,6 +110,14 @@ __device__ __forceinline__ void stmatrix_x4(void* row, uint32_t r0, uint32_t r1,
                : "memory");
 }
 
+// stmatrix_x4's inverse: the four matrices back into registers, the same lanes giving the same row addresses.
+__device__ __forceinline__ void ldmatrix_x4(const void* row, uint32_t& r0, uint32_t& r1, uint32_t& r2, uint32_t& r3) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+               : "r"(smem_u32(row))
+               : "memory");
+}
+
 // Generic-proxy writes to shared memory (st.shared, stmatrix) that wgmma or TMA read next: each writing thread
 // fences before the barrier that publishes them.
 __device__ __forceinline__ void fence_proxy_async_smem() {

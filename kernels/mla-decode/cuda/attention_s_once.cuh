@@ -136,6 +136,13 @@ __global__ void __launch_bounds__(kThreads, 1) mla_attention_s_once_kernel(const
   const int frag_row = warp * 16 + lane / 4;  // heads frag_row and frag_row + 8 (within the CTA's 64)
   const int frag_col = 2 * (lane % 4);
   const int ntiles = tile1 - tile0;
+  // P's rows in shared memory as stmatrix / ldmatrix address them: pa[2c + h] holds rows frag_row + 8h, columns
+  // 8c + frag_col, +1 (the 8x8 matrix (c, h) of this warp's 16 rows); call j2 moves matrices (2 j2, 0), (2 j2, 1),
+  // (2 j2 + 1, 0), (2 j2 + 1, 1), lane l addressing row l % 8 of matrix l / 8: row 16 warp + 8 ((l / 8) % 2) + l % 8,
+  // 16-byte chunk 2 j2 + l / 16. The registers are the A fragments of O += P V (pa[4j .. 4j+3]: positions 16j ..).
+  auto p_row = [&](int j2) {
+    return s_p + sw128_offset(warp * 16 + 8 * ((lane >> 3) & 1) + (lane & 7), 2 * j2 + (lane >> 4));
+  };
 
   float o[128];
 #pragma unroll
@@ -227,19 +234,16 @@ __global__ void __launch_bounds__(kThreads, 1) mla_attention_s_once_kernel(const
       if (t == 0) trace_stamp(p, kTraceWg0, i, 3);
       named_bar_sync(kBarPFree, 256);
       if (t == 0) trace_stamp(p, kTraceWg0, i, 4);
-      // pa[2c + h] holds rows frag_row + 8h, columns 8c + frag_col, +1: the 8x8 matrix (c, h) of this warp's 16 rows.
-      // stmatrix j2 writes matrices (2 j2, 0), (2 j2, 1), (2 j2 + 1, 0), (2 j2 + 1, 1): lane l addresses row l % 8 of
-      // matrix l / 8, i.e. row 16 warp + 8 ((l / 8) % 2) + l % 8, 16-byte chunk 2 j2 + l / 16.
 #pragma unroll
       for (int j2 = 0; j2 < 4; ++j2)
-        stmatrix_x4(s_p + sw128_offset(warp * 16 + 8 * ((lane >> 3) & 1) + (lane & 7), 2 * j2 + (lane >> 4)),
-                    pa[4 * j2], pa[4 * j2 + 1], pa[4 * j2 + 2], pa[4 * j2 + 3]);
+        stmatrix_x4(p_row(j2), pa[4 * j2], pa[4 * j2 + 1], pa[4 * j2 + 2], pa[4 * j2 + 3]);
       if ((lane & 3) == 0) {
         s_alpha[frag_row] = alpha[0];
         s_alpha[frag_row + 8] = alpha[1];
       }
       if (lane == 0) s_rescale[warp] = rescale;
-      fence_proxy_async_smem();
+      // Warpgroup 1 reads P with ldmatrix (the generic proxy, like these writes): the named barrier orders them, no
+      // proxy fence on this path.
       named_bar_arrive(kBarPReady, 256);
       if (rescale) {
 #pragma unroll
@@ -265,21 +269,25 @@ __global__ void __launch_bounds__(kThreads, 1) mla_attention_s_once_kernel(const
       if (t == 0) trace_stamp(p, kTraceWg1, i, 1);
       named_bar_sync(kBarPReady, 256);
       if (t == 0) trace_stamp(p, kTraceWg1, i, 2);
-      if (s_rescale[warp]) {  // warpgroup 0's warp of the same 16 rows moved their maxima
-        const float alpha0 = s_alpha[frag_row], alpha1 = s_alpha[frag_row + 8];
+      // P and the rescale factors into registers, then the buffer back to warpgroup 0 before this P V.
+      uint32_t pb[16];
+#pragma unroll
+      for (int j2 = 0; j2 < 4; ++j2) ldmatrix_x4(p_row(j2), pb[4 * j2], pb[4 * j2 + 1], pb[4 * j2 + 2], pb[4 * j2 + 3]);
+      const bool rescale = s_rescale[warp];  // warpgroup 0's warp of the same 16 rows moved their maxima
+      const float alpha0 = s_alpha[frag_row], alpha1 = s_alpha[frag_row + 8];
+      if (i + 1 < ntiles) named_bar_arrive(kBarPFree, 256);
+      if (rescale) {
 #pragma unroll
         for (int j = 0; j < 128; ++j) o[j] *= (j >> 1) & 1 ? alpha1 : alpha0;
       }
-      // O += P V, columns 256 .. 511 (blocks 4 .. 7), P from shared memory.
-      const uint64_t da = make_desc_sw128(s_p);
+      // O += P V, columns 256 .. 511 (blocks 4 .. 7), P from registers.
       const uint64_t db = make_desc_sw128(kv + 4 * kBlockBytes, kBlockBytes, 1024);
       wgmma_fence();
 #pragma unroll
-      for (int q = 0; q < 4; ++q) wgmma_m64n256k16_bf16<1>(o, da + 2 * q, db + (2048 >> 4) * q, 1);
+      for (int q = 0; q < 4; ++q) wgmma_m64n256k16_rs_bf16<1>(o, pb + 4 * q, db + (2048 >> 4) * q, 1);
       wgmma_commit();
       wgmma_wait<0>();
       if (t == 0) trace_stamp(p, kTraceWg1, i, 3);
-      if (i + 1 < ntiles) named_bar_arrive(kBarPFree, 256);
       release_stage();
     }
   }
