@@ -152,7 +152,7 @@ def rope_cost(runs: int) -> None:
 # its ready wait, 1 S issued, 2 S done, 3 softmax done, 4 P buffer free, 5 P V issued, 6 P V done; wg1 0 before its
 # ready wait, 1 ready, 2 P ready, 3 P V done; loader 0 before its empty wait, 1 tile issued; rotator 0 before its
 # landed wait, 1 landed, 2 rotated. The last rows follow one tile across the roles (the chain that two stages make).
-TRACE_SHAPE = (8, 4, 128, 8)  # kTraceCtas, kTraceRoles, kTraceTiles, kTraceEvents
+TRACE_SHAPE = (8, 5, 128, 8)  # kTraceCtas, kTraceRoles, kTraceTiles, kTraceEvents (role 4: clock calibration)
 TRACE_PHASES = [
     ("tile period (wg0)", (0, 0, 0), (0, 0, 1)),
     ("wg0 wait ready", (0, 0, 0), (0, 1, 0)), ("wg0 S", (0, 1, 0), (0, 2, 0)), ("wg0 softmax", (0, 2, 0), (0, 3, 0)),
@@ -177,7 +177,6 @@ def phase_trace(trace_out: str | None = None) -> None:
     gpu = torch.cuda.get_device_name()
     ref = problems.load_modules("mla-decode").reference
     mod = benchlib.build("mla-decode", "cuda", dev=True)
-    mhz = 1980  # the H100's SM clock under this load (host_gap's profile read 1980 MHz throughout: notes, finding 11)
     rows, table = [], []
     for case in problems.load_spec("mla-decode").benchmarks:
         config, x, cache = ref.generate_input(**problems.official_case(case))
@@ -190,9 +189,11 @@ def phase_trace(trace_out: str | None = None) -> None:
                 mod.ext.mla_attention(q, cache.data, kv_len, cos, sin, None)
         torch.cuda.synchronize()
         t = trace.cpu().double()
+        # the SM clock during the run: clock64 against the global timer (ns) over warpgroup 0's loop, per CTA
+        mhz = ((t[:, 4, 0, 2] - t[:, 4, 0, 0]) / (t[:, 4, 0, 3] - t[:, 4, 0, 1]) * 1e3).median().item()
         ntiles = min((kv_len + 63) // 64, TRACE_SHAPE[2])
         label = problems.format_case(case)
-        line = [label.split("; seed")[0]]
+        line = [label.split("; seed")[0] + f" ({mhz:.0f} MHz)"]
         for name, (ra, ea, oa), (rb, eb, ob) in TRACE_PHASES:
             start = t[:, ra, 2 + oa:ntiles - 3 + oa, ea]
             end = t[:, rb, 2 + ob:ntiles - 3 + ob, eb]
@@ -205,7 +206,7 @@ def phase_trace(trace_out: str | None = None) -> None:
         del config, x, cache
     benchlib.record("mla-decode", rows)
     names = [n for n, *_ in TRACE_PHASES]
-    benchlib.table(f"mla-decode s-once attention: median cycles (us at {mhz} MHz) per tile, middle tiles of 8 CTAs; "
+    benchlib.table(f"mla-decode s-once attention: median cycles (us at the measured SM clock) per tile, middle tiles of 8 CTAs; "
                    f"{gpu}", ["phase"] + [r[0] for r in table],
                    [[n] + [r[i + 1] for r in table] for i, n in enumerate(names)])
 

@@ -54,12 +54,25 @@ struct Params {
 
 // Dev builds may record when each role of the first kTraceCtas CTAs passes each point of its tile loop (SM clock
 // cycles, clock64): where a tile's time goes on the critical path (benchmarks/mla_decode.py --phase-trace).
-constexpr int kTraceCtas = 8, kTraceRoles = 4, kTraceTiles = 128, kTraceEvents = 8;
-enum TraceRole { kTraceWg0 = 0, kTraceWg1 = 1, kTraceLoader = 2, kTraceRotator = 3 };
+// Role kTraceClock holds (clock64, globaltimer ns) pairs at the start and the end of warpgroup 0's loop (events 0-1
+// and 2-3 of its tile 0), from which the SM clock of the run follows.
+constexpr int kTraceCtas = 8, kTraceRoles = 5, kTraceTiles = 128, kTraceEvents = 8;
+enum TraceRole { kTraceWg0 = 0, kTraceWg1 = 1, kTraceLoader = 2, kTraceRotator = 3, kTraceClock = 4 };
 __device__ __forceinline__ void trace_stamp(const Params& p, int role, int tile, int event) {
 #ifdef KBENCH_DEV
   if (p.trace && blockIdx.x < kTraceCtas && tile < kTraceTiles)
     p.trace[((blockIdx.x * kTraceRoles + role) * kTraceTiles + tile) * kTraceEvents + event] = clock64();
+#endif
+}
+__device__ __forceinline__ void trace_clock(const Params& p, int event) {
+#ifdef KBENCH_DEV
+  if (p.trace && blockIdx.x < kTraceCtas) {
+    long long* at = p.trace + (blockIdx.x * kTraceRoles + kTraceClock) * kTraceTiles * kTraceEvents + event;
+    uint64_t ns;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(ns));
+    at[0] = clock64();
+    at[1] = static_cast<long long>(ns);
+  }
 #endif
 }
 

@@ -168,6 +168,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_attention_s_once_kernel(const
   if (w == 0) {
     uint32_t pa[16];  // P as bf16 pairs: pa[4j .. 4j+3] = the A fragment of positions 16j .. 16j+15
     mbar_wait(q_full, 0);
+    if (t == 0) trace_clock(p, 0);
     for (int i = 0; i < ntiles; ++i) {
       const int tile = tile0 + i;
       uint8_t* kv = s_kv + s * kTileBytes;
@@ -260,6 +261,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_attention_s_once_kernel(const
       if (t == 0) trace_stamp(p, kTraceWg0, i, 6);
       release_stage();
     }
+    if (t == 0) trace_clock(p, 2);
   } else {
     if (ntiles > 0) named_bar_arrive(kBarPFree, 256);  // the P buffer starts free
     for (int i = 0; i < ntiles; ++i) {
