@@ -9,13 +9,15 @@
 //     whole online softmax (no exchange of row maxima), P (bf16) kept in registers for its own O += P V (wgmma with
 //     A from registers: an m64n64 accumulator's columns 16j .. 16j+15, packed to bf16 pairs, are the m64k16 A
 //     fragment) and written to shared memory with the rescale factors for warpgroup 1;
-//   consumer warpgroup 1: waits for P, rescales its O, O += P V for the other 256 columns;
+//   consumer warpgroup 1: waits for P, reads it into registers (ldmatrix) and frees the buffer, rescales its O,
+//     O += P V for the other 256 columns with A from registers;
 //   producer warpgroup: warp 0 issues the TMA loads, warps 1-3 rotate each landed tile's rope columns and arrive on
 //     the stage's `roped` barrier (the consumers wait on it instead of `full`), off the consumers' path. With
 //     kRopeFirst the rope block is loaded first, on `full`, and rotated while the latent blocks land, which `roped`
 //     also counts: the rotation leaves the chain release -> load -> land -> rotate -> S that sets a tile's time with
 //     two stages (finding 17).
-// Shared-memory operand traffic a tile: S 144 KB + P V 72 KB (+ 8 KB of P written): 224 KB.
+// Shared-memory operand traffic a tile: S 144 KB + P V 64 KB, P written and read once (16 KB), the rope block
+// rotated (16 KB), the tile landing (72 KB).
 // Warpgroup 0's softmax sits between its S and its P V with warpgroup 1 idle, so it is kept short (finding 12):
 // MUFU.EX2 without exp2f's range fix-up, the scale folded into the exponent's FMA, the causal-length mask only on
 // a split's last tile, and a lazy rescale: the running maxima move (and O, l are rescaled) only when a row's new
