@@ -37,14 +37,15 @@ constexpr int kBarPReady = 5;  // P and the rescale factors of the current tile 
 constexpr int kBarPFree = 6;   // warpgroup 1 has read them (its P V done): warpgroup 0 may write the next
 constexpr int kBarRows = 7;    // the final row maxima and sums are in shared memory
 constexpr float kRescaleSlack = 8.0f;  // P up to 256: exact in bf16's exponent range, fp32 sums far from overflow
-// Registers a thread after setmaxnreg. The CTA starts with kLaunchRegs a thread (ptxas's count under
+// Registers a thread after setmaxnreg, per warpgroup. The CTA starts with kLaunchRegs a thread (ptxas's count under
 // __launch_bounds__(384, 1)) and setmaxnreg.inc waits until the pool can give what it asks for: if the consumers took
-// more than the producer gave back, the kernel would hang (it did, with 200 / 112).
-constexpr int kLaunchRegs = 168, kConsumerRegs = 200, kProducerRegs = 104;
-static_assert(2 * (kConsumerRegs - kLaunchRegs) <= kLaunchRegs - kProducerRegs,
+// more than the producer gave back, the kernel would hang (it did, with 200 / 200 / 112). Warpgroup 0 holds O (128),
+// P (16) and, with kEarlyS, the next tile's S (32) at once; warpgroup 1 only O and P.
+constexpr int kLaunchRegs = 168, kWg0Regs = 232, kWg1Regs = 184, kProducerRegs = 88;
+static_assert((kWg0Regs - kLaunchRegs) + (kWg1Regs - kLaunchRegs) <= kLaunchRegs - kProducerRegs,
               "setmaxnreg: the consumer warpgroups would wait forever for registers the producer does not free");
 
-template <bool kRopeFirst>
+template <bool kRopeFirst, bool kEarlyS>
 __global__ void __launch_bounds__(kThreads, 1) mla_attention_s_once_kernel(const __grid_constant__ CUtensorMap tm_q,
                                                                            const __grid_constant__ CUtensorMap tm_kv,
                                                                            const Params p) {
@@ -131,7 +132,6 @@ __global__ void __launch_bounds__(kThreads, 1) mla_attention_s_once_kernel(const
     return;
   }
 
-  setmaxnreg_inc<kConsumerRegs>();
   const int w = threadIdx.x / 128;  // this warpgroup's output columns: 256w .. 256w + 255
   const int t = threadIdx.x % 128;
   const int warp = t / 32, lane = t % 32;
@@ -168,17 +168,15 @@ __global__ void __launch_bounds__(kThreads, 1) mla_attention_s_once_kernel(const
     }
   };
   if (w == 0) {
+    setmaxnreg_inc<kWg0Regs>();
     uint32_t pa[16];  // P as bf16 pairs: pa[4j .. 4j+3] = the A fragment of positions 16j .. 16j+15
-    mbar_wait(q_full, 0);
-    if (t == 0) trace_clock(p, 0);
-    for (int i = 0; i < ntiles; ++i) {
-      const int tile = tile0 + i;
-      uint8_t* kv = s_kv + s * kTileBytes;
+    float sc[32];  // S of the tile being worked on (m64n64 accumulator)
+    // Waits until tile i (in stage st) is ready, then issues its S = Q K^T over the tile's 64 positions (one group).
+    auto issue_s = [&](int i, int st, uint32_t ph) {
       if (t == 0) trace_stamp(p, kTraceWg0, i, 0);
-      mbar_wait(&roped[s], phase);
+      mbar_wait(&roped[st], ph);
       if (t == 0) trace_stamp(p, kTraceWg0, i, 1);
-      // S = Q K^T over the tile's 64 positions.
-      float sc[32];
+      const uint8_t* kv = s_kv + st * kTileBytes;
       wgmma_fence();
 #pragma unroll
       for (int blk = 0; blk < kBlocks; ++blk) {
@@ -188,10 +186,32 @@ __global__ void __launch_bounds__(kThreads, 1) mla_attention_s_once_kernel(const
         for (int q = 0; q < 4; ++q) wgmma_m64n64k16_bf16<0>(sc, da + 2 * q, db + 2 * q, blk > 0 || q > 0);
       }
       wgmma_commit();
-      wgmma_wait<0>();
+    };
+    auto s_landed = [&](int i) {  // after wgmma_wait: S of tile i in sc
 #pragma unroll
       for (int j = 0; j < 32; ++j) reg_fence(sc[j]);
       if (t == 0) trace_stamp(p, kTraceWg0, i, 2);
+    };
+    mbar_wait(q_full, 0);
+    if (t == 0) trace_clock(p, 0);
+    // kEarlyS (a measured miss, off by default: finding 19): S of tile i + 1 issued right behind this tile's P V, so
+    // the tensor cores go from one to the other without the release and the ready wait between them. The release of
+    // this tile's stage then waits for tile i + 1's data, and the load of tile i + 2 for that release: the period
+    // became the load chain's. Every group is waited for before the loop's back-edge (an accumulator in flight
+    // across it made ptxas serialize the wgmmas: finding 10, early-s).
+    if (kEarlyS && ntiles > 0) {
+      issue_s(0, s, phase);
+      wgmma_wait<0>();
+      s_landed(0);
+    }
+    for (int i = 0; i < ntiles; ++i) {
+      const int tile = tile0 + i;
+      uint8_t* kv = s_kv + s * kTileBytes;
+      if (!kEarlyS) {
+        issue_s(i, s, phase);
+        wgmma_wait<0>();
+        s_landed(i);
+      }
 
       // Online softmax (log2 domain): sc[4c + 2h + e] = head frag_row + 8h, position 8c + frag_col + e.
       if (tile * kTile + kTile > kv_len) {  // the split's last tile: positions past the cache do not count
@@ -259,12 +279,23 @@ __global__ void __launch_bounds__(kThreads, 1) mla_attention_s_once_kernel(const
 #pragma unroll
       for (int q = 0; q < 4; ++q) wgmma_m64n256k16_rs_bf16<1>(o, pa + 4 * q, db + (2048 >> 4) * q, 1);
       wgmma_commit();
-      wgmma_wait<0>();
-      if (t == 0) trace_stamp(p, kTraceWg0, i, 6);
-      release_stage();
+      if (kEarlyS && i + 1 < ntiles) {
+        const bool wrap = s + 1 == kStages;
+        issue_s(i + 1, wrap ? 0 : s + 1, wrap ? phase ^ 1 : phase);
+        wgmma_wait<1>();  // this tile's P V
+        if (t == 0) trace_stamp(p, kTraceWg0, i, 6);
+        release_stage();
+        wgmma_wait<0>();  // the next tile's S
+        s_landed(i + 1);
+      } else {
+        wgmma_wait<0>();
+        if (t == 0) trace_stamp(p, kTraceWg0, i, 6);
+        release_stage();
+      }
     }
     if (t == 0) trace_clock(p, 2);
   } else {
+    setmaxnreg_inc<kWg1Regs>();
     if (ntiles > 0) named_bar_arrive(kBarPFree, 256);  // the P buffer starts free
     for (int i = 0; i < ntiles; ++i) {
       uint8_t* kv = s_kv + s * kTileBytes;

@@ -120,7 +120,7 @@ def custom_kernel(data: input_t) -> output_t:
                                       config.Q_proj_up_weight, config.KV_proj_up_weight, config.wo_weight, cos, sin,
                                       lens) + \
             tuple(os.environ.get(k) for k in ("KBENCH_MLA_SPLITS", "KBENCH_MLA_PREFETCH_TABLES", "KBENCH_MLA_S_ONCE",
-                                             "KBENCH_MLA_ROPE_FIRST"))
+                                             "KBENCH_MLA_ROPE_FIRST", "KBENCH_MLA_EARLY_S"))
         out = _graphs.replay(key, step).clone()
     kv_cache.seq_len = kv_len  # what KVCache.forward does after its append (the append ran in the step)
     return out, cache

@@ -28,17 +28,16 @@ int mla_num_sms() {
     cudaDeviceGetAttribute(&sms[dev & 63], cudaDevAttrMultiProcessorCount, dev);
     cudaFuncSetAttribute(mla_attention_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
     cudaFuncSetAttribute(mla_attention_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
-    cudaFuncSetAttribute(mla_attention_s_once_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                         kSOnceSmemBytes);
-    cudaFuncSetAttribute(mla_attention_s_once_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                         kSOnceSmemBytes);
+    for (const auto kernel : {mla_attention_s_once_kernel<false, false>, mla_attention_s_once_kernel<false, true>,
+                              mla_attention_s_once_kernel<true, false>, mla_attention_s_once_kernel<true, true>})
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSOnceSmemBytes);
   }
   return sms[dev & 63];
 }
 
 void mla_describe(const MlaConfig& c, char* buf, int size) {
-  snprintf(buf, size, "MlaConfig{splits=%d, prefetch_tables=%d, s_once=%d, rope_first=%d}", c.splits,
-           c.prefetch_tables ? 1 : 0, c.s_once ? 1 : 0, c.rope_first ? 1 : 0);
+  snprintf(buf, size, "MlaConfig{splits=%d, prefetch_tables=%d, s_once=%d, rope_first=%d, early_s=%d}", c.splits,
+           c.prefetch_tables ? 1 : 0, c.s_once ? 1 : 0, c.rope_first ? 1 : 0, c.early_s ? 1 : 0);
 }
 
 const char* mla_run(const MlaArgs& a, cudaStream_t stream) {
@@ -72,7 +71,11 @@ const char* mla_run(const MlaArgs& a, cudaStream_t stream) {
   if (p.splits > 1 && (!a.part_o || !a.part_ml)) return "mla cuda: a split plan needs the partial buffers";
   const dim3 grid(kHeadGroups * a.bs * p.splits);
   if (a.config.s_once) {
-    const auto kernel = a.config.rope_first ? mla_attention_s_once_kernel<true> : mla_attention_s_once_kernel<false>;
+    const auto kernel = a.config.rope_first
+                            ? (a.config.early_s ? mla_attention_s_once_kernel<true, true>
+                                                : mla_attention_s_once_kernel<true, false>)
+                            : (a.config.early_s ? mla_attention_s_once_kernel<false, true>
+                                                : mla_attention_s_once_kernel<false, false>);
     kernel<<<grid, kThreads, kSOnceSmemBytes, stream>>>(tm_q, tm_kv, p);
   } else {
     const auto kernel = a.config.prefetch_tables ? mla_attention_kernel<true> : mla_attention_kernel<false>;
