@@ -169,6 +169,23 @@ TRACE_PHASES = [
 ]
 
 
+def trace_clock_mhz(t: torch.Tensor) -> float:
+    """The SM clock of a traced run: clock64 against the global timer (ns) over warpgroup 0's loop, median over the
+    CTAs. t: the stamps, float64 [ctas, roles, tiles, events] (TRACE_SHAPE)."""
+    return ((t[:, 4, 0, 2] - t[:, 4, 0, 0]) / (t[:, 4, 0, 3] - t[:, 4, 0, 1]) * 1e3).median().item()
+
+
+def trace_intervals(t: torch.Tensor, ntiles: int) -> dict[str, float]:
+    """Each TRACE_PHASES interval in cycles, the median over the CTAs and the middle tiles (the first two and the
+    last three left out, where the pipeline fills and drains). t: float64 [ctas, roles, tiles, events]."""
+    out = {}
+    for name, (ra, ea, oa), (rb, eb, ob) in TRACE_PHASES:
+        start = t[:, ra, 2 + oa:ntiles - 3 + oa, ea]
+        end = t[:, rb, 2 + ob:ntiles - 3 + ob, eb]
+        out[name] = (end - start).median().item()
+    return out
+
+
 def phase_trace(trace_out: str | None = None) -> None:
     """--phase-trace: one run of the shipped attention kernel (a dev build) per benchmark case with clock64 stamps
     at each role's points of the tile loop in the first 8 CTAs; prints the median of each interval over the middle
@@ -190,16 +207,12 @@ def phase_trace(trace_out: str | None = None) -> None:
                 mod.ext.mla_attention(q, cache.data, kv_len, cos, sin, None)
         torch.cuda.synchronize()
         t = trace.cpu().double()
-        # the SM clock during the run: clock64 against the global timer (ns) over warpgroup 0's loop, per CTA
-        mhz = ((t[:, 4, 0, 2] - t[:, 4, 0, 0]) / (t[:, 4, 0, 3] - t[:, 4, 0, 1]) * 1e3).median().item()
-        ntiles = min((kv_len + 63) // 64, TRACE_SHAPE[2])
+        mhz = trace_clock_mhz(t)
         label = problems.format_case(case)
         line = [label.split("; seed")[0] + f" ({mhz:.0f} MHz)"]
-        for name, (ra, ea, oa), (rb, eb, ob) in TRACE_PHASES:
-            start = t[:, ra, 2 + oa:ntiles - 3 + oa, ea]
-            end = t[:, rb, 2 + ob:ntiles - 3 + ob, eb]
-            cycles = (end - start).median().item()
-            rows.append(benchlib.Row(gpu, 1, f"cuda[dev]/trace:{name}", "trace", label, cycles / mhz))
+        for name, cycles in trace_intervals(t, min((kv_len + 63) // 64, TRACE_SHAPE[2])).items():
+            if cycles > 0:  # an interval that runs backwards (a schedule that reorders the stamps) is no time
+                rows.append(benchlib.Row(gpu, 1, f"cuda[dev]/trace:{name}", "trace", label, cycles / mhz))
             line.append(f"{cycles:.0f} ({cycles / mhz:.2f})")
         table.append(line)
         if trace_out:
@@ -207,8 +220,8 @@ def phase_trace(trace_out: str | None = None) -> None:
         del config, x, cache
     benchlib.record("mla-decode", rows)
     names = [n for n, *_ in TRACE_PHASES]
-    benchlib.table(f"mla-decode s-once attention: median cycles (us at the measured SM clock) per tile, middle tiles of 8 CTAs; "
-                   f"{gpu}", ["phase"] + [r[0] for r in table],
+    benchlib.table(f"mla-decode s-once attention: median cycles (us at the measured SM clock) per tile, middle tiles "
+                   f"of 8 CTAs; {gpu}", ["phase"] + [r[0] for r in table],
                    [[n] + [r[i + 1] for r in table] for i, n in enumerate(names)])
 
 

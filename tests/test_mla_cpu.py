@@ -1,0 +1,82 @@
+"""mla-decode pieces that need no GPU: the arithmetic argument behind the keys' RoPE in bf16x2 instructions, and the
+phase-trace analysis of benchmarks/mla_decode.py."""
+import importlib.util
+
+import pytest
+import torch
+
+from kbench import generator
+
+ROOT = generator.kernels_root().parent
+
+
+def _mla_benchmark():
+    path = ROOT / "benchmarks" / "mla_decode.py"
+    spec = importlib.util.spec_from_file_location("mla_decode_under_test", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _bf16_once(x: torch.Tensor) -> torch.Tensor:
+    """float64 -> bf16, rounded once to nearest even (what mul.rn / add.rn.bf16x2 do to their exact result); torch's
+    own float64 -> bf16 conversion goes through float32, which would round twice."""
+    bits = x.view(torch.int64)
+    drop = 45  # float64's 52 mantissa bits -> bf16's 7
+    lsb = (bits >> drop) & 1
+    rounded = (bits + ((1 << (drop - 1)) - 1) + lsb) & ~((1 << drop) - 1)
+    return rounded.view(torch.float64).to(torch.bfloat16)  # now exact in bf16: no second rounding
+
+
+def _random_bf16(n: int, gen: torch.Generator) -> torch.Tensor:
+    """bf16 values over a wide range of magnitudes (2^-40 .. 2^20) and both signs, zeros included."""
+    mant = torch.rand(n, generator=gen, dtype=torch.float64) + 1.0
+    exp = torch.randint(-40, 21, (n,), generator=gen).double()
+    sign = torch.randint(0, 2, (n,), generator=gen).double() * 2 - 1
+    x = (sign * mant * torch.pow(2.0, exp)).to(torch.bfloat16)
+    x[torch.randint(0, n, (n // 100,), generator=gen)] = 0
+    return x
+
+
+def test_bf16x2_rope_rounds_as_the_references_fp32_ops():
+    """The kernel rotates the cached keys with mul.rn / add.rn / sub.rn.bf16x2 (attention.cuh: rotate_pair): each
+    result rounded once from its exact value. The reference does the same ops in torch bf16, i.e. in fp32 rounded to
+    bf16. The claim: equal bit for bit (a bf16 product is exact in fp32; an fp32 sum that rounds has operands so far
+    apart that both give the larger). Checked here on a million random operands across 60 binades."""
+    gen = torch.Generator().manual_seed(7)
+    n = 1 << 20
+    u, v, c, s = (_random_bf16(n, gen) for _ in range(4))
+    ref_lo = u * c - v * s                     # torch bf16 ops: fp32 products, rounded; fp32 difference, rounded
+    ref_hi = v * c + u * s
+    uc, vs, vc, us = (_bf16_once(a.double() * b.double()) for a, b in ((u, c), (v, s), (v, c), (u, s)))
+    ours_lo = _bf16_once(uc.double() - vs.double())
+    ours_hi = _bf16_once(vc.double() + us.double())
+    assert torch.equal(ref_lo.view(torch.int16), ours_lo.view(torch.int16))
+    assert torch.equal(ref_hi.view(torch.int16), ours_hi.view(torch.int16))
+
+
+def test_bf16_once_is_round_to_nearest_even():
+    one_ulp = 2.0 ** -7  # bf16's spacing in [1, 2)
+    x = torch.tensor([1 + one_ulp / 2, 1 + 1.5 * one_ulp, 1 + one_ulp / 2 + 2.0 ** -30, 1 + one_ulp / 4],
+                     dtype=torch.float64)
+    assert _bf16_once(x).double().tolist() == [1.0, 1 + 2 * one_ulp, 1 + one_ulp, 1.0]
+
+
+def test_trace_intervals_follow_the_stamps():
+    """Synthetic stamps: every tile 1000 cycles after the last, event e of role r at tile * 1000 + 10 r + e; so each
+    interval within a role is the events' difference, a tile offset adds 1000, and the clock comes from the
+    (clock64, globaltimer) pairs."""
+    bench = _mla_benchmark()
+    ctas, roles, tiles, events = bench.TRACE_SHAPE
+    t = torch.zeros(bench.TRACE_SHAPE, dtype=torch.float64)
+    for r in range(4):
+        t[:, r] = torch.arange(tiles)[:, None] * 1000.0 + 10 * r + torch.arange(events)
+    t[:, 4, 0, :4] = torch.tensor([0.0, 0.0, 1.5e6, 1e6])  # 1.5e6 cycles in 1e6 ns: 1500 MHz
+    got = bench.trace_intervals(t, ntiles=40)
+    assert got["tile period (wg0)"] == 1000
+    assert got["wg0 S"] == 1 and got["wg1 rescale + P V"] == 1
+    assert got["wg0 release -> next"] == 1000 - 6
+    assert got["chain: tma issue -> wg0 S"] == 1 - 21           # (role 0, event 1) - (role 2, event 1)
+    assert got["chain: wg1 P V done -> next tma issue"] == 2000 + 21 - 13
+    assert set(got) == {name for name, *_ in bench.TRACE_PHASES}
+    assert bench.trace_clock_mhz(t) == pytest.approx(1500)
