@@ -18,6 +18,12 @@
 
 using namespace mla;
 
+// The s-once kernel for a configuration's two compile-time choices.
+static auto s_once_kernel(bool rope_first, bool early_s) {
+  return rope_first ? (early_s ? mla_attention_s_once_kernel<true, true> : mla_attention_s_once_kernel<true, false>)
+                    : (early_s ? mla_attention_s_once_kernel<false, true> : mla_attention_s_once_kernel<false, false>);
+}
+
 int mla_num_sms() {
   static int sms[64] = {};
   static std::mutex mu;
@@ -28,9 +34,10 @@ int mla_num_sms() {
     cudaDeviceGetAttribute(&sms[dev & 63], cudaDevAttrMultiProcessorCount, dev);
     cudaFuncSetAttribute(mla_attention_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
     cudaFuncSetAttribute(mla_attention_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
-    for (const auto kernel : {mla_attention_s_once_kernel<false, false>, mla_attention_s_once_kernel<false, true>,
-                              mla_attention_s_once_kernel<true, false>, mla_attention_s_once_kernel<true, true>})
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSOnceSmemBytes);
+    for (const bool rope_first : {false, true})
+      for (const bool early_s : {false, true})
+        cudaFuncSetAttribute(s_once_kernel(rope_first, early_s), cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             kSOnceSmemBytes);
   }
   return sms[dev & 63];
 }
@@ -71,12 +78,7 @@ const char* mla_run(const MlaArgs& a, cudaStream_t stream) {
   if (p.splits > 1 && (!a.part_o || !a.part_ml)) return "mla cuda: a split plan needs the partial buffers";
   const dim3 grid(kHeadGroups * a.bs * p.splits);
   if (a.config.s_once) {
-    const auto kernel = a.config.rope_first
-                            ? (a.config.early_s ? mla_attention_s_once_kernel<true, true>
-                                                : mla_attention_s_once_kernel<true, false>)
-                            : (a.config.early_s ? mla_attention_s_once_kernel<false, true>
-                                                : mla_attention_s_once_kernel<false, false>);
-    kernel<<<grid, kThreads, kSOnceSmemBytes, stream>>>(tm_q, tm_kv, p);
+    s_once_kernel(a.config.rope_first, a.config.early_s)<<<grid, kThreads, kSOnceSmemBytes, stream>>>(tm_q, tm_kv, p);
   } else {
     const auto kernel = a.config.prefetch_tables ? mla_attention_kernel<true> : mla_attention_kernel<false>;
     kernel<<<grid, kThreads, kSmemBytes, stream>>>(tm_q, tm_kv, p);
