@@ -25,7 +25,7 @@ void check_weights(const std::vector<torch::Tensor>& ws, int64_t rows, int64_t c
 }
 
 struct Workspaces {
-  torch::Tensor meta, rows_token, rows_pair, xs, h, y;
+  torch::Tensor meta, rows_pair, pair_row, xs, h, y;
 };
 
 Workspaces make_workspaces(const torch::Tensor& x, int64_t T, int64_t K, int64_t E, int64_t d, int64_t dexp) {
@@ -107,8 +107,8 @@ static torch::Tensor run_moe(torch::Tensor x, torch::Tensor experts, torch::Tens
   a.d = static_cast<int>(d);
   a.dexp = static_cast<int>(dexp);
   a.meta = ws.meta.data_ptr<int>();
-  a.rows_token = ws.rows_token.data_ptr<int>();
   a.rows_pair = ws.rows_pair.data_ptr<int>();
+  a.pair_row = ws.pair_row.data_ptr<int>();
   a.xs = ws.xs.data_ptr();
   a.h = ws.h.data_ptr();
   a.y = ws.y.data_ptr();

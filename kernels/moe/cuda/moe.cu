@@ -102,11 +102,11 @@ const char* moe_run(const MoeArgs& a, cudaStream_t stream, cudaEvent_t* events) 
   };
   // The routing and the gather launch first; the ~100 tensor maps are made (or found in the cache) while they run.
   mark(0);
-  route_kernel<<<1, kRouteThreads, 0, stream>>>(a.experts, a.T, a.K, a.E, a.meta, a.rows_token, a.rows_pair);
+  route_kernel<<<1, kRouteThreads, 0, stream>>>(a.experts, a.T, a.K, a.E, a.meta, a.rows_pair, a.pair_row);
   mark(1);
   GemmParams g1{}, g2{};
-  gather_kernel<<<pairs, 256, 0, stream>>>(static_cast<const __half*>(a.x), a.rows_token, static_cast<__half*>(a.xs),
-                                          a.d);
+  gather_kernel<<<a.T, 256, 0, stream>>>(static_cast<const __half*>(a.x), a.pair_row, static_cast<__half*>(a.xs),
+                                        a.K, a.d);
   mark(2);
   bool ok = map_f16(&g1.a[0], a.xs, a.d, pairs, kBM) && map_f16(&g1.a[1], a.x, a.d, a.T, kBM) &&
             map_f16(&g2.a[0], a.h, a.dexp, pairs + a.T, kBM);

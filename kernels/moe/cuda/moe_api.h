@@ -16,8 +16,8 @@ struct MoeArgs {
   int T, K, E, d, dexp;
   // workspaces (device memory, sized by moe_workspace_bytes)
   int* meta;          // [2 * (E + 2)]: group row offsets, then m-tile offsets
-  int* rows_token;    // [T*K] token of each expert-sorted (token, slot) pair
-  int* rows_pair;     // [T*K] its pair index t*K + k (the row of Y it lands in)
+  int* rows_pair;     // [T*K] pair index t*K + k of each expert-sorted row (the row of Y it lands in)
+  int* pair_row;      // [T*K] the inverse: the sorted row of pair t*K + k
   void* xs;           // fp16 [T*K][d]: the routed rows gathered in expert order
   void* h;            // fp16 [T*K + T][dexp]: silu(gate) * up, routed rows then the shared expert's
   void* y;            // fp16 [T*K + T][d]: expert outputs, pair order, then the shared expert's

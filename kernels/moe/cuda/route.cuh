@@ -1,6 +1,6 @@
 // The MoE layer's data movement around the two grouped GEMMs, all on the device (no host synchronisation):
 //   route_kernel    sort the (token, slot) pairs by expert: counts, offsets, m-tile offsets, the permutation
-//   gather_kernel   copy each routed pair's token row into expert order (GEMM 1's A operand, read by TMA; loading
+//   gather_kernel   copy each token's row to its K places in expert order (GEMM 1's A operand, read by TMA; loading
 //                   one row a TMA box inside GEMM 1 instead made it 4.5x slower, docs/moe-notes.md)
 //   combine_kernel  out[t] = shared(t) + sum_k score[t, k] * expert_k(t), summed in fp32 in slot order, rounded once
 #pragma once
@@ -13,14 +13,14 @@ namespace moe {
 
 constexpr int kRouteThreads = 1024;
 
-// One block. experts [T*K] (int64, torch.topk's indices); writes meta (see GemmParams), rows_token and rows_pair
-// ([T*K]: for each expert-sorted pair, its token and its pair index t*K + k). Groups: E routed experts, then the
+// One block. experts [T*K] (int64, torch.topk's indices); writes meta (see GemmParams), rows_pair ([T*K]: for each
+// expert-sorted row, its pair index t*K + k) and its inverse pair_row ([T*K]: the sorted row of pair t*K + k). Groups: E routed experts, then the
 // shared expert with all T tokens. Each warp counts its own pairs (pair i belongs to warp (i / 32) % 32), so the
 // shared-memory atomics contend only within a warp; expert e's rows are ordered by warp, then by arrival.
 __global__ void __launch_bounds__(kRouteThreads) route_kernel(const int64_t* __restrict__ experts, int T, int K,
                                                               int E, int* __restrict__ meta,
-                                                              int* __restrict__ rows_token,
-                                                              int* __restrict__ rows_pair) {
+                                                              int* __restrict__ rows_pair,
+                                                              int* __restrict__ pair_row) {
   constexpr int kWarps = kRouteThreads / 32, kBatch = 16;
   __shared__ int cnt[kWarps][kMaxGroups];  // per warp, per expert: count, then the warp's first row of the expert
   const int pairs = T * K, G = E + 1, warp = threadIdx.x / 32;
@@ -66,18 +66,26 @@ __global__ void __launch_bounds__(kRouteThreads) route_kernel(const int64_t* __r
   __syncthreads();
   for_pairs([&](int i, int e) {
     const int pos = atomicAdd(&cnt[warp][e], 1);
-    rows_token[pos] = i / K;
     rows_pair[pos] = i;
+    pair_row[i] = pos;
   });
 }
 
-// xs[r] = x[rows_token[r]] for the T*K routed rows; one block per row, 16-byte copies. d % 8 == 0.
-__global__ void gather_kernel(const __half* __restrict__ x, const int* __restrict__ rows_token, __half* __restrict__ xs,
-                              int d) {
-  const int r = blockIdx.x;
-  const uint4* src = reinterpret_cast<const uint4*>(x + static_cast<long long>(rows_token[r]) * d);
-  uint4* dst = reinterpret_cast<uint4*>(xs + static_cast<long long>(r) * d);
-  for (int c = threadIdx.x; c < d / 8; c += blockDim.x) dst[c] = src[c];
+// xs[pair_row[t*K + k]] = x[t] for every token t and slot k; one block per token, 16-byte copies, d % 8 == 0.
+// Token order: each row of x is read once (in expert order each is read K times, and x outgrows L2 at 8192
+// tokens: 117 MB).
+__global__ void gather_kernel(const __half* __restrict__ x, const int* __restrict__ pair_row, __half* __restrict__ xs,
+                              int K, int d) {
+  __shared__ uint4* dst[kMaxGroups];  // the token's K rows of xs (K <= routed experts < kMaxGroups)
+  const int t = blockIdx.x;
+  if (threadIdx.x < K)
+    dst[threadIdx.x] = reinterpret_cast<uint4*>(xs + static_cast<long long>(pair_row[t * K + threadIdx.x]) * d);
+  __syncthreads();
+  const uint4* src = reinterpret_cast<const uint4*>(x + static_cast<long long>(t) * d);
+  for (int c = threadIdx.x; c < d / 8; c += blockDim.x) {
+    const uint4 v = src[c];
+    for (int k = 0; k < K; ++k) dst[k][c] = v;
+  }
 }
 
 // out[t] = fp16(y_shared[t] + sum_k score[t, k] * y[t*K + k]) in fp32; one thread per 8 columns of a token.
