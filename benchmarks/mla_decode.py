@@ -31,7 +31,6 @@ BF16_FLOPS, HBM_BPS = 790e12, 3.0e12
 # for the cuda backend as it was at git revision REV ("cuda@REV").
 CANDIDATES = {"eager": {"KBENCH_MLA_GRAPH": "0"},
               "rope-after-tile": {"KBENCH_MLA_ROPE_FIRST": "0"},
-              "early-s": {"KBENCH_MLA_EARLY_S": "1"},
               "two-s": {"KBENCH_MLA_S_ONCE": "0"},
               "two-s-no-prefetch": {"KBENCH_MLA_S_ONCE": "0", "KBENCH_MLA_PREFETCH_TABLES": "0"}}
 

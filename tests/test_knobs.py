@@ -86,16 +86,16 @@ MLA_ROPE_FIRST_PROGRAM = r"""
 #include "mla_config.h"
 int main() {
   const MlaConfig c = mla_config(128, 4097, 132);
-  printf("%d%d", c.rope_first ? 1 : 0, c.early_s ? 1 : 0);
+  printf("%d", c.rope_first ? 1 : 0);
   return 0;
 }
 """
 
 
 @pytest.mark.skipif(shutil.which("c++") is None, reason="no host C++ compiler on PATH")
-@pytest.mark.parametrize("knobs,expected", [({}, "10"), ({"KBENCH_MLA_ROPE_FIRST": "0"}, "00"),
-                                            ({"KBENCH_MLA_EARLY_S": "1"}, "11"), ({"KBENCH_MLA_ROPE_FIRST": "1"}, "10")])
-def test_mla_rope_first_is_on_and_early_s_off_by_default_and_their_knobs_flip_them(tmp_path, knobs, expected):
+@pytest.mark.parametrize("knobs,expected", [({}, "1"), ({"KBENCH_MLA_ROPE_FIRST": "0"}, "0"),
+                                            ({"KBENCH_MLA_ROPE_FIRST": "1"}, "1")])
+def test_mla_rope_first_is_on_by_default_and_its_knob_flips_it(tmp_path, knobs, expected):
     run = _compile_and_run(tmp_path, MLA_ROPE_FIRST_PROGRAM, ROOT / "kernels" / "mla-decode" / "cuda", **knobs)
     assert run.stdout == expected
 

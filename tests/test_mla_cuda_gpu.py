@@ -36,8 +36,7 @@ def attention_definition(q, cache, kv_len, cos, sin):
                          [(1, 2, None, ""), (3, 65, None, ""), (16, 1025, None, ""), (128, 130, None, ""),
                           (2, 8192, None, ""), (128, 4097, None, ""), (128, 4097, "2", ""), (16, 1025, "3", ""),
                           (3, 65, None, "ROPE_FIRST=0"), (128, 4097, None, "ROPE_FIRST=0"),
-                          (16, 1025, "3", "ROPE_FIRST=0"), (3, 65, None, "EARLY_S=1"), (128, 4097, None, "EARLY_S=1"),
-                          (16, 1025, "3", "EARLY_S=1"), (128, 4097, None, "EARLY_S=1,ROPE_FIRST=0"),
+                          (16, 1025, "3", "ROPE_FIRST=0"),
                           (3, 65, None, "S_ONCE=0"), (128, 4097, None, "S_ONCE=0"), (16, 1025, "3", "S_ONCE=0"),
                           (3, 65, None, "S_ONCE=0,PREFETCH_TABLES=0"), (128, 4097, None, "S_ONCE=0,PREFETCH_TABLES=0"),
                           (16, 1025, "3", "S_ONCE=0,PREFETCH_TABLES=0")])
@@ -74,7 +73,7 @@ def test_attention_matches_the_definition(mla, bs, kv_len, splits, knobs, monkey
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("bs,kv_len,splits,knobs", [(16, 1025, None, ""), (128, 4097, "2", ""),
-                                                    (16, 1025, None, "ROPE_FIRST=0"), (16, 1025, None, "EARLY_S=1"),
+                                                    (16, 1025, None, "ROPE_FIRST=0"),
                                                     (16, 1025, None, "S_ONCE=0")])
 def test_attention_with_rising_maxima(mla, bs, kv_len, splits, knobs, monkeypatch):
     """The keys' rope columns growing 64x along the cache (the values, the latent columns, stay as they are): at

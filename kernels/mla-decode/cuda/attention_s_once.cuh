@@ -40,12 +40,13 @@ constexpr float kRescaleSlack = 8.0f;  // P up to 256: exact in bf16's exponent 
 // Registers a thread after setmaxnreg, per warpgroup. The CTA starts with kLaunchRegs a thread (ptxas's count under
 // __launch_bounds__(384, 1)) and setmaxnreg.inc waits until the pool can give what it asks for: if the consumers took
 // more than the producer gave back, the kernel would hang (it did, with 200 / 200 / 112). Warpgroup 0 holds O (128),
-// P (16) and, with kEarlyS, the next tile's S (32) at once; warpgroup 1 only O and P.
+// S (32) and P (16) with the softmax's temporaries; warpgroup 1 only O and P. (232 / 184 / 88 against 200 / 200 /
+// 104: attention -2%, docs/mla-decode-notes.md finding 19.)
 constexpr int kLaunchRegs = 168, kWg0Regs = 232, kWg1Regs = 184, kProducerRegs = 88;
 static_assert((kWg0Regs - kLaunchRegs) + (kWg1Regs - kLaunchRegs) <= kLaunchRegs - kProducerRegs,
               "setmaxnreg: the consumer warpgroups would wait forever for registers the producer does not free");
 
-template <bool kRopeFirst, bool kEarlyS>
+template <bool kRopeFirst>
 __global__ void __launch_bounds__(kThreads, 1) mla_attention_s_once_kernel(const __grid_constant__ CUtensorMap tm_q,
                                                                            const __grid_constant__ CUtensorMap tm_kv,
                                                                            const Params p) {
@@ -194,24 +195,12 @@ __global__ void __launch_bounds__(kThreads, 1) mla_attention_s_once_kernel(const
     };
     mbar_wait(q_full, 0);
     if (t == 0) trace_clock(p, 0);
-    // kEarlyS (a measured miss, off by default: finding 19): S of tile i + 1 issued right behind this tile's P V, so
-    // the tensor cores go from one to the other without the release and the ready wait between them. The release of
-    // this tile's stage then waits for tile i + 1's data, and the load of tile i + 2 for that release: the period
-    // became the load chain's. Every group is waited for before the loop's back-edge (an accumulator in flight
-    // across it made ptxas serialize the wgmmas: finding 10, early-s).
-    if (kEarlyS && ntiles > 0) {
-      issue_s(0, s, phase);
-      wgmma_wait<0>();
-      s_landed(0);
-    }
     for (int i = 0; i < ntiles; ++i) {
       const int tile = tile0 + i;
       uint8_t* kv = s_kv + s * kTileBytes;
-      if (!kEarlyS) {
-        issue_s(i, s, phase);
-        wgmma_wait<0>();
-        s_landed(i);
-      }
+      issue_s(i, s, phase);
+      wgmma_wait<0>();
+      s_landed(i);
 
       // Online softmax (log2 domain): sc[4c + 2h + e] = head frag_row + 8h, position 8c + frag_col + e.
       if (tile * kTile + kTile > kv_len) {  // the split's last tile: positions past the cache do not count
@@ -279,19 +268,9 @@ __global__ void __launch_bounds__(kThreads, 1) mla_attention_s_once_kernel(const
 #pragma unroll
       for (int q = 0; q < 4; ++q) wgmma_m64n256k16_rs_bf16<1>(o, pa + 4 * q, db + (2048 >> 4) * q, 1);
       wgmma_commit();
-      if (kEarlyS && i + 1 < ntiles) {
-        const bool wrap = s + 1 == kStages;
-        issue_s(i + 1, wrap ? 0 : s + 1, wrap ? phase ^ 1 : phase);
-        wgmma_wait<1>();  // this tile's P V
-        if (t == 0) trace_stamp(p, kTraceWg0, i, 6);
-        release_stage();
-        wgmma_wait<0>();  // the next tile's S
-        s_landed(i + 1);
-      } else {
-        wgmma_wait<0>();
-        if (t == 0) trace_stamp(p, kTraceWg0, i, 6);
-        release_stage();
-      }
+      wgmma_wait<0>();
+      if (t == 0) trace_stamp(p, kTraceWg0, i, 6);
+      release_stage();
     }
     if (t == 0) trace_clock(p, 2);
   } else {

@@ -18,10 +18,9 @@
 
 using namespace mla;
 
-// The s-once kernel for a configuration's two compile-time choices.
-static auto s_once_kernel(bool rope_first, bool early_s) {
-  return rope_first ? (early_s ? mla_attention_s_once_kernel<true, true> : mla_attention_s_once_kernel<true, false>)
-                    : (early_s ? mla_attention_s_once_kernel<false, true> : mla_attention_s_once_kernel<false, false>);
+// The s-once kernel for a configuration's compile-time choice.
+static auto s_once_kernel(bool rope_first) {
+  return rope_first ? mla_attention_s_once_kernel<true> : mla_attention_s_once_kernel<false>;
 }
 
 int mla_num_sms() {
@@ -35,16 +34,14 @@ int mla_num_sms() {
     cudaFuncSetAttribute(mla_attention_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
     cudaFuncSetAttribute(mla_attention_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
     for (const bool rope_first : {false, true})
-      for (const bool early_s : {false, true})
-        cudaFuncSetAttribute(s_once_kernel(rope_first, early_s), cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             kSOnceSmemBytes);
+      cudaFuncSetAttribute(s_once_kernel(rope_first), cudaFuncAttributeMaxDynamicSharedMemorySize, kSOnceSmemBytes);
   }
   return sms[dev & 63];
 }
 
 void mla_describe(const MlaConfig& c, char* buf, int size) {
-  snprintf(buf, size, "MlaConfig{splits=%d, prefetch_tables=%d, s_once=%d, rope_first=%d, early_s=%d}", c.splits,
-           c.prefetch_tables ? 1 : 0, c.s_once ? 1 : 0, c.rope_first ? 1 : 0, c.early_s ? 1 : 0);
+  snprintf(buf, size, "MlaConfig{splits=%d, prefetch_tables=%d, s_once=%d, rope_first=%d}", c.splits,
+           c.prefetch_tables ? 1 : 0, c.s_once ? 1 : 0, c.rope_first ? 1 : 0);
 }
 
 const char* mla_run(const MlaArgs& a, cudaStream_t stream) {
@@ -78,7 +75,7 @@ const char* mla_run(const MlaArgs& a, cudaStream_t stream) {
   if (p.splits > 1 && (!a.part_o || !a.part_ml)) return "mla cuda: a split plan needs the partial buffers";
   const dim3 grid(kHeadGroups * a.bs * p.splits);
   if (a.config.s_once) {
-    s_once_kernel(a.config.rope_first, a.config.early_s)<<<grid, kThreads, kSOnceSmemBytes, stream>>>(tm_q, tm_kv, p);
+    s_once_kernel(a.config.rope_first)<<<grid, kThreads, kSOnceSmemBytes, stream>>>(tm_q, tm_kv, p);
   } else {
     const auto kernel = a.config.prefetch_tables ? mla_attention_kernel<true> : mla_attention_kernel<false>;
     kernel<<<grid, kThreads, kSmemBytes, stream>>>(tm_q, tm_kv, p);

@@ -18,12 +18,12 @@ struct MlaConfig {
   bool s_once;           // attention_s_once.cuh: one warpgroup computes S and the softmax, both P V
   bool rope_first;       // s_once: each tile's rope block loaded first, on its own barrier, and rotated while the
                          // latent blocks land (else the rotation starts once the whole tile has landed)
-  bool early_s;          // s_once: warpgroup 0 issues the next tile's S right behind this tile's P V
 };
 
 // bs batch rows, kv_len cache rows to read, sms the GPU's SM count. KBENCH_MLA_SPLITS=N forces N splits;
 // KBENCH_MLA_PREFETCH_TABLES=0/1 overrides prefetch_tables, KBENCH_MLA_S_ONCE=0/1 s_once, KBENCH_MLA_ROPE_FIRST=0/1
-// rope_first, KBENCH_MLA_EARLY_S=0/1 early_s.
+// rope_first. (Early S, the next tile's S issued behind this tile's P V, was a measured miss, +8.6%, removed:
+// docs/mla-decode-notes.md, finding 19.)
 inline MlaConfig mla_config(int bs, int kv_len, int sms) {
   // No split where one CTA per (row, head group) already fills >= 90% of its waves (batch 128 on 132 SMs: 256 CTAs
   // in 2 waves, 97%): splitting adds the combine pass and the fp32 partials for no wave gain (measured on two H100s,
@@ -46,9 +46,5 @@ inline MlaConfig mla_config(int bs, int kv_len, int sms) {
   // rope_first: the keys' rotation off the tile's critical path (docs/mla-decode-notes.md, finding 17: skipping the
   // rotation altogether took the attention kernel 346 -> 279 us at prefill 4096)
   const bool rope_first = kb::env_int("KBENCH_MLA_ROPE_FIRST", 1) != 0;
-  // early_s: off. Issuing the next tile's S before this tile's stage is released made the release wait for the next
-  // tile's data, which the release itself gates two tiles on: attention 271.8 -> 295.2 us at prefill 4096 (H100, one
-  // process; notes, finding 19)
-  const bool early_s = kb::env_int("KBENCH_MLA_EARLY_S", 0) != 0;
-  return MlaConfig{splits, prefetch_tables, s_once, rope_first, early_s};
+  return MlaConfig{splits, prefetch_tables, s_once, rope_first};
 }
