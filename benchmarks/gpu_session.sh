@@ -55,6 +55,7 @@ for part in "$@"; do
             step 300 moe_perf kbench perf moe --backend cuda --json "$W/records/perf_moe_cuda.json"
             step 400 moe_lb kbench perf moe --backend cuda --mode leaderboard --json "$W/records/lb_moe_cuda.json" ;;
   moe-official) step "${OFFICIAL_S:-300}" moe_official python3 benchmarks/moe.py --official "${OFFICIAL_MODES:-benchmark}" \
+                  --rounds "${OFFICIAL_ROUNDS:-1}" \
                   ${OFFICIAL_CANDIDATES+--candidates "$OFFICIAL_CANDIDATES"} ;;
   mla-official) step "${OFFICIAL_S:-300}" mla_official python3 benchmarks/mla_decode.py --official "${OFFICIAL_MODES:-benchmark}" \
                   --rounds "${OFFICIAL_ROUNDS:-1}" \

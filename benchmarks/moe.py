@@ -37,6 +37,7 @@ CANDIDATES = {
     "eager": {"KBENCH_MOE_GRAPH": "0"},
     "skip-halves": {"KBENCH_MOE_SKIP_EMPTY_HALVES": "1"},
     "keep-ws": {"KBENCH_MOE_KEEP_WORKSPACES": "1"},
+    "stages3": {"KBENCH_MOE_STAGES": "3"},
     "all": {"KBENCH_MOE_SKIP_EMPTY_HALVES": "1", "KBENCH_MOE_KEEP_WORKSPACES": "1"},
 }
 
@@ -150,10 +151,12 @@ def main():
     ap.add_argument("--official", metavar="MODES",
                     help="instead of timing kernels: judge the shipped build and each candidate with kbench perf in "
                          "these modes (comma-separated: benchmark,leaderboard)")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="with --official: judge every configuration this many times, in alternating order")
     args = ap.parse_args()
     if args.official:
         benchlib.official_figures("moe", "cuda", benchlib.selected(CANDIDATES, args.candidates),
-                                  args.official.split(","))
+                                  args.official.split(","), rounds=args.rounds)
         return
     gpu = torch.cuda.get_device_name()
     cuda_mod = benchlib.build("moe", "cuda", dev=True)

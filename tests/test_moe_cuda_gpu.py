@@ -40,7 +40,7 @@ ROUTINGS = [(1, 4, 4, None), (7, 8, 2, None), (300, 8, 4, 4), (1000, 32, 4, None
 
 
 # the shipped configuration, and the candidates' knobs (kernels/moe/cuda/moe_api.h: MoeConfig) all on
-KNOBS = [{}, {"KBENCH_MOE_SKIP_EMPTY_HALVES": "1", "KBENCH_MOE_KEEP_WORKSPACES": "1"}]
+KNOBS = [{}, {"KBENCH_MOE_SKIP_EMPTY_HALVES": "1", "KBENCH_MOE_KEEP_WORKSPACES": "1", "KBENCH_MOE_STAGES": "3"}]
 
 
 @pytest.mark.gpu

@@ -114,6 +114,7 @@ static torch::Tensor run_moe(torch::Tensor x, torch::Tensor experts, torch::Tens
   a.y = ws.y.data_ptr();
   a.out = combine ? out.data_ptr() : nullptr;
   a.skip_empty_halves = config.skip_empty_halves;
+  a.stages = config.stages;
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
   cudaEvent_t events[6];
   if (stage_ms)

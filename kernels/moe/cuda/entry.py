@@ -18,7 +18,7 @@ from task import input_t, output_t
 
 _graphs = graph_replay.GraphReplay()
 # MoeConfig's knobs (moe_api.h): the binding reads them on each call, a graph keeps what it saw when captured
-_KNOBS = ("KBENCH_MOE_SKIP_EMPTY_HALVES", "KBENCH_MOE_KEEP_WORKSPACES")
+_KNOBS = ("KBENCH_MOE_SKIP_EMPTY_HALVES", "KBENCH_MOE_KEEP_WORKSPACES", "KBENCH_MOE_STAGES")
 
 
 def _experts(x: torch.Tensor, weights: dict, n_experts: int, k: int):

@@ -27,14 +27,16 @@ constexpr int kBM = 128;             // rows per tile: two consumer warpgroups x
 constexpr int kBN = 256;             // B columns per tile (GEMM 1: 128 gate + 128 up)
 constexpr int kBK = 64;              // k per stage: one 128-byte swizzle span of fp16
 constexpr int kThreads = 384;        // warpgroup 0 produces, 1 and 2 consume
-constexpr int kStages = 4;
+constexpr int kMaxStages = 4;  // the shared-memory ring's depth is a template parameter: 4 (~211 KB) or 3 (~163 KB)
 constexpr int kABytes = kBM * kBK * 2;          // 16 KB
 constexpr int kBChunk = kBK * 64 * 2;           // one TMA box of B: 64 k-rows x 64 columns, 8 KB
 constexpr int kBBytes = 4 * kBChunk;            // 32 KB
 constexpr int kStageBytes = kABytes + kBBytes;  // 48 KB
 constexpr int kCPitch = 64 * 2 + 16;            // epilogue staging row: 64 fp16 + 16 bytes (conflict-free writes)
 constexpr int kCBytes = 64 * kCPitch;           // per consumer warpgroup
-constexpr int kSmemBytes = 1024 + kStages * kStageBytes + 2 * kCBytes + 2 * kStages * 8 + 2 * (kMaxGroups + 1) * 4;
+constexpr int smem_bytes(int stages) {
+  return 1024 + stages * kStageBytes + 2 * kCBytes + 2 * stages * 8 + 2 * (kMaxGroups + 1) * 4;
+}
 
 // meta (int32, written by route_kernel): [0, G]: first sorted row of group g (G = groups, so [G] = the end),
 // then [G+1, 2G+1]: first m-tile of group g (prefix of ceil(rows_g / 128)).
@@ -85,7 +87,7 @@ __device__ __forceinline__ __half glu(float gate, float up) {
 
 // The producer (one thread): for each of this CTA's units, every k-block's A tile and four B boxes into the next
 // free stage.
-template <bool kGlu>
+template <bool kGlu, int kStages>
 __device__ __forceinline__ void produce(const GemmParams& p, const int* s_meta, uint8_t* s_a, uint8_t* s_b,
                                         uint64_t* full, uint64_t* empty, int units, int num_kb) {
   const int G = p.groups;
@@ -118,8 +120,9 @@ __device__ __forceinline__ void produce(const GemmParams& p, const int* s_meta, 
   }
 }
 
-template <bool kGlu>
+template <bool kGlu, int kStages>
 __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_kernel(const __grid_constant__ GemmParams p) {
+  static_assert(kStages >= 2 && kStages <= kMaxStages, "the ring needs two stages and fits four");
   extern __shared__ uint8_t smem_raw[];
   // 128B-swizzled TMA tiles and wgmma descriptors both assume 1024-byte aligned tiles.
   uint8_t* base = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
@@ -146,7 +149,7 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_kernel(const __grid_
 
   if (wg == 0) {
     setmaxnreg_dec<56>();
-    if (threadIdx.x == 0) produce<kGlu>(p, s_meta, s_a, s_b, full, empty, units, num_kb);
+    if (threadIdx.x == 0) produce<kGlu, kStages>(p, s_meta, s_a, s_b, full, empty, units, num_kb);
     return;
   }
 

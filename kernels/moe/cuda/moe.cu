@@ -64,8 +64,10 @@ const DeviceInfo& device_info() {
   DeviceInfo& d = info[dev & 63];
   if (d.sms == 0) {
     cudaDeviceGetAttribute(&d.sms, cudaDevAttrMultiProcessorCount, dev);
-    cudaFuncSetAttribute(grouped_gemm_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
-    cudaFuncSetAttribute(grouped_gemm_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
+    cudaFuncSetAttribute(grouped_gemm_kernel<true, 4>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes(4));
+    cudaFuncSetAttribute(grouped_gemm_kernel<false, 4>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes(4));
+    cudaFuncSetAttribute(grouped_gemm_kernel<true, 3>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes(3));
+    cudaFuncSetAttribute(grouped_gemm_kernel<false, 3>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes(3));
   }
   return d;
 }
@@ -84,13 +86,14 @@ const char* moe_supported(int T, int K, int E, int d, int dexp) {
 }
 
 MoeConfig moe_config(int, int, int) {
+  const int stages = kb::env_int("KBENCH_MOE_STAGES", 4) == 3 ? 3 : 4;
   return MoeConfig{kb::env_int("KBENCH_MOE_SKIP_EMPTY_HALVES", 0) != 0,
-                   kb::env_int("KBENCH_MOE_KEEP_WORKSPACES", 0) != 0};
+                   kb::env_int("KBENCH_MOE_KEEP_WORKSPACES", 0) != 0, stages};
 }
 
 void moe_describe(const MoeConfig& c, char* buf, int size) {
-  snprintf(buf, size, "MoeConfig{skip_empty_halves=%d, keep_workspaces=%d}", c.skip_empty_halves,
-           c.keep_workspaces);
+  snprintf(buf, size, "MoeConfig{skip_empty_halves=%d, keep_workspaces=%d, stages=%d}", c.skip_empty_halves,
+           c.keep_workspaces, c.stages);
 }
 
 const char* moe_run(const MoeArgs& a, cudaStream_t stream, cudaEvent_t* events) {
@@ -129,9 +132,15 @@ const char* moe_run(const MoeArgs& a, cudaStream_t stream, cudaEvent_t* events) 
   g2.k = a.dexp;
   g2.shared_out_row0 = pairs;
   g1.skip_empty_halves = g2.skip_empty_halves = a.skip_empty_halves;
-  grouped_gemm_kernel<true><<<info.sms, kThreads, kSmemBytes, stream>>>(g1);
+  if (a.stages == 3)
+    grouped_gemm_kernel<true, 3><<<info.sms, kThreads, smem_bytes(3), stream>>>(g1);
+  else
+    grouped_gemm_kernel<true, 4><<<info.sms, kThreads, smem_bytes(4), stream>>>(g1);
   mark(3);
-  grouped_gemm_kernel<false><<<info.sms, kThreads, kSmemBytes, stream>>>(g2);
+  if (a.stages == 3)
+    grouped_gemm_kernel<false, 3><<<info.sms, kThreads, smem_bytes(3), stream>>>(g2);
+  else
+    grouped_gemm_kernel<false, 4><<<info.sms, kThreads, smem_bytes(4), stream>>>(g2);
   mark(4);
   if (a.out) moe_run_combine(a.y, a.scores, a.out, a.T, a.K, a.d, stream);
   mark(5);

@@ -23,14 +23,16 @@ struct MoeArgs {
   void* y;            // fp16 [T*K + T][d]: expert outputs, pair order, then the shared expert's
   void* out;          // fp16 [T][d], written; nullptr: stop after GEMM 2 (Y holds the result, moe_run_combine)
   int skip_empty_halves;  // MoeConfig::skip_empty_halves
+  int stages;             // MoeConfig::stages
 };
 
 // A named configuration (KBENCH_PRINT_CONFIG=1 prints the one picked for each shape). The defaults are the measured
-// build; the knobs KBENCH_MOE_SKIP_EMPTY_HALVES=1 and KBENCH_MOE_KEEP_WORKSPACES=1 turn on
+// build; the knobs KBENCH_MOE_SKIP_EMPTY_HALVES=1, KBENCH_MOE_KEEP_WORKSPACES=1 and KBENCH_MOE_STAGES=3 turn on
 // candidates that benchmarks/moe.py times beside it (docs/moe-notes.md).
 struct MoeConfig {
   bool skip_empty_halves;  // GEMM consumers with no rows in the last m-tile of a group issue no MMAs
   bool keep_workspaces;    // the gather, H and Y workspaces stay allocated across calls of one shape
+  int stages;              // the GEMMs' shared-memory ring: 4 or 3 stages (KBENCH_MOE_STAGES)
 };
 MoeConfig moe_config(int T, int K, int E);
 void moe_describe(const MoeConfig& c, char* buf, int size);
