@@ -51,6 +51,14 @@ bool map_f16(CUtensorMap* map, const void* ptr, uint64_t cols, uint64_t rows, ui
   return true;
 }
 
+// The grouped GEMM for one use (glu: GEMM 1, else GEMM 2) and ring depth (MoeConfig::stages, 3 or 4): the one
+// place that picks an instantiation, for the launches and the shared-memory attribute alike.
+using GemmKernel = void (*)(GemmParams);
+GemmKernel gemm_kernel(bool glu, int stages) {
+  if (stages == 3) return glu ? grouped_gemm_kernel<true, 3> : grouped_gemm_kernel<false, 3>;
+  return glu ? grouped_gemm_kernel<true, 4> : grouped_gemm_kernel<false, 4>;
+}
+
 struct DeviceInfo {
   int sms = 0;
 };
@@ -64,10 +72,9 @@ const DeviceInfo& device_info() {
   DeviceInfo& d = info[dev & 63];
   if (d.sms == 0) {
     cudaDeviceGetAttribute(&d.sms, cudaDevAttrMultiProcessorCount, dev);
-    cudaFuncSetAttribute(grouped_gemm_kernel<true, 4>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes(4));
-    cudaFuncSetAttribute(grouped_gemm_kernel<false, 4>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes(4));
-    cudaFuncSetAttribute(grouped_gemm_kernel<true, 3>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes(3));
-    cudaFuncSetAttribute(grouped_gemm_kernel<false, 3>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes(3));
+    for (const int stages : {3, 4})
+      for (const bool glu : {false, true})
+        cudaFuncSetAttribute(gemm_kernel(glu, stages), cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes(stages));
   }
   return d;
 }
@@ -132,15 +139,9 @@ const char* moe_run(const MoeArgs& a, cudaStream_t stream, cudaEvent_t* events) 
   g2.k = a.dexp;
   g2.shared_out_row0 = pairs;
   g1.skip_empty_halves = g2.skip_empty_halves = a.skip_empty_halves;
-  if (a.stages == 3)
-    grouped_gemm_kernel<true, 3><<<info.sms, kThreads, smem_bytes(3), stream>>>(g1);
-  else
-    grouped_gemm_kernel<true, 4><<<info.sms, kThreads, smem_bytes(4), stream>>>(g1);
+  gemm_kernel(true, a.stages)<<<info.sms, kThreads, smem_bytes(a.stages), stream>>>(g1);
   mark(3);
-  if (a.stages == 3)
-    grouped_gemm_kernel<false, 3><<<info.sms, kThreads, smem_bytes(3), stream>>>(g2);
-  else
-    grouped_gemm_kernel<false, 4><<<info.sms, kThreads, smem_bytes(4), stream>>>(g2);
+  gemm_kernel(false, a.stages)<<<info.sms, kThreads, smem_bytes(a.stages), stream>>>(g2);
   mark(4);
   if (a.out) moe_run_combine(a.y, a.scores, a.out, a.T, a.K, a.d, stream);
   mark(5);

@@ -1,5 +1,5 @@
 // The MoE layer's data movement around the two grouped GEMMs, all on the device (no host synchronisation):
-//   route_kernel    sort the (token, slot) pairs by expert: counts, offsets, m-tile offsets, the permutation
+//   route_kernel    sort the (token, slot) pairs by expert: counts, offsets, m-tile offsets, the permutation both ways
 //   gather_kernel   copy each token's row to its K places in expert order (GEMM 1's A operand, read by TMA; loading
 //                   one row a TMA box inside GEMM 1 instead made it 4.5x slower, docs/moe-notes.md)
 //   combine_kernel  out[t] = shared(t) + sum_k score[t, k] * expert_k(t), summed in fp32 in slot order, rounded once
@@ -14,9 +14,10 @@ namespace moe {
 constexpr int kRouteThreads = 1024;
 
 // One block. experts [T*K] (int64, torch.topk's indices); writes meta (see GemmParams), rows_pair ([T*K]: for each
-// expert-sorted row, its pair index t*K + k) and its inverse pair_row ([T*K]: the sorted row of pair t*K + k). Groups: E routed experts, then the
-// shared expert with all T tokens. Each warp counts its own pairs (pair i belongs to warp (i / 32) % 32), so the
-// shared-memory atomics contend only within a warp; expert e's rows are ordered by warp, then by arrival.
+// expert-sorted row, its pair index t*K + k) and its inverse pair_row ([T*K]: the sorted row of pair t*K + k).
+// Groups: E routed experts, then the shared expert with all T tokens. Each warp counts its own pairs (pair i belongs
+// to warp (i / 32) % 32), so the shared-memory atomics contend only within a warp; expert e's rows are ordered by
+// warp, then by arrival.
 __global__ void __launch_bounds__(kRouteThreads) route_kernel(const int64_t* __restrict__ experts, int T, int K,
                                                               int E, int* __restrict__ meta,
                                                               int* __restrict__ rows_pair,
