@@ -11,7 +11,8 @@
 #   candidates, comma-separated, default all); host-gap (benchmarks/host_gap.py for GAP_PROBLEMS: the official
 #   window with CUDA events inside it);
 # Limits: TIER_S, PROFILE_S, SANITIZE_S seconds; TIER_FILES = the test files of the tier, in the order given;
-#   TIER_K = a pytest -k expression selecting among them.
+#   TIER_K = a pytest -k expression selecting among them; SANITIZE_TOOL = compute-sanitizer's tool (memcheck,
+#   racecheck, synccheck), SANITIZE_K = the tests it runs (a pytest -k expression).
 # several GPUs: dist-check, dist-bench (benchmarks/distributed.py), dist-perf (kbench perf), dist-tier, window-ab
 #   (all2all's torch backend judged, alternately, by kbench as it was at the revision in OLD_KBENCH, a `git archive`
 #   tarball, and by kbench now: the multi-rank window before and after it matched the official harness).
@@ -78,8 +79,9 @@ for part in "$@"; do
   profile) for p in moe mla-decode; do  # the torch profiler's top kernels of one call per benchmark case
              step "${PROFILE_S:-120}" "profile_$p" kbench profile "$p" --backend cuda
            done ;;
-  sanitize) step "${SANITIZE_S:-400}" sanitize compute-sanitizer --tool memcheck python3 -m pytest -q -x -p no:cacheprovider \
-              tests/test_moe_cuda_gpu.py tests/test_mla_cuda_gpu.py -k "synthetic and 7-8 or definition and 3-65 or fused and 1-0" ;;
+  sanitize) step "${SANITIZE_S:-400}" sanitize compute-sanitizer --tool "${SANITIZE_TOOL:-memcheck}" python3 -m pytest -q -x \
+              -p no:cacheprovider tests/test_moe_cuda_gpu.py tests/test_mla_cuda_gpu.py \
+              -k "${SANITIZE_K:-synthetic and 7-8 or definition and 3-65 or fused and 1-0}" ;;
   ncu) step "${NCU_S:-400}" ncu ncu --kernel-name "regex:${NCU_KERNELS:-grouped_gemm}" --launch-skip "${NCU_SKIP:-2}" \
          --launch-count "${NCU_COUNT:-6}" --section SpeedOfLight --section ComputeWorkloadAnalysis \
          --section MemoryWorkloadAnalysis --section WarpStateStats --section SchedulerStats \

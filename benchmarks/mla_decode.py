@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import math
+import os
 import sys
 
 import torch
@@ -32,7 +33,8 @@ BF16_FLOPS, HBM_BPS = 790e12, 3.0e12
 CANDIDATES = {"eager": {"KBENCH_MLA_GRAPH": "0"},
               "rope-after-tile": {"KBENCH_MLA_ROPE_FIRST": "0"},
               "two-s": {"KBENCH_MLA_S_ONCE": "0"},
-              "two-s-no-prefetch": {"KBENCH_MLA_S_ONCE": "0", "KBENCH_MLA_PREFETCH_TABLES": "0"}}
+              "two-s-no-prefetch": {"KBENCH_MLA_S_ONCE": "0", "KBENCH_MLA_PREFETCH_TABLES": "0"},
+              "seesaw": {"KBENCH_MLA_SEESAW": "1"}}
 
 
 def checks(mod, ref) -> list[str]:
@@ -168,17 +170,35 @@ TRACE_PHASES = [
 ]
 
 
+# The seesaw kernel's stamps (attention_seesaw.cuh, KBENCH_MLA_SEESAW=1), per pair of tiles (a, b): warpgroup 0
+# (owner of a) 0 pair start, 1 a's rope block ready, 2 its first latent half, 3 the second (S issued), 4 S done,
+# 5 P(a) published, 6 P(b) read, 7 pair done; warpgroup 1 (owner of b) 0 start, 1-3 b's parts ready as above,
+# 4 P(a) read, 5 S(b) done, 6 P(b) published, 7 done.
+SEESAW_TRACE_PHASES = [
+    ("pair period (wg0)", (0, 0, 0), (0, 0, 1)),
+    ("wg0 wait rope", (0, 0, 0), (0, 1, 0)), ("wg0 wait first half", (0, 1, 0), (0, 2, 0)),
+    ("wg0 wait second half", (0, 2, 0), (0, 3, 0)), ("wg0 S rest", (0, 3, 0), (0, 4, 0)),
+    ("wg0 softmax + publish", (0, 4, 0), (0, 5, 0)), ("wg0 P(a) V, wait P(b)", (0, 5, 0), (0, 6, 0)),
+    ("wg0 P(b) V", (0, 6, 0), (0, 7, 0)),
+    ("wg1 wait rope", (1, 0, 0), (1, 1, 0)), ("wg1 wait first half", (1, 1, 0), (1, 2, 0)),
+    ("wg1 wait second half", (1, 2, 0), (1, 3, 0)), ("wg1 S issued -> P(a) read", (1, 3, 0), (1, 4, 0)),
+    ("wg1 P(a) read -> S done", (1, 4, 0), (1, 5, 0)), ("wg1 softmax + publish", (1, 5, 0), (1, 6, 0)),
+    ("wg1 P(b) V", (1, 6, 0), (1, 7, 0)),
+]
+
+
 def trace_clock_mhz(t: torch.Tensor) -> float:
     """The SM clock of a traced run: clock64 against the global timer (ns) over warpgroup 0's loop, median over the
     CTAs. t: the stamps, float64 [ctas, roles, tiles, events] (TRACE_SHAPE)."""
     return ((t[:, 4, 0, 2] - t[:, 4, 0, 0]) / (t[:, 4, 0, 3] - t[:, 4, 0, 1]) * 1e3).median().item()
 
 
-def trace_intervals(t: torch.Tensor, ntiles: int) -> dict[str, float]:
-    """Each TRACE_PHASES interval in cycles, the median over the CTAs and the middle tiles (the first two and the
-    last three left out, where the pipeline fills and drains). t: float64 [ctas, roles, tiles, events]."""
+def trace_intervals(t: torch.Tensor, ntiles: int, phases=TRACE_PHASES) -> dict[str, float]:
+    """Each interval of phases in cycles, the median over the CTAs and the middle tiles (the first two and the
+    last three left out, where the pipeline fills and drains). t: float64 [ctas, roles, tiles, events]; ntiles: the
+    stamped steps (tiles; the seesaw stamps pairs of tiles)."""
     out = {}
-    for name, (ra, ea, oa), (rb, eb, ob) in TRACE_PHASES:
+    for name, (ra, ea, oa), (rb, eb, ob) in phases:
         start = t[:, ra, 2 + oa:ntiles - 3 + oa, ea]
         end = t[:, rb, 2 + ob:ntiles - 3 + ob, eb]
         out[name] = (end - start).median().item()
@@ -189,11 +209,13 @@ def phase_trace(trace_out: str | None = None) -> None:
     """--phase-trace: one run of the shipped attention kernel (a dev build) per benchmark case with clock64 stamps
     at each role's points of the tile loop in the first 8 CTAs; prints the median of each interval over the middle
     tiles (cycles and us at the SM clock), plus the TMA issue -> landed latency. Rows: cuda[dev]/trace:<phase>,
-    metric trace. trace_out: also save each case's raw stamps (int64 [ctas, roles, tiles, events]) as
-    <trace_out>_<prefill>.pt."""
+    metric trace. With KBENCH_MLA_SEESAW=1 the seesaw kernel's stamps instead (SEESAW_TRACE_PHASES, per pair of
+    tiles; rows cuda+seesaw[dev]/trace:<phase>). trace_out: also save each case's raw stamps (int64 [ctas, roles,
+    tiles, events]) as <trace_out>_<prefill>.pt."""
     gpu = torch.cuda.get_device_name()
     ref = problems.load_modules("mla-decode").reference
     mod = benchlib.build("mla-decode", "cuda", dev=True)
+    seesaw = os.environ.get("KBENCH_MLA_SEESAW") == "1"  # the seesaw kernel stamps other points, per pair of tiles
     rows, table = [], []
     for case in problems.load_spec("mla-decode").benchmarks:
         config, x, cache = ref.generate_input(**problems.official_case(case))
@@ -206,22 +228,32 @@ def phase_trace(trace_out: str | None = None) -> None:
                 mod.ext.mla_attention(q, cache.data, kv_len, cos, sin, None)
         torch.cuda.synchronize()
         t = trace.cpu().double()
-        mhz = trace_clock_mhz(t)
-        label = problems.format_case(case)
-        line = [label.split("; seed")[0] + f" ({mhz:.0f} MHz)"]
-        for name, cycles in trace_intervals(t, min((kv_len + 63) // 64, TRACE_SHAPE[2])).items():
-            if cycles > 0:  # an interval that runs backwards (a schedule that reorders the stamps) is no time
-                rows.append(benchlib.Row(gpu, 1, f"cuda[dev]/trace:{name}", "trace", label, cycles / mhz))
-            line.append(f"{cycles:.0f} ({cycles / mhz:.2f})")
-        table.append(line)
         if trace_out:
             torch.save(t, f"{trace_out}_{kv_len - 1}.pt")
+        label = problems.format_case(case)
+        rows += trace_rows(t, kv_len, gpu, label, table, seesaw)
         del config, x, cache
     benchlib.record("mla-decode", rows)
-    names = [n for n, *_ in TRACE_PHASES]
-    benchlib.table(f"mla-decode s-once attention: median cycles (us at the measured SM clock) per tile, middle tiles "
-                   f"of 8 CTAs; {gpu}", ["phase"] + [r[0] for r in table],
-                   [[n] + [r[i + 1] for r in table] for i, n in enumerate(names)])
+    names = [n for n, *_ in (SEESAW_TRACE_PHASES if seesaw else TRACE_PHASES)]
+    benchlib.table(f"mla-decode {'seesaw' if seesaw else 's-once'} attention: median cycles (us at the measured SM "
+                   f"clock) per {'pair of tiles' if seesaw else 'tile'}, middle ones of 8 CTAs; {gpu}",
+                   ["phase"] + [r[0] for r in table], [[n] + [r[i + 1] for r in table] for i, n in enumerate(names)])
+
+
+def trace_rows(t: torch.Tensor, kv_len: int, gpu: str, label: str, table: list, seesaw: bool,
+               backend: str | None = None) -> list:
+    """The trace's intervals as rows (backend <backend>/trace:<phase>, metric trace, us at the measured clock),
+    and a line of the printed table appended to table. t: one case's stamps (float64, TRACE_SHAPE)."""
+    mhz = trace_clock_mhz(t)
+    backend = backend or ("cuda+seesaw[dev]" if seesaw else "cuda[dev]")
+    steps = min((kv_len + 63) // 64, TRACE_SHAPE[2]) // (2 if seesaw else 1)
+    line, rows = [label.split("; seed")[0] + f" ({mhz:.0f} MHz)"], []
+    for name, cycles in trace_intervals(t, steps, SEESAW_TRACE_PHASES if seesaw else TRACE_PHASES).items():
+        if cycles > 0:  # an interval that runs backwards (a schedule that reorders the stamps) is no time
+            rows.append(benchlib.Row(gpu, 1, f"{backend}/trace:{name}", "trace", label, cycles / mhz))
+        line.append(f"{cycles:.0f} ({cycles / mhz:.2f})")
+    table.append(line)
+    return rows
 
 
 def main():

@@ -3,6 +3,7 @@ print_config_once), compiled with the host compiler and run; and how the benchma
 the default: candidates under their knobs (benchlib.knobs, checked_candidates) and earlier git revisions
 (checked_revisions)."""
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -162,3 +163,13 @@ def test_a_carried_kernels_folder_stands_for_a_revision(tmp_path):
     assert benchlib.kernels_at(str(tmp_path)) == tmp_path / "kernels"
     mod = benchlib.build("fp8-mm", "torch", rev=str(tmp_path))
     assert callable(mod.custom_kernel)
+
+
+def test_every_mla_config_knob_keys_the_captured_graph():
+    """A knob mla_config reads but the graph key leaves out would replay the configuration captured first: a
+    candidate timed through the whole call would silently run the default (it did, for KBENCH_MLA_SEESAW)."""
+    backend = ROOT / "kernels" / "mla-decode" / "cuda"
+    read = set(re.findall(r'env_int\("(KBENCH_MLA_\w+)"', (backend / "mla_config.h").read_text()))
+    keyed = re.search(r"_CONFIG_KNOBS = \(([^)]*)\)", (backend / "entry.py").read_text())
+    assert read and keyed
+    assert read == set(re.findall(r'"(KBENCH_MLA_\w+)"', keyed.group(1)))

@@ -46,6 +46,110 @@ constexpr int kLaunchRegs = 168, kWg0Regs = 232, kWg1Regs = 184, kProducerRegs =
 static_assert((kWg0Regs - kLaunchRegs) + (kWg1Regs - kLaunchRegs) <= kLaunchRegs - kProducerRegs,
               "setmaxnreg: the consumer warpgroups would wait forever for registers the producer does not free");
 
+// The online softmax of one tile (log2 domain) over an m64n64 S accumulator: sc[4c + 2h + e] = head frag_row + 8h,
+// position 8c + frag_col + e of the tile. m_run, l_run: the running row maxima and this thread's share of the row
+// sums (its 16 positions a tile), updated; alpha: the factors O and the sums are rescaled by (1 where they did not
+// move); pa: P as bf16 pairs, pa[4j .. 4j+3] the A fragment of positions 16j .. 16j+15. Returns whether this warp's
+// rows moved their maxima (one decision per warp, so that an O rescale is skipped or done by whole warps).
+__device__ __forceinline__ bool softmax_tile(float* sc, int tile, int kv_len, float scale_log2, int frag_col,
+                                             float* m_run, float* l_run, float* alpha, uint32_t* pa) {
+  if (tile * kTile + kTile > kv_len) {  // the split's last tile: positions past the cache do not count
+#pragma unroll
+    for (int c = 0; c < 8; ++c)
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+        if (tile * kTile + 8 * c + frag_col + (j & 1) >= kv_len) sc[4 * c + j] = -INFINITY;
+  }
+  float m_new[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float mx = -INFINITY;
+#pragma unroll
+    for (int c = 0; c < 8; ++c) mx = fmaxf(mx, fmaxf(sc[4 * c + 2 * h], sc[4 * c + 2 * h + 1]));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 2));
+    m_new[h] = fmaxf(m_run[h], mx * scale_log2);  // scale_log2 > 0: the maximum commutes with it
+  }
+  const bool rescale =
+      __any_sync(0xffffffff, m_new[0] > m_run[0] + kRescaleSlack || m_new[1] > m_run[1] + kRescaleSlack);
+  alpha[0] = alpha[1] = 1.0f;
+  if (rescale) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      alpha[h] = ex2_approx(m_run[h] - m_new[h]);
+      m_run[h] = m_new[h];
+      l_run[h] *= alpha[h];
+    }
+  }
+#pragma unroll
+  for (int c = 0; c < 8; ++c)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const float p0 = ex2_approx(fmaf(sc[4 * c + 2 * h], scale_log2, -m_run[h]));
+      const float p1 = ex2_approx(fmaf(sc[4 * c + 2 * h + 1], scale_log2, -m_run[h]));
+      l_run[h] += p0 + p1;
+      const __nv_bfloat162 pair = __floats2bfloat162_rn(p0, p1);
+      pa[2 * c + h] = *reinterpret_cast<const uint32_t*>(&pair);
+    }
+  return rescale;
+}
+
+// Rotator u's items of one tile (rows past the cache left alone), in the tile's rope block: all of this thread's
+// shared-memory reads first, then the arithmetic, then the writes: one round trip through shared memory, which the
+// consumers' wgmma operand reads keep busy (a rotation item after item took ~2400 cycles a tile, on the tile's
+// critical path: finding 17). tab: the cos/sin of the items.
+__device__ __forceinline__ void rotate_items(int u, int tile, int kv_len, const Params& p, uint8_t* rope_block,
+                                             const RopeTables* tab) {
+  RopePair x[kItemsPerRotator];
+  bool mine[kItemsPerRotator];
+#pragma unroll
+  for (int k = 0; k < kItemsPerRotator; ++k) {
+    const int item = u + kRotators * k;
+    mine[k] = item < kRopeItems && tile * kTile + item / 4 < kv_len && !rope_skipped(p);
+    if (mine[k]) x[k] = load_rope_pair(rope_block, item / 4, item % 4);
+  }
+#pragma unroll
+  for (int k = 0; k < kItemsPerRotator; ++k) {
+    const int item = u + kRotators * k;
+    if (mine[k]) store_rope_pair(rope_block, item / 4, item % 4, rotate_pair(x[k], tab[k]));
+  }
+  fence_proxy_async_smem();  // the consumers' wgmma reads the block (the async proxy)
+}
+
+// Rotator u's cos/sin for its items of a tile.
+__device__ __forceinline__ void load_item_tables(int u, int tile, int kv_len, const Params& p, RopeTables* tab) {
+#pragma unroll
+  for (int k = 0; k < kItemsPerRotator; ++k) {
+    const int item = u + kRotators * k, pos = tile * kTile + item / 4;
+    if (item < kRopeItems && pos < kv_len) tab[k] = load_rope_tables(pos, item % 4, p);
+  }
+}
+
+// The producer warpgroup's warps 1-3 (rotator u of kRotators): each landed tile's rope block (full[s]) rotated in
+// place, then an arrive on roped[s]. Rotator u takes items u, u + 96, u + 192 of a tile; item i = (row i / 4,
+// frequencies 8 (i % 4) ..). The cos/sin of the next tile's items are loaded while this tile waits and rotates.
+__device__ __forceinline__ void rotate_tiles(int u, const CtaWork& work, const Params& p, uint8_t* s_kv, uint64_t* full,
+                                             uint64_t* roped) {
+  const int kv_len = work.kv_len, tile0 = work.tile0, tile1 = work.tile1;
+  RopeTables tab[kItemsPerRotator];
+  if (tile0 < tile1) load_item_tables(u, tile0, kv_len, p, tab);
+  int s = 0;
+  uint32_t phase = 0;
+  for (int tile = tile0; tile < tile1; ++tile) {
+    if (u == 0) trace_stamp(p, kTraceRotator, tile - tile0, 0);
+    mbar_wait(&full[s], phase);
+    if (u == 0) trace_stamp(p, kTraceRotator, tile - tile0, 1);
+    rotate_items(u, tile, kv_len, p, s_kv + s * kTileBytes + 8 * kBlockBytes, tab);
+    mbar_arrive(&roped[s]);
+    if (u == 0) trace_stamp(p, kTraceRotator, tile - tile0, 2);
+    if (tile + 1 < tile1) load_item_tables(u, tile + 1, kv_len, p, tab);
+    if (++s == kStages) {
+      s = 0;
+      phase ^= 1;
+    }
+  }
+}
+
 template <bool kRopeFirst>
 __global__ void __launch_bounds__(kThreads, 1) mla_attention_s_once_kernel(const __grid_constant__ CUtensorMap tm_q,
                                                                            const __grid_constant__ CUtensorMap tm_kv,
@@ -85,50 +189,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_attention_s_once_kernel(const
       load_q_and_tiles(&tm_q, &tm_kv, s_q, s_kv, q_full, kRopeFirst ? roped : full, empty, work, p.max_seq,
                        kRopeFirst ? full : nullptr, &p);
     } else if (pt >= 32) {
-      // Rotator u takes items u, u + 96, u + 192 of a tile; item i = (row i / 4, frequencies 8 (i % 4) ..).
-      // The cos/sin of the next tile's items are loaded while this tile waits and rotates.
-      const int u = pt - 32;
-      RopeTables tab[kItemsPerRotator];
-      auto prefetch = [&](int tile) {
-#pragma unroll
-        for (int k = 0; k < kItemsPerRotator; ++k) {
-          const int item = u + kRotators * k, pos = tile * kTile + item / 4;
-          if (item < kRopeItems && pos < kv_len) tab[k] = load_rope_tables(pos, item % 4, p);
-        }
-      };
-      if (tile0 < tile1) prefetch(tile0);
-      int s = 0;
-      uint32_t phase = 0;
-      for (int tile = tile0; tile < tile1; ++tile) {
-        if (u == 0) trace_stamp(p, kTraceRotator, tile - tile0, 0);
-        mbar_wait(&full[s], phase);
-        if (u == 0) trace_stamp(p, kTraceRotator, tile - tile0, 1);
-        uint8_t* rope_block = s_kv + s * kTileBytes + 8 * kBlockBytes;
-        // All of this thread's shared-memory reads first, then the arithmetic, then the writes: one round trip
-        // through shared memory, which the consumers' wgmma operand reads keep busy (a rotation item after item
-        // took ~2400 cycles a tile, on the tile's critical path: finding 17).
-        RopePair x[kItemsPerRotator];
-        bool mine[kItemsPerRotator];
-#pragma unroll
-        for (int k = 0; k < kItemsPerRotator; ++k) {
-          const int item = u + kRotators * k;
-          mine[k] = item < kRopeItems && tile * kTile + item / 4 < kv_len && !rope_skipped(p);
-          if (mine[k]) x[k] = load_rope_pair(rope_block, item / 4, item % 4);
-        }
-#pragma unroll
-        for (int k = 0; k < kItemsPerRotator; ++k) {
-          const int item = u + kRotators * k;
-          if (mine[k]) store_rope_pair(rope_block, item / 4, item % 4, rotate_pair(x[k], tab[k]));
-        }
-        fence_proxy_async_smem();
-        mbar_arrive(&roped[s]);
-        if (u == 0) trace_stamp(p, kTraceRotator, tile - tile0, 2);
-        if (tile + 1 < tile1) prefetch(tile + 1);
-        if (++s == kStages) {
-          s = 0;
-          phase ^= 1;
-        }
-      }
+      rotate_tiles(pt - 32, work, p, s_kv, full, roped);
     }
     return;
   }
@@ -202,46 +263,8 @@ __global__ void __launch_bounds__(kThreads, 1) mla_attention_s_once_kernel(const
       wgmma_wait<0>();
       s_landed(i);
 
-      // Online softmax (log2 domain): sc[4c + 2h + e] = head frag_row + 8h, position 8c + frag_col + e.
-      if (tile * kTile + kTile > kv_len) {  // the split's last tile: positions past the cache do not count
-#pragma unroll
-        for (int c = 0; c < 8; ++c)
-#pragma unroll
-          for (int j = 0; j < 4; ++j)
-            if (tile * kTile + 8 * c + frag_col + (j & 1) >= kv_len) sc[4 * c + j] = -INFINITY;
-      }
-      float m_new[2];
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        float mx = -INFINITY;
-#pragma unroll
-        for (int c = 0; c < 8; ++c) mx = fmaxf(mx, fmaxf(sc[4 * c + 2 * h], sc[4 * c + 2 * h + 1]));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 1));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 2));
-        m_new[h] = fmaxf(m_run[h], mx * p.scale_log2);  // scale_log2 > 0: the maximum commutes with it
-      }
-      // One decision per warp (its 16 rows), so the O rescale below is skipped or done by whole warps.
-      const bool rescale =
-          __any_sync(0xffffffff, m_new[0] > m_run[0] + kRescaleSlack || m_new[1] > m_run[1] + kRescaleSlack);
-      float alpha[2] = {1.0f, 1.0f};
-      if (rescale) {
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          alpha[h] = ex2_approx(m_run[h] - m_new[h]);
-          m_run[h] = m_new[h];
-          l_run[h] *= alpha[h];
-        }
-      }
-#pragma unroll
-      for (int c = 0; c < 8; ++c)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const float p0 = ex2_approx(fmaf(sc[4 * c + 2 * h], p.scale_log2, -m_run[h]));
-          const float p1 = ex2_approx(fmaf(sc[4 * c + 2 * h + 1], p.scale_log2, -m_run[h]));
-          l_run[h] += p0 + p1;
-          const __nv_bfloat162 pair = __floats2bfloat162_rn(p0, p1);
-          pa[2 * c + h] = *reinterpret_cast<const uint32_t*>(&pair);
-        }
+      float alpha[2];
+      const bool rescale = softmax_tile(sc, tile, kv_len, p.scale_log2, frag_col, m_run, l_run, alpha, pa);
       // Hand P and the rescale factors to warpgroup 1 once it has read the previous tile's.
       if (t == 0) trace_stamp(p, kTraceWg0, i, 3);
       named_bar_sync(kBarPFree, 256);

@@ -18,12 +18,13 @@ struct MlaConfig {
   bool s_once;           // attention_s_once.cuh: one warpgroup computes S and the softmax, both P V
   bool rope_first;       // s_once: each tile's rope block loaded first, on its own barrier, and rotated while the
                          // latent blocks land (else the rotation starts once the whole tile has landed)
+  bool seesaw;           // attention_seesaw.cuh: the warpgroups take turns at S and the softmax (overrides s_once)
 };
 
 // bs batch rows, kv_len cache rows to read, sms the GPU's SM count. KBENCH_MLA_SPLITS=N forces N splits;
 // KBENCH_MLA_PREFETCH_TABLES=0/1 overrides prefetch_tables, KBENCH_MLA_S_ONCE=0/1 s_once, KBENCH_MLA_ROPE_FIRST=0/1
-// rope_first. (Early S, the next tile's S issued behind this tile's P V, was a measured miss, +8.6%, removed:
-// docs/mla-decode-notes.md, finding 19.)
+// rope_first, KBENCH_MLA_SEESAW=0/1 seesaw. (Early S, the next tile's S issued behind this tile's P V, was a
+// measured miss, +8.6%, removed: docs/mla-decode-notes.md, finding 19.)
 inline MlaConfig mla_config(int bs, int kv_len, int sms) {
   // No split where one CTA per (row, head group) already fills >= 90% of its waves (batch 128 on 132 SMs: 256 CTAs
   // in 2 waves, 97%): splitting adds the combine pass and the fp32 partials for no wave gain (measured on two H100s,
@@ -46,5 +47,7 @@ inline MlaConfig mla_config(int bs, int kv_len, int sms) {
   // rope_first: the keys' rotation off the tile's critical path (docs/mla-decode-notes.md, finding 17: skipping the
   // rotation altogether took the attention kernel 346 -> 279 us at prefill 4096)
   const bool rope_first = kb::env_int("KBENCH_MLA_ROPE_FIRST", 1) != 0;
-  return MlaConfig{splits, prefetch_tables, s_once, rope_first};
+  // seesaw: a candidate (docs/mla-decode-notes.md, finding 20)
+  const bool seesaw = kb::env_int("KBENCH_MLA_SEESAW", 0) != 0;
+  return MlaConfig{splits, prefetch_tables, s_once, rope_first, seesaw};
 }
