@@ -31,6 +31,16 @@ def attention_definition(q, cache, kv_len, cos, sin):
     return p @ latent.float()
 
 
+def _set_knobs(monkeypatch, splits, knobs):
+    """splits: None = the shipped choice, else KBENCH_MLA_SPLITS forces it; knobs: other KBENCH_MLA_ settings (the
+    candidates' knobs), comma-separated NAME=VALUE."""
+    if splits:
+        monkeypatch.setenv("KBENCH_MLA_SPLITS", splits)
+    for knob in filter(None, knobs.split(",")):
+        name, value = knob.split("=")
+        monkeypatch.setenv(f"KBENCH_MLA_{name}", value)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("bs,kv_len,splits,knobs",
                          [(1, 2, None, ""), (3, 65, None, ""), (16, 1025, None, ""), (128, 130, None, ""),
@@ -44,17 +54,11 @@ def attention_definition(q, cache, kv_len, cos, sin):
                           (128, 130, None, "SEESAW=1"), (2, 8192, None, "SEESAW=1"), (128, 4097, None, "SEESAW=1"),
                           (128, 4097, "2", "SEESAW=1"), (16, 1025, "3", "SEESAW=1")])
 def test_attention_matches_the_definition(mla, bs, kv_len, splits, knobs, monkeypatch, grow=1.0):
-    """splits: None = the shipped choice, else KBENCH_MLA_SPLITS forces it; knobs: other KBENCH_MLA_ settings (the
-    candidates' knobs), comma-separated NAME=VALUE. grow: the keys' rope columns scaled from 1 at position 0 to
+    """splits, knobs: as _set_knobs takes them. grow: the keys' rope columns scaled from 1 at position 0 to
     `grow` at the last, so that the row maxima keep rising tile after tile (the s-once softmax rescales lazily)."""
     import torch
 
-    if splits:
-        monkeypatch.setenv("KBENCH_MLA_SPLITS", splits)
-    for knob in filter(None, knobs.split(",")):
-        name, value = knob.split("=")
-        monkeypatch.setenv(f"KBENCH_MLA_{name}", value)
-
+    _set_knobs(monkeypatch, splits, knobs)
     gen = torch.Generator(device="cuda")
     gen.manual_seed(bs * 10000 + kv_len)
     max_seq = 8192
@@ -97,16 +101,13 @@ def test_attention_repeats_bit_for_bit(mla, bs, kv_len, splits, knobs, monkeypat
     schedule once failed the definition test's tolerance in one run of it, and passed the next)."""
     import torch
 
-    if splits:
-        monkeypatch.setenv("KBENCH_MLA_SPLITS", splits)
-    for knob in filter(None, knobs.split(",")):
-        name, value = knob.split("=")
-        monkeypatch.setenv(f"KBENCH_MLA_{name}", value)
+    _set_knobs(monkeypatch, splits, knobs)
     gen = torch.Generator(device="cuda")
     gen.manual_seed(bs + kv_len)
     q = torch.randn(bs, 128, 576, generator=gen, device="cuda").bfloat16()
     cache = torch.randn(bs, 8192, 576, generator=gen, device="cuda").bfloat16()
     cos, sin = mla._rope_tables(8192, 64, q.device)
+
     def call():
         return mla.ext.mla_attention(q, cache, kv_len, cos, sin, None)
 

@@ -46,6 +46,32 @@ constexpr int kLaunchRegs = 168, kWg0Regs = 232, kWg1Regs = 184, kProducerRegs =
 static_assert((kWg0Regs - kLaunchRegs) + (kWg1Regs - kLaunchRegs) <= kLaunchRegs - kProducerRegs,
               "setmaxnreg: the consumer warpgroups would wait forever for registers the producer does not free");
 
+// P of a tile in shared memory (64 heads x 64 positions, bf16, 128-byte swizzled rows), as stmatrix / ldmatrix move
+// it: pa[2c + h] holds rows frag_row + 8h, columns 8c + frag_col, +1 (the 8x8 matrix (c, h) of this warp's 16 rows);
+// call j2 moves matrices (2 j2, 0), (2 j2, 1), (2 j2 + 1, 0), (2 j2 + 1, 1), lane l addressing row l % 8 of matrix
+// l / 8: row 16 warp + 8 ((l / 8) % 2) + l % 8, 16-byte chunk 2 j2 + l / 16. The registers are the A fragments of
+// O += P V (pa[4j .. 4j+3]: positions 16j ..).
+__device__ __forceinline__ uint8_t* p_fragment_row(uint8_t* p_block, int warp, int lane, int j2) {
+  return p_block + sw128_offset(warp * 16 + 8 * ((lane >> 3) & 1) + (lane & 7), 2 * j2 + (lane >> 4));
+}
+__device__ __forceinline__ void store_p(uint8_t* p_block, int warp, int lane, const uint32_t* pa) {
+#pragma unroll
+  for (int j2 = 0; j2 < 4; ++j2)
+    stmatrix_x4(p_fragment_row(p_block, warp, lane, j2), pa[4 * j2], pa[4 * j2 + 1], pa[4 * j2 + 2], pa[4 * j2 + 3]);
+}
+__device__ __forceinline__ void load_p(uint8_t* p_block, int warp, int lane, uint32_t* pa) {
+#pragma unroll
+  for (int j2 = 0; j2 < 4; ++j2)
+    ldmatrix_x4(p_fragment_row(p_block, warp, lane, j2), pa[4 * j2], pa[4 * j2 + 1], pa[4 * j2 + 2], pa[4 * j2 + 3]);
+}
+
+// O += P V over 256 output columns: o the m64n256 accumulator, pa P's A fragments (above), v_desc the descriptor of
+// the tile's 4 latent blocks for these columns (N-major). Issues the 4 wgmmas only: the caller fences and commits.
+__device__ __forceinline__ void issue_pv_from_registers(float* o, const uint32_t* pa, uint64_t v_desc) {
+#pragma unroll
+  for (int q = 0; q < 4; ++q) wgmma_m64n256k16_rs_bf16<1>(o, pa + 4 * q, v_desc + (2048 >> 4) * q, 1);
+}
+
 // The online softmax of one tile (log2 domain) over an m64n64 S accumulator: sc[4c + 2h + e] = head frag_row + 8h,
 // position 8c + frag_col + e of the tile. m_run, l_run: the running row maxima and this thread's share of the row
 // sums (its 16 positions a tile), updated; alpha: the factors O and the sums are rescaled by (1 where they did not
@@ -200,13 +226,6 @@ __global__ void __launch_bounds__(kThreads, 1) mla_attention_s_once_kernel(const
   const int frag_row = warp * 16 + lane / 4;  // heads frag_row and frag_row + 8 (within the CTA's 64)
   const int frag_col = 2 * (lane % 4);
   const int ntiles = tile1 - tile0;
-  // P's rows in shared memory as stmatrix / ldmatrix address them: pa[2c + h] holds rows frag_row + 8h, columns
-  // 8c + frag_col, +1 (the 8x8 matrix (c, h) of this warp's 16 rows); call j2 moves matrices (2 j2, 0), (2 j2, 1),
-  // (2 j2 + 1, 0), (2 j2 + 1, 1), lane l addressing row l % 8 of matrix l / 8: row 16 warp + 8 ((l / 8) % 2) + l % 8,
-  // 16-byte chunk 2 j2 + l / 16. The registers are the A fragments of O += P V (pa[4j .. 4j+3]: positions 16j ..).
-  auto p_row = [&](int j2) {
-    return s_p + sw128_offset(warp * 16 + 8 * ((lane >> 3) & 1) + (lane & 7), 2 * j2 + (lane >> 4));
-  };
 
   float o[128];
 #pragma unroll
@@ -269,9 +288,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_attention_s_once_kernel(const
       if (t == 0) trace_stamp(p, kTraceWg0, i, 3);
       named_bar_sync(kBarPFree, 256);
       if (t == 0) trace_stamp(p, kTraceWg0, i, 4);
-#pragma unroll
-      for (int j2 = 0; j2 < 4; ++j2)
-        stmatrix_x4(p_row(j2), pa[4 * j2], pa[4 * j2 + 1], pa[4 * j2 + 2], pa[4 * j2 + 3]);
+      store_p(s_p, warp, lane, pa);
       if ((lane & 3) == 0) {
         s_alpha[frag_row] = alpha[0];
         s_alpha[frag_row + 8] = alpha[1];
@@ -288,8 +305,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_attention_s_once_kernel(const
       const uint64_t db = make_desc_sw128(kv, kBlockBytes, 1024);
       if (t == 0) trace_stamp(p, kTraceWg0, i, 5);
       wgmma_fence();
-#pragma unroll
-      for (int q = 0; q < 4; ++q) wgmma_m64n256k16_rs_bf16<1>(o, pa + 4 * q, db + (2048 >> 4) * q, 1);
+      issue_pv_from_registers(o, pa, db);
       wgmma_commit();
       wgmma_wait<0>();
       if (t == 0) trace_stamp(p, kTraceWg0, i, 6);
@@ -308,8 +324,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_attention_s_once_kernel(const
       if (t == 0) trace_stamp(p, kTraceWg1, i, 2);
       // P and the rescale factors into registers, then the buffer back to warpgroup 0 before this P V.
       uint32_t pb[16];
-#pragma unroll
-      for (int j2 = 0; j2 < 4; ++j2) ldmatrix_x4(p_row(j2), pb[4 * j2], pb[4 * j2 + 1], pb[4 * j2 + 2], pb[4 * j2 + 3]);
+      load_p(s_p, warp, lane, pb);
       const bool rescale = s_rescale[warp];  // warpgroup 0's warp of the same 16 rows moved their maxima
       const float alpha0 = s_alpha[frag_row], alpha1 = s_alpha[frag_row + 8];
       if (i + 1 < ntiles) named_bar_arrive(kBarPFree, 256);
@@ -320,8 +335,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_attention_s_once_kernel(const
       // O += P V, columns 256 .. 511 (blocks 4 .. 7), P from registers.
       const uint64_t db = make_desc_sw128(kv + 4 * kBlockBytes, kBlockBytes, 1024);
       wgmma_fence();
-#pragma unroll
-      for (int q = 0; q < 4; ++q) wgmma_m64n256k16_rs_bf16<1>(o, pb + 4 * q, db + (2048 >> 4) * q, 1);
+      issue_pv_from_registers(o, pb, db);
       wgmma_commit();
       wgmma_wait<0>();
       if (t == 0) trace_stamp(p, kTraceWg1, i, 3);

@@ -144,10 +144,6 @@ __global__ void __launch_bounds__(kThreads, 1) mla_attention_seesaw_kernel(const
   const int warp = t / 32, lane = t % 32;
   const int frag_row = warp * 16 + lane / 4;  // heads frag_row and frag_row + 8 (within the CTA's 64)
   const int frag_col = 2 * (lane % 4);
-  // P's rows in a rope block as stmatrix / ldmatrix address them (attention_s_once.cuh: p_row).
-  auto p_row = [&](uint8_t* rope_block, int j2) {
-    return rope_block + sw128_offset(warp * 16 + 8 * ((lane >> 3) & 1) + (lane & 7), 2 * j2 + (lane >> 4));
-  };
   // Warp-level arrive on a stage barrier, after all of this warp's reads of the part it guards.
   auto release = [&](uint64_t* bar) {
     __syncwarp();
@@ -210,10 +206,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_attention_seesaw_kernel(const
 #pragma unroll
     for (int i = 0; i < 32; ++i) reg_fence(sc[i]);
     const bool rescale = softmax_tile(sc, tile, kv_len, p.scale_log2, frag_col, m_run, l_run, alpha, pa);
-    uint8_t* rope = sm.kv + st * kTileBytes + 8 * kBlockBytes;
-#pragma unroll
-    for (int j2 = 0; j2 < 4; ++j2)
-      stmatrix_x4(p_row(rope, j2), pa[4 * j2], pa[4 * j2 + 1], pa[4 * j2 + 2], pa[4 * j2 + 3]);
+    store_p(sm.kv + st * kTileBytes + 8 * kBlockBytes, warp, lane, pa);  // into the tile's rope block
     SeesawSlot& slot = sm.slots[st];
     if ((lane & 3) == 0) {
 #pragma unroll
@@ -237,10 +230,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_attention_seesaw_kernel(const
   // ldmatrix could let TMA overwrite P before the load has read it.
   auto read_published = [&](const SeesawSmem& sm, int st, float* alpha) {
     named_bar_sync(kBarPublished + st, 256);
-    uint8_t* rope = sm.kv + st * kTileBytes + 8 * kBlockBytes;
-#pragma unroll
-    for (int j2 = 0; j2 < 4; ++j2)
-      ldmatrix_x4(p_row(rope, j2), pb[4 * j2], pb[4 * j2 + 1], pb[4 * j2 + 2], pb[4 * j2 + 3]);
+    load_p(sm.kv + st * kTileBytes + 8 * kBlockBytes, warp, lane, pb);
     const SeesawSlot& slot = sm.slots[st];
     const bool rescale = slot.rescale[warp];
     alpha[0] = slot.alpha[frag_row];
@@ -253,12 +243,11 @@ __global__ void __launch_bounds__(kThreads, 1) mla_attention_seesaw_kernel(const
     return rescale;
   };
   // O += P V over this warpgroup's columns of the tile in stage st, P from registers; one commit group.
+  // For the other warpgroup's tile the caller first waits on the barrier of the half it reads (long completed): it
+  // never waited for that tile's blocks itself, and the wait makes them visible to it.
   auto issue_pv = [&](const SeesawSmem& sm, int st, const uint32_t* pr) {
-    // This warpgroup may not have waited for the tile's blocks itself: the completed barrier makes them visible.
-    const uint64_t db = make_desc_sw128(sm.kv + st * kTileBytes + 4 * w * kBlockBytes, kBlockBytes, 1024);
     wgmma_fence();
-#pragma unroll
-    for (int q = 0; q < 4; ++q) wgmma_m64n256k16_rs_bf16<1>(o, pr + 4 * q, db + (2048 >> 4) * q, 1);
+    issue_pv_from_registers(o, pr, make_desc_sw128(sm.kv + st * kTileBytes + 4 * w * kBlockBytes, kBlockBytes, 1024));
     wgmma_commit();
   };
   auto o_done = [&]() {
