@@ -312,13 +312,14 @@ def checked_candidates(candidates: Mapping[str, Mapping[str, str]], names: str,
     return passed, failures
 
 
-def checked_revisions(problem: str, backend: str, revs: Sequence[str],
-                      check: Callable[[Any], list[str]]) -> tuple[dict[str, Any], list[str]]:
-    """Build ``backend`` as it was at each git revision in ``revs`` and run ``check(module)`` (-> failure lines).
-    Returns ({"<backend>@<rev>": module} of those that passed, to be timed; the failures of the others)."""
+def checked_revisions(problem: str, backend: str, revs: Sequence[str], check: Callable[[Any], list[str]],
+                      dev: bool = False) -> tuple[dict[str, Any], list[str]]:
+    """Build ``backend`` as it was at each git revision in ``revs`` (dev: with its dev functions, as build's) and
+    run ``check(module)`` (-> failure lines). Returns ({"<backend>@<rev>": module} of those that passed, to be
+    timed; the failures of the others)."""
     passed, failures = {}, []
     for rev in revs:
-        mod = build(problem, backend, rev=rev)
+        mod = build(problem, backend, dev=dev, rev=rev)
         label = f"{backend}@{Path(rev).name if _carried_kernels(rev) else rev}"  # a carried folder: its name
         wrong = [f"{label}: {w}" for w in check(mod)]
         failures += wrong

@@ -28,6 +28,7 @@ import cProfile
 import pstats
 import statistics
 import time
+from pathlib import Path
 
 import torch
 
@@ -93,12 +94,15 @@ def main():
     ap.add_argument("--runs", type=int, default=40)
     ap.add_argument("--cprofile", action="store_true", help="cProfile the timed runs (top 15 functions a case)")
     ap.add_argument("--profile", type=int, default=0, metavar="N", help="N more runs under the profiler per case")
+    ap.add_argument("--rev", metavar="REV", help="the backend as it was at this git revision (or a carried kernels "
+                    "folder, benchlib.kernels_at); rows under <backend>@<rev>")
     args = ap.parse_args()
     spec = problems.load_spec(args.problem)
     if spec.distributed:
         raise SystemExit(f"{args.problem} is distributed: its official window is the ranks' "
                          "(benchmarks/distributed.py)")
-    mod = benchlib.build(args.problem, args.backend)
+    mod = benchlib.build(args.problem, args.backend, rev=args.rev)
+    label_backend = f"{args.backend}@{Path(args.rev).name}" if args.rev else args.backend
     ref = problems.load_modules(args.problem).reference
     clone_inputs = spec.protocol.clone_inputs
     flush_buf = torch.empty(64 * 1024 * 1024, dtype=torch.int32, device="cuda")
@@ -113,7 +117,7 @@ def main():
         line = problems.format_case(case)
         print(f"{label or 'case'} {line}: {'ok' if ok else msg}", flush=True)
         if not ok:
-            raise SystemExit(f"{args.backend} fails {line}: fix it before timing")
+            raise SystemExit(f"{label_backend} fails {line}: fix it before timing")
         next_given = (lambda: guards.clone(data)) if clone_inputs else (lambda: data)
         if label:
             timed_runs(mod.custom_kernel, next_given, 3)
@@ -131,7 +135,7 @@ def main():
         mhz = [r[2] for r in plain + flushed if r[2] is not None]
         fl = [r[1] for r in flushed]
         means = {"host": statistics.mean(host), "device": statistics.mean(dev), "flushed": statistics.mean(fl)}
-        rows += [benchlib.Row(gpu, 1, f"{args.backend}/{k}", "host-loop", line, v) for k, v in means.items()]
+        rows += [benchlib.Row(gpu, 1, f"{label_backend}/{k}", "host-loop", line, v) for k, v in means.items()]
         table.append([line.split("; seed")[0], f"{means['host']:.1f}", f"{statistics.median(host):.1f}",
                       f"{means['device']:.1f}", f"{statistics.median(dev):.1f}",
                       f"{means['host'] - means['device']:.1f}", f"{statistics.mean(issue):.1f}",
@@ -145,7 +149,7 @@ def main():
         benchlib.table(f"kernels over {args.profile} runs of the official window: {line}",
                        ["kernel", "a run", "mean", "min", "max"], spread)
     benchlib.record(args.problem, rows)
-    benchlib.table(f"{args.problem} {args.backend}: the official window, {args.runs} runs a column ({gpu})",
+    benchlib.table(f"{args.problem} {label_backend}: the official window, {args.runs} runs a column ({gpu})",
                    ["case", "host", "host med", "device", "device med", "host-device", "issue", "flushed",
                     "first runs host/device", "MHz min/med"], table)
 

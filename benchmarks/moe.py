@@ -9,7 +9,7 @@ Times (us): "kernel" = kbench's CUDA-event timer around one call, L2 flushed, me
 stages come from events between its launches (a dev entry point). CANDIDATES are configurations of the same build
 turned on by knobs (kernels/moe/cuda/moe_api.h: MoeConfig): each is checked on every official case, then timed
 beside the default under its own backend name ("cuda+<name>"). --rev REV also checks and times the cuda backend as
-it was at git revision REV ("cuda@REV"), in the same process on the same inputs. The official protocol's figure (host clock
+it was at git revision REV ("cuda@REV", its stages "cuda@REV/<stage>"), in the same process on the same inputs. The official protocol's figure (host clock
 around the call) is `kbench perf moe --backend cuda`. Floor = max(FLOPs / 790 TF/s fp16, bytes / 3.0 TB/s).
 
 Peer: FlashInfer's CUTLASS fused MoE (TensorRT-LLM's kernels), timed as "flashinfer" with the router included, the
@@ -126,19 +126,77 @@ def time_case(case, cuda_mod, torch_mod, runs, candidates, revisions) -> dict:
         except Exception as exc:  # noqa: BLE001 - a torch without the bf16 fast path: no column
             print(f"torch grouped bf16: {type(exc).__name__}: {exc}", flush=True)
         torch_mod.MOE_PATH, torch_mod.GROUPED_DTYPE = "auto", None
-    # the five stages, from events between the launches (median per stage)
+    # the five stages, from events between the launches (median per stage), for revisions too (their dev builds)
     bs, seqlen, d = x.shape
     k = config["n_experts_per_token"]
     scores, experts = torch.topk(F.linear(x, weights["router.weight"]).softmax(-1), k=k, dim=-1, sorted=False)
     names = [f"experts.{e}" for e in range(config["n_routed_experts"])] + ["shared_experts"]
     args = (x.view(-1, d), experts.view(-1, k), scores.view(-1, k), [weights[f"{n}.0.weight"] for n in names],
             [weights[f"{n}.1.weight"] for n in names], [weights[f"{n}.2.weight"] for n in names])
-    for prefix, settings in [("", {})] + [(f"cuda+{n}/", CANDIDATES[n]) for n in candidates]:
+    staged = [("", cuda_mod, {})] + [(f"cuda+{n}/", cuda_mod, CANDIDATES[n]) for n in candidates] + \
+        [(f"{n}/", mod, {}) for n, mod in revisions.items() if hasattr(mod.ext, "moe_forward_staged")]
+    for prefix, mod, settings in staged:
         with benchlib.knobs(settings):
-            stage_runs = [cuda_mod.ext.moe_forward_staged(*args)[1] for _ in range(runs)]
+            stage_runs = [mod.ext.moe_forward_staged(*args)[1] for _ in range(runs)]
         for i, name in enumerate(STAGES):
             row[prefix + name] = benchlib.median([r[i] * 1e3 for r in stage_runs])
     return row
+
+
+def kernel_paths(cuda_mod, revisions: dict, runs: int, rounds: int = 2) -> None:
+    """Per kernel, the median device time (torch profiler) of the same layer called through each entry point on the
+    benchmark cases: the extension's one call (combine inside), its staged variant (events between the launches;
+    also each revision's), moe_experts then moe_combine from Python, custom_kernel eager (KBENCH_MOE_GRAPH=0) and
+    custom_kernel replaying its graph. Every path runs once a
+    round, the rounds one after the other (a cell: round 1 / round 2 ...), so drift over the process shows. A kernel
+    whose time depends on the path shows what the path changes."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from kbench.evaluator import timing
+
+    ref = problems.load_modules("moe").reference
+    for case in problems.load_spec("moe").benchmarks:
+        data = ref.generate_input(**problems.official_case(case))
+        x, weights, config = data
+        k = config["n_experts_per_token"]
+        scores, experts = torch.topk(F.linear(x, weights["router.weight"]).softmax(-1), k=k, dim=-1, sorted=False)
+        names = [f"experts.{e}" for e in range(config["n_routed_experts"])] + ["shared_experts"]
+        ws = [[weights[f"{n}.{i}.weight"] for n in names] for i in range(3)]
+        args = (x.view(-1, x.shape[-1]), experts.view(-1, k), scores.view(-1, k), *ws)
+
+        def experts_then_combine():
+            y = cuda_mod.ext.moe_experts(*args)  # Y, or (Y, its rows) where Y is in slot order (candidate 3e0c…)
+            return cuda_mod.ext.moe_combine(*y, args[2]) if isinstance(y, tuple) else cuda_mod.ext.moe_combine(y, args[2])
+
+        paths = {"forward": (lambda: cuda_mod.ext.moe_forward(*args), {}),
+                 "staged": (lambda: cuda_mod.ext.moe_forward_staged(*args), {})}
+        paths.update({f"{n} staged": ((lambda m=mod: m.ext.moe_forward_staged(*args)), {})
+                      for n, mod in revisions.items()})
+        paths.update({"experts+combine": (experts_then_combine, {}),
+                      "custom eager": (lambda: cuda_mod.custom_kernel(data), {"KBENCH_MOE_GRAPH": "0"}),
+                      "custom graph": (lambda: cuda_mod.custom_kernel(data), {})})
+        table = {}
+        for _ in range(rounds):
+            for name, (fn, settings) in paths.items():
+                with benchlib.knobs(settings):
+                    for _ in range(3):
+                        fn()
+                    torch.cuda.synchronize()
+                    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                        for _ in range(runs):
+                            fn()
+                            torch.cuda.synchronize()
+                per_kernel = {}
+                for kname, _, dur in timing.device_work(prof):
+                    if kname.startswith(("void moe::", "moe::")):
+                        per_kernel.setdefault(kname.split("(")[0].replace("void ", "")[5:], []).append(dur)
+                for kname, durs in per_kernel.items():
+                    table.setdefault(kname, {}).setdefault(name, []).append(benchlib.median(durs))
+        benchlib.table(f"moe kernels by entry point (us, median of {runs} a round): {problems.format_case(case)}",
+                       ["kernel", *paths],
+                       [[kn] + [" / ".join(f"{m:.0f}" for m in v[p]) if p in v else "—" for p in paths]
+                        for kn, v in table.items()])
+        del data
 
 
 def main():
@@ -151,6 +209,8 @@ def main():
     ap.add_argument("--official", metavar="MODES",
                     help="instead of timing kernels: judge the shipped build and each candidate with kbench perf in "
                          "these modes (comma-separated: benchmark,leaderboard)")
+    ap.add_argument("--paths", action="store_true",
+                    help="instead of timing: each kernel's device time through each entry point (kernel_paths)")
     ap.add_argument("--rounds", type=int, default=1,
                     help="with --official: judge every configuration this many times, in alternating order")
     args = ap.parse_args()
@@ -160,11 +220,16 @@ def main():
         return
     gpu = torch.cuda.get_device_name()
     cuda_mod = benchlib.build("moe", "cuda", dev=True)
+    if args.paths:
+        revisions, _ = benchlib.checked_revisions("moe", "cuda", args.rev, lambda mod: [], dev=True)
+        kernel_paths(cuda_mod, revisions, args.runs)
+        return
     ref = problems.load_modules("moe").reference
     failures = official_checks(cuda_mod, ref)
     candidates, wrong = benchlib.checked_candidates(CANDIDATES, args.candidates, lambda: official_checks(cuda_mod, ref))
     failures += wrong  # a candidate that fails a check is not timed
-    revisions, wrong = benchlib.checked_revisions("moe", "cuda", args.rev, lambda mod: official_checks(mod, ref))
+    revisions, wrong = benchlib.checked_revisions("moe", "cuda", args.rev, lambda mod: official_checks(mod, ref),
+                                                  dev=True)
     failures += wrong
     torch_mod = benchlib.build("moe", "torch")
     rows = [time_case(c, cuda_mod, torch_mod, args.runs, candidates, revisions)
@@ -172,7 +237,8 @@ def main():
     backends = [("cuda", "cuda"), ("torch", "torch"), ("torch_grouped_bf16", "torch-grouped-bf16"),
                 ("flashinfer", "flashinfer")] + \
         [(s, f"cuda/{s}") for s in STAGES] + [(f"cuda+{n}", f"cuda+{n}") for n in candidates] + \
-        [(f"cuda+{n}/{s}", f"cuda+{n}/{s}") for n in candidates for s in STAGES] + [(n, n) for n in revisions]
+        [(f"cuda+{n}/{s}", f"cuda+{n}/{s}") for n in candidates for s in STAGES] + [(n, n) for n in revisions] + \
+        [(f"{n}/{s}", f"{n}/{s}") for n in revisions for s in STAGES]
     results = [benchlib.Row(gpu, 1, name, "kernel", r["case"], r[key]) for r in rows for key, name in backends
                if r.get(key)]
     results += [benchlib.Row(gpu, 1, name, "kernel", "geomean", benchlib.geomean(r.get(key) for r in rows))
