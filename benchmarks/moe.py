@@ -9,8 +9,9 @@ Times (us): "kernel" = kbench's CUDA-event timer around one call, L2 flushed, me
 stages come from events between its launches (a dev entry point). CANDIDATES are configurations of the same build
 turned on by knobs (kernels/moe/cuda/moe_api.h: MoeConfig): each is checked on every official case, then timed
 beside the default under its own backend name ("cuda+<name>"). --rev REV also checks and times the cuda backend as
-it was at git revision REV ("cuda@REV", its stages "cuda@REV/<stage>"), in the same process on the same inputs. The official protocol's figure (host clock
-around the call) is `kbench perf moe --backend cuda`. Floor = max(FLOPs / 790 TF/s fp16, bytes / 3.0 TB/s).
+it was at git revision REV ("cuda@REV", its stages "cuda@REV/<stage>"), in the same process on the same inputs.
+The official protocol's figure (host clock around the call) is `kbench perf moe --backend cuda`. Floor = max(FLOPs /
+790 TF/s fp16, bytes / 3.0 TB/s). --paths: instead, each kernel's time through each entry point (kernel_paths).
 
 Peer: FlashInfer's CUTLASS fused MoE (TensorRT-LLM's kernels), timed as "flashinfer" with the router included, the
 shared expert as one more expert every token picks with weight 1, when `import flashinfer` works (not on the GPU
@@ -165,8 +166,8 @@ def kernel_paths(cuda_mod, revisions: dict, runs: int, rounds: int = 2) -> None:
         args = (x.view(-1, x.shape[-1]), experts.view(-1, k), scores.view(-1, k), *ws)
 
         def experts_then_combine():
-            y = cuda_mod.ext.moe_experts(*args)  # Y, or (Y, its rows) where Y is in slot order (candidate 3e0c…)
-            return cuda_mod.ext.moe_combine(*y, args[2]) if isinstance(y, tuple) else cuda_mod.ext.moe_combine(y, args[2])
+            y = cuda_mod.ext.moe_experts(*args)  # Y, or (Y, its rows): the slot-row candidate e8b7aa9
+            return cuda_mod.ext.moe_combine(*(y if isinstance(y, tuple) else (y,)), args[2])
 
         paths = {"forward": (lambda: cuda_mod.ext.moe_forward(*args), {}),
                  "staged": (lambda: cuda_mod.ext.moe_forward_staged(*args), {})}

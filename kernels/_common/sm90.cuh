@@ -1,5 +1,5 @@
-// Hopper (sm_90a) PTX the kbench kernels share: mbarriers, TMA tile loads and stores, wgmma fences and shared-memory
-// matrix descriptors, register budgets, named barriers, proxy fences and system-scope flags. No torch, no CUTLASS:
+// Hopper (sm_90a) PTX the kbench kernels share: mbarriers, TMA tile loads, wgmma fences and shared-memory matrix
+// descriptors, register budgets, named barriers, proxy fences and system-scope flags. No torch, no CUTLASS:
 // compiles standalone with nvcc. Backends include it through kernel.yml `include_dirs: [../../_common]`.
 #pragma once
 #include <cstdint>
@@ -56,26 +56,6 @@ __device__ __forceinline__ void tma_load_2d(void* dst, const CUtensorMap* map, u
           "r"(smem_u32(dst)),
       "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_u32(bar)), "r"(c0), "r"(c1)
       : "memory");
-}
-
-// 2-D tile store shared -> global through the tensor map (the box's rows and columns; parts past the tensor's end
-// are not written). Issued by one thread after the writers' fence_proxy_async_smem and a barrier; tracked by
-// bulk groups: bulk_commit() closes the group, bulk_wait_read<N>() returns once at most N groups still read shared
-// memory (the buffer may be rewritten), bulk_wait<N>() once at most N are still writing global memory.
-__device__ __forceinline__ void tma_store_2d(const CUtensorMap* map, const void* src, int c0, int c1) {
-  asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%2, %3}], [%1];" ::"l"(
-                   reinterpret_cast<uint64_t>(map)),
-               "r"(smem_u32(src)), "r"(c0), "r"(c1)
-               : "memory");
-}
-__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void bulk_wait_read() {
-  asm volatile("cp.async.bulk.wait_group.read %0;" ::"n"(N) : "memory");
-}
-template <int N>
-__device__ __forceinline__ void bulk_wait() {
-  asm volatile("cp.async.bulk.wait_group %0;" ::"n"(N) : "memory");
 }
 
 // ---- wgmma bookkeeping ----------------------------------------------------------------------------------

@@ -8,7 +8,6 @@
 #include <cstdio>
 #include <map>
 #include <mutex>
-#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -26,15 +25,14 @@ void check_weights(const std::vector<torch::Tensor>& ws, int64_t rows, int64_t c
 }
 
 struct Workspaces {
-  torch::Tensor meta, y_rows, xs_rows, xs, h, y;
+  torch::Tensor meta, rows_pair, pair_row, xs, h, y;
 };
 
 Workspaces make_workspaces(const torch::Tensor& x, int64_t T, int64_t K, int64_t E, int64_t d, int64_t dexp) {
   const auto i32 = x.options().dtype(torch::kInt);
-  const int64_t rows = moe_slot_rows(static_cast<int>(T), static_cast<int>(K), static_cast<int>(E));
-  return Workspaces{torch::empty({2 * (E + 2)}, i32), torch::empty({T, K + 1}, i32), torch::empty({T * K}, i32),
-                    torch::empty({T * K, d}, x.options()), torch::empty({rows, dexp}, x.options()),
-                    torch::empty({rows, d}, x.options())};
+  return Workspaces{torch::empty({2 * (E + 2)}, i32), torch::empty({T * K}, i32), torch::empty({T * K}, i32),
+                    torch::empty({T * K, d}, x.options()),
+                    torch::empty({T * K + T, dexp}, x.options()), torch::empty({T * K + T, d}, x.options())};
 }
 
 // The call's workspaces. keep: the last shape's stay allocated per device and are reused by the next call of the
@@ -60,11 +58,10 @@ Workspaces workspaces(const torch::Tensor& x, int64_t T, int64_t K, int64_t E, i
 }  // namespace
 
 // x [T, d] fp16; experts [T, K] int64 and scores [T, K] fp16 (torch.topk of the router's softmax); gate, up
-// [d, dexp] and down [dexp, d] fp16 per routed expert, then the shared expert's three. Returns (out [T, d] fp16,
-// undefined), or (combine false) (Y [slot rows, d] fp16, y_rows [T, K + 1] int32): the experts' outputs before the
-// weighted sum and where each token's are (moe_combine makes out from them).
+// [d, dexp] and down [dexp, d] fp16 per routed expert, then the shared expert's three. Returns out [T, d] fp16, or
+// (combine false) Y [T*K + T, d] fp16, the experts' outputs before the weighted sum (moe_combine makes out from it).
 // stage_ms (dev builds): filled with the five stages' times (route, gather, GEMM 1, GEMM 2, combine) when given.
-static std::tuple<torch::Tensor, torch::Tensor> run_moe(torch::Tensor x, torch::Tensor experts, torch::Tensor scores,
+static torch::Tensor run_moe(torch::Tensor x, torch::Tensor experts, torch::Tensor scores,
                              std::vector<torch::Tensor> gate, std::vector<torch::Tensor> up,
                              std::vector<torch::Tensor> down, std::vector<double>* stage_ms, bool combine) {
   TORCH_CHECK(x.is_cuda() && x.scalar_type() == at::kHalf && x.dim() == 2, "moe_forward: x must be fp16 [T, d]");
@@ -110,8 +107,8 @@ static std::tuple<torch::Tensor, torch::Tensor> run_moe(torch::Tensor x, torch::
   a.d = static_cast<int>(d);
   a.dexp = static_cast<int>(dexp);
   a.meta = ws.meta.data_ptr<int>();
-  a.y_rows = ws.y_rows.data_ptr<int>();
-  a.xs_rows = ws.xs_rows.data_ptr<int>();
+  a.rows_pair = ws.rows_pair.data_ptr<int>();
+  a.pair_row = ws.pair_row.data_ptr<int>();
   a.xs = ws.xs.data_ptr();
   a.h = ws.h.data_ptr();
   a.y = ws.y.data_ptr();
@@ -133,41 +130,35 @@ static std::tuple<torch::Tensor, torch::Tensor> run_moe(torch::Tensor x, torch::
     for (auto& e : events) cudaEventDestroy(e);
   }
   TORCH_CHECK(err == nullptr, err ? err : "");
-  if (combine) return {out, torch::Tensor()};
-  return {ws.y, ws.y_rows};
+  return combine ? out : ws.y;
 }
 
 torch::Tensor moe_forward(torch::Tensor x, torch::Tensor experts, torch::Tensor scores,
                           std::vector<torch::Tensor> gate, std::vector<torch::Tensor> up,
                           std::vector<torch::Tensor> down) {
-  return std::get<0>(run_moe(x, experts, scores, gate, up, down, nullptr, true));
+  return run_moe(x, experts, scores, gate, up, down, nullptr, true);
 }
 
-// The layer up to the weighted sum: (Y [slot rows, d] fp16, y_rows [T, K + 1] int32): token t's expert k output is
-// Y's row y_rows[t, k], its shared expert's Y's row y_rows[t, K]. entry.py replays this part as one CUDA graph and
-// runs moe_combine after it.
-std::tuple<torch::Tensor, torch::Tensor> moe_experts(torch::Tensor x, torch::Tensor experts, torch::Tensor scores,
+// The layer up to the weighted sum: Y [T*K + T, d] fp16 (pair t*K + k: expert k's output for token t; rows T*K + t:
+// the shared expert's). entry.py replays this part as one CUDA graph and runs moe_combine after it.
+torch::Tensor moe_experts(torch::Tensor x, torch::Tensor experts, torch::Tensor scores,
                           std::vector<torch::Tensor> gate, std::vector<torch::Tensor> up,
                           std::vector<torch::Tensor> down) {
   return run_moe(x, experts, scores, gate, up, down, nullptr, false);
 }
 
 // out [T, d] fp16 = Y's shared row + sum_k scores[t, k] * Y's pair row (fp32, slot order, rounded once), into a new
-// tensor. y [slot rows, d] fp16 and y_rows [T, K + 1] int32 from moe_experts, scores [T, K] fp16.
-torch::Tensor moe_combine(torch::Tensor y, torch::Tensor y_rows, torch::Tensor scores) {
+// tensor. y [T*K + T, d] fp16 from moe_experts, scores [T, K] fp16.
+torch::Tensor moe_combine(torch::Tensor y, torch::Tensor scores) {
   TORCH_CHECK(scores.is_cuda() && scores.scalar_type() == at::kHalf && scores.dim() == 2 && scores.is_contiguous(),
               "moe_combine: scores must be a contiguous fp16 CUDA tensor [T, K]");
   const int64_t T = scores.size(0), K = scores.size(1);
   TORCH_CHECK(y.is_cuda() && y.scalar_type() == at::kHalf && y.dim() == 2 && y.is_contiguous() &&
-                  y.size(1) % 8 == 0 && y.get_device() == scores.get_device(),
-              "moe_combine: y must be moe_experts' contiguous fp16 [slot rows, d] on the scores' device");
-  TORCH_CHECK(y_rows.scalar_type() == at::kInt && y_rows.is_contiguous() && y_rows.dim() == 2 &&
-                  y_rows.size(0) == T && y_rows.size(1) == K + 1 && y_rows.get_device() == y.get_device(),
-              "moe_combine: y_rows must be moe_experts' int32 [T, K + 1] on y's device");
+                  y.size(0) == T * K + T && y.size(1) % 8 == 0 && y.get_device() == scores.get_device(),
+              "moe_combine: y must be moe_experts' contiguous fp16 [T*K + T, d] on the scores' device");
   const c10::cuda::CUDAGuard guard(y.device());
   torch::Tensor out = torch::empty({T, y.size(1)}, y.options());
-  const char* err = moe_run_combine(y.data_ptr(), y_rows.data_ptr<int>(), scores.data_ptr(), out.data_ptr(),
-                                    static_cast<int>(T),
+  const char* err = moe_run_combine(y.data_ptr(), scores.data_ptr(), out.data_ptr(), static_cast<int>(T),
                                     static_cast<int>(K), static_cast<int>(y.size(1)),
                                     c10::cuda::getCurrentCUDAStream().stream());
   TORCH_CHECK(err == nullptr, err ? err : "");
@@ -183,7 +174,7 @@ std::tuple<torch::Tensor, std::vector<double>> moe_forward_staged(torch::Tensor 
                                                                   std::vector<torch::Tensor> up,
                                                                   std::vector<torch::Tensor> down) {
   std::vector<double> ms;
-  torch::Tensor out = std::get<0>(run_moe(x, experts, scores, gate, up, down, &ms, true));
+  torch::Tensor out = run_moe(x, experts, scores, gate, up, down, &ms, true);
   return {out, ms};
 }
 #endif  // KBENCH_DEV

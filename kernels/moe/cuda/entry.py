@@ -22,18 +22,17 @@ _KNOBS = ("KBENCH_MOE_SKIP_EMPTY_HALVES", "KBENCH_MOE_KEEP_WORKSPACES", "KBENCH_
 
 
 def _experts(x: torch.Tensor, weights: dict, n_experts: int, k: int):
-    """Router, routing sort, gather, both grouped GEMMs. x [bs, seqlen, d] fp16 -> (Y [slot rows, d] fp16: the
-    expert outputs; y_rows [T, K + 1] int32: the Y row of token t's slot k, then of its shared expert's output; top
-    scores [T, K] fp16), T = bs * seqlen."""
+    """Router, routing sort, gather, both grouped GEMMs. x [bs, seqlen, d] fp16 -> (Y [T*K + T, d] fp16: each
+    (token, slot) pair's expert output, then the shared expert's rows; top scores [T, K] fp16), T = bs * seqlen."""
     d = x.shape[-1]
     scores = F.linear(x, weights["router.weight"]).softmax(dim=-1)
     top_scores, top_experts = torch.topk(scores, k=k, dim=-1, sorted=False)
     names = [f"experts.{e}" for e in range(n_experts)] + ["shared_experts"]
     top_scores = top_scores.view(-1, k)
-    y, y_rows = ext.moe_experts(x.view(-1, d), top_experts.view(-1, k), top_scores,  # noqa: F821 (ext: template)
-                                [weights[f"{n}.0.weight"] for n in names], [weights[f"{n}.1.weight"] for n in names],
-                                [weights[f"{n}.2.weight"] for n in names])
-    return y, y_rows, top_scores
+    y = ext.moe_experts(x.view(-1, d), top_experts.view(-1, k), top_scores,  # noqa: F821 (ext: template)
+                        [weights[f"{n}.0.weight"] for n in names], [weights[f"{n}.1.weight"] for n in names],
+                        [weights[f"{n}.2.weight"] for n in names])
+    return y, top_scores
 
 
 def custom_kernel(data: input_t) -> output_t:
@@ -44,8 +43,8 @@ def custom_kernel(data: input_t) -> output_t:
                          "use the torch backend for others")
     step = lambda: _experts(x, weights, n_experts, k)  # noqa: E731
     if os.environ.get("KBENCH_MOE_GRAPH") == "0":  # the launches one by one (docs/moe-notes.md)
-        y, y_rows, top_scores = step()
+        y, top_scores = step()
     else:
         key = graph_replay.tensor_key(x, *weights.values()) + (n_experts, k) + tuple(map(os.environ.get, _KNOBS))
-        y, y_rows, top_scores = _graphs.replay(key, step)
-    return ext.moe_combine(y, y_rows, top_scores).view(x.shape)  # noqa: F821 (ext: template)
+        y, top_scores = _graphs.replay(key, step)
+    return ext.moe_combine(y, top_scores).view(x.shape)  # noqa: F821 (ext: template)

@@ -2,20 +2,13 @@
 // specialized (one producer warpgroup, two consumer warpgroups of 64 rows each), persistent over (group, m-tile,
 // n-tile) work units whose counts only the device knows (route.cuh writes them).
 //
-// Slot rows: in H and Y every group's rows start on a 128-row boundary (group g's first row is 128 x its first
-// m-tile), so each m-tile is one group's and the epilogue can store whole tiles by TMA: the rows of a group's last
-// tile past its end are padding that nothing reads. route_kernel assigns each (token, slot) pair and each token's
-// shared output its slot row. XS (GEMM 1's gathered input) keeps the groups back to back instead.
-//
 // One template, two uses (kGlu):
 //   kGlu = true  (GEMM 1): A = the group's token rows [rows][d] (K-major: a routed expert's rows gathered into
-//                expert order in XS by gather_kernel, the shared expert's x itself), B = gate and up [d][dexp]
-//                (row-major: the N-major wgmma layout), tile = 128 rows x (128 gate + 128 up) columns; the epilogue
-//                stores h = silu(gate) * up (fp16, rounded as the reference rounds) into H at the tile's slot rows.
-//   kGlu = false (GEMM 2): A = H at the tile's slot rows [rows][dexp], B = down [dexp][d], tile = 128 x 256; the
-//                epilogue stores the fp16 expert output into Y at the same slot rows (combine_kernel gathers them).
-// The epilogue goes through shared memory (stmatrix into the 128B-swizzled layout TMA reads) and a TMA store, so
-// the consumers start the next tile's MMAs while the copy out runs.
+//                expert order by gather_kernel, the shared expert's x itself), B = gate and up [d][dexp] (row-major: the
+//                N-major wgmma layout), tile = 128 rows x (128 gate + 128 up) columns; the epilogue writes
+//                h = silu(gate) * up (fp16, rounded as the reference rounds) into H at the group's sorted rows.
+//   kGlu = false (GEMM 2): A = H rows [rows][dexp], B = down [dexp][d], tile = 128 x 256; the epilogue writes the
+//                fp16 expert output to its (token, slot) row of Y (routed) or to the shared block of Y.
 // Groups 0..E-1 are the routed experts, group E the shared expert (all T tokens, in token order).
 #pragma once
 #include <cstdint>
@@ -39,35 +32,31 @@ constexpr int kABytes = kBM * kBK * 2;          // 16 KB
 constexpr int kBChunk = kBK * 64 * 2;           // one TMA box of B: 64 k-rows x 64 columns, 8 KB
 constexpr int kBBytes = 4 * kBChunk;            // 32 KB
 constexpr int kStageBytes = kABytes + kBBytes;  // 48 KB
-constexpr int kCBoxBytes = 64 * 64 * 2;        // one TMA store box: 64 rows x 64 columns fp16, 128B-swizzled
-constexpr int kCBoxes = 2;                      // boxes a consumer warpgroup stages at once (what fits beside 4 stages)
-constexpr int kCBytes = kCBoxes * kCBoxBytes;   // 16 KB per consumer warpgroup
+constexpr int kCPitch = 64 * 2 + 16;            // epilogue staging row: 64 fp16 + 16 bytes (conflict-free writes)
+constexpr int kCBytes = 64 * kCPitch;           // per consumer warpgroup
 constexpr int smem_bytes(int stages) {
   return 1024 + stages * kStageBytes + 2 * kCBytes + 2 * stages * 8 + 2 * (kMaxGroups + 1) * 4;
 }
-static_assert(smem_bytes(kMaxStages) <= 227 * 1024, "the ring and the epilogue staging exceed Hopper's 227 KB");
-
-// Slot rows of T tokens x K slots over E routed experts and the shared expert, each group padded to whole tiles
-// (fewer than kBM rows of padding a group): a bound for sizing H and Y on the host.
-constexpr long long slot_rows_bound(long long T, long long K, long long E) { return T * K + T + (E + 1) * kBM; }
 
 // meta (int32, written by route_kernel): [0, G]: first sorted row of group g (G = groups, so [G] = the end),
 // then [G+1, 2G+1]: first m-tile of group g (prefix of ceil(rows_g / 128)).
 struct GemmParams {
-  CUtensorMap a[2];               // kGlu: [0] XS, [1] x (the shared group); else [0] H (slot rows); 128-row boxes
+  CUtensorMap a[2];               // kGlu: [0] the gathered routed rows, [1] x (the shared group); else [0] H
   CUtensorMap b[2 * kMaxGroups];  // kGlu: gate of group g at [g], up at [kMaxGroups + g]; else down at [g]
-  CUtensorMap c;                  // the output by slot rows, 64 x 64 boxes: H (kGlu) or Y
   const int* meta;
+  const int* out_rows;            // !kGlu: Y row of each sorted routed row (its pair index)
+  __half* out;                    // kGlu: H; else Y
   int groups;                     // E + 1
-  int n_tiles;                    // output tiles per row block: dexp / 128 (kGlu) or d / 256
+  int n_out;                      // output columns: dexp (kGlu) or d
+  int n_tiles;                    // output tiles per row block: n_out / 128 (kGlu) or n_out / 256
   int k;                          // reduction length (multiple of 64)
+  int shared_out_row0;            // !kGlu: Y row of the shared group's first token (T*K)
   int skip_empty_halves;          // a consumer whose 64 rows all lie past its group's end issues no MMAs
 };
 
 struct Unit {
   int g, mt, nt, rows;  // group, m-tile within it, n-tile, the group's row count
-  int row0;             // the group's first row in XS (expert order, groups back to back)
-  int slot0;            // the tile's first slot row: 128 x (the group's first m-tile + mt)
+  int row0;             // the group's first sorted row
 };
 
 // Units go group by group, n-tile by n-tile, m-tile fastest: CTAs working at the same time share B tiles (the
@@ -84,7 +73,6 @@ __device__ __forceinline__ Unit decode(const int* s_meta, int G, int n_tiles, in
   w.nt = local / m_tiles;
   w.mt = local % m_tiles;
   w.row0 = s_meta[g];
-  w.slot0 = (mt_off[g] + w.mt) * kBM;
   w.rows = s_meta[g + 1] - s_meta[g];
   return w;
 }
@@ -109,9 +97,9 @@ __device__ __forceinline__ void produce(const GemmParams& p, const int* s_meta, 
     const Unit w = decode(s_meta, G, p.n_tiles, u);
     const bool shared_x = kGlu && w.g == G - 1;  // GEMM 1 reads the shared expert's rows from x itself
     const CUtensorMap* amap = &p.a[shared_x ? 1 : 0];
-    // GEMM 1's routed rows: XS has no padding, so a group's last tile reads on into the next group's rows (what it
-    // computes there lands in H's padding). Padding rows of zeros made GEMM 1 35% slower (docs/moe-notes.md).
-    const int a_row = !kGlu ? w.slot0 : (shared_x ? 0 : w.row0) + w.mt * kBM;
+    // A group's last m-tile reads on into the next group's rows (its results there are never stored). Keep it so:
+    // the same rows as zeros made GEMM 1 ~35% slower on an H100 (docs/moe-notes.md, eighth session).
+    const int a_row = (shared_x ? 0 : w.row0) + w.mt * kBM;
     for (int kb = 0; kb < num_kb; ++kb) {
       mbar_wait(&empty[s], phase ^ 1);
       mbar_arrive_expect_tx(&full[s], kStageBytes);
@@ -143,7 +131,7 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_kernel(const __grid_
   uint8_t* s_a = base;
   uint8_t* s_b = s_a + kStages * kABytes;
   uint8_t* s_c = s_b + kStages * kBBytes;
-  uint64_t* full = reinterpret_cast<uint64_t*>(s_c + 2 * kCBytes);  // s_c: 1024-aligned (whole 16 KB tiles above)
+  uint64_t* full = reinterpret_cast<uint64_t*>(s_c + 2 * kCBytes);
   uint64_t* empty = full + kStages;
   int* s_meta = reinterpret_cast<int*>(empty + kStages);
 
@@ -171,10 +159,8 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_kernel(const __grid_
   const int cw = wg - 1;  // consumer index: rows [64 cw, 64 cw + 64) of the tile
   const int t = threadIdx.x % 128;
   const int warp = t / 32, lane = t % 32;
-  // stmatrix: lane l addresses row l % 8 of matrix l / 8; matrices 0, 1 are rows 0-7 and 8-15 of the warp's 16
-  // (accumulator registers 4c + {0,1} and 4c + {2,3}) of one 8-column group, matrices 2, 3 the same of the next.
-  const int st_row = warp * 16 + ((lane / 8) & 1) * 8 + lane % 8;
-  const int st_chunk = lane / 16;
+  const int frag_row = warp * 16 + lane / 4;  // accumulator rows frag_row and frag_row + 8 (within 64)
+  const int frag_col = 2 * (lane % 4);        // accumulator columns 8c + frag_col + {0, 1}
   uint8_t* my_c = s_c + cw * kCBytes;
   int s = 0;
   uint32_t phase = 0;
@@ -210,6 +196,24 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_kernel(const __grid_
         phase ^= 1;
       }
     }
+    // The epilogue's destination rows: this thread stores 16 bytes of rows t / 8 + 16 i (i < 4) in every pass. GEMM
+    // 2's routed rows come from out_rows in global memory: loaded here, while the last MMAs run, not inside the
+    // passes (ncu, 2026-11-24: those dependent loads were ~3% of GEMM 2's stall samples).
+    const int row_base = w.mt * kBM + cw * 64;  // first row of this warpgroup within the group
+    long long out_off[4];                        // element offset of the row's first column, or -1: past the group
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int local = row_base + t / 8 + 16 * i;
+      long long out_row = -1;
+      if (local < w.rows) {
+        if constexpr (kGlu) {
+          out_row = w.row0 + local;  // H keeps the sorted order (routed rows, then the shared expert's)
+        } else {
+          out_row = w.g == G - 1 ? p.shared_out_row0 + local : p.out_rows[w.row0 + local];
+        }
+      }
+      out_off[i] = out_row < 0 ? -1 : out_row * p.n_out + (t % 8) * 8;
+    }
     wgmma_wait<0>();
 #pragma unroll
     for (int i = 0; i < 128; ++i) reg_fence(acc[i]);
@@ -217,47 +221,36 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_kernel(const __grid_
     if (lane == 0 && prev >= 0) mbar_arrive(&empty[prev]);
     if (idle) continue;  // no rows of this warpgroup to store
 
-    // Epilogue: kCBoxes 64-column boxes at a time into the staging buffer, then one thread stores them by TMA and
-    // the warpgroup goes on; the buffer is rewritten only once the store before has read it (the previous tile's
-    // store, a whole tile ago, or GEMM 2's first round just issued).
-    constexpr int kBoxes = kGlu ? 2 : 4;  // output columns of this warpgroup / 64
-    const int col0 = w.nt * (kGlu ? 128 : 256);
+    // Epilogue: 64-column passes through shared memory, so global stores are 128-byte row segments.
+    constexpr int kPasses = kGlu ? 2 : 4;
 #pragma unroll
-    for (int round = 0; round < kBoxes / kCBoxes; ++round) {
-      if (t == 0) bulk_wait_read<0>();
-      named_bar_sync(1 + cw, 128);
+    for (int pass = 0; pass < kPasses; ++pass) {
+      named_bar_sync(1 + cw, 128);  // the previous pass's readers are done with my_c
 #pragma unroll
-      for (int bx = 0; bx < kCBoxes; ++bx) {
-        uint8_t* box = my_c + bx * kCBoxBytes;
+      for (int cc = 0; cc < 8; ++cc) {
+        const int c = pass * 8 + cc;  // 8-column group of the accumulator
 #pragma unroll
-        for (int j = 0; j < 4; ++j) {  // 16-byte chunks 2j and 2j + 1 of the box's rows
-          const int c = (round * kCBoxes + bx) * 8 + 2 * j;  // the first of the two 8-column groups
-          uint32_t r[4];
-#pragma unroll
-          for (int q = 0; q < 4; ++q) {
-            const int a = 4 * (c + q / 2) + 2 * (q % 2);  // accumulator registers a, a + 1
-            __half2 v;
-            if constexpr (kGlu) {
-              v = __halves2half2(glu(acc[a], acc[a + 64]), glu(acc[a + 1], acc[a + 65]));  // up: 128 columns on
-            } else {
-              v = __floats2half2_rn(acc[a], acc[a + 1]);
-            }
-            r[q] = *reinterpret_cast<uint32_t*>(&v);
+        for (int h = 0; h < 2; ++h) {
+          __half2 v;
+          if constexpr (kGlu) {
+            v = __halves2half2(glu(acc[4 * c + 2 * h], acc[4 * (c + 16) + 2 * h]),
+                               glu(acc[4 * c + 2 * h + 1], acc[4 * (c + 16) + 2 * h + 1]));
+          } else {
+            v = __floats2half2_rn(acc[4 * c + 2 * h], acc[4 * c + 2 * h + 1]);
           }
-          stmatrix_x4(box + sw128_offset(st_row, 2 * j + st_chunk), r[0], r[1], r[2], r[3]);
+          *reinterpret_cast<__half2*>(my_c + (frag_row + 8 * h) * kCPitch + (8 * cc + frag_col) * 2) = v;
         }
       }
-      fence_proxy_async_smem();
       named_bar_sync(1 + cw, 128);
-      if (t == 0) {
+      const int col0 = w.nt * (kGlu ? 128 : 256) + pass * 64;
 #pragma unroll
-        for (int bx = 0; bx < kCBoxes; ++bx)
-          tma_store_2d(&p.c, my_c + bx * kCBoxBytes, col0 + (round * kCBoxes + bx) * 64, w.slot0 + cw * 64);
-        bulk_commit();
+      for (int i = 0; i < 4; ++i) {
+        if (out_off[i] >= 0)
+          *reinterpret_cast<uint4*>(p.out + out_off[i] + col0) =
+              *reinterpret_cast<const uint4*>(my_c + (t / 8 + 16 * i) * kCPitch + (t % 8) * 16);
       }
     }
   }
-  if (t == 0) bulk_wait<0>();  // the stores have left shared memory and landed before the CTA exits
 }
 
 }  // namespace moe

@@ -18,7 +18,7 @@ namespace moe {
 namespace {
 
 // 2-D fp16 map over a row-major [rows][cols] array, 64 x box_rows boxes (128 bytes of a row: one swizzle span).
-// Rows past the end read as zeros (the last m-tile of the shared group) and are not written by stores. A map's bytes depend only on these
+// Rows past the end read as zeros (the last m-tile of the shared group). A map's bytes depend only on these
 // arguments, so maps are kept by them: the weights of the next call usually sit at the same addresses.
 bool map_f16(CUtensorMap* map, const void* ptr, uint64_t cols, uint64_t rows, uint32_t box_rows) {
   struct Key {
@@ -103,27 +103,23 @@ void moe_describe(const MoeConfig& c, char* buf, int size) {
            c.keep_workspaces, c.stages);
 }
 
-long long moe_slot_rows(int T, int K, int E) { return slot_rows_bound(T, K, E); }
-
 const char* moe_run(const MoeArgs& a, cudaStream_t stream, cudaEvent_t* events) {
   if (const char* why = moe_supported(a.T, a.K, a.E, a.d, a.dexp)) return why;
   const DeviceInfo& info = device_info();
-  const int G = a.E + 1;
-  const uint64_t rows = moe_slot_rows(a.T, a.K, a.E);
+  const int G = a.E + 1, pairs = a.T * a.K;
   auto mark = [&](int i) {
     if (events) cudaEventRecord(events[i], stream);
   };
   // The routing and the gather launch first; the ~100 tensor maps are made (or found in the cache) while they run.
   mark(0);
-  route_kernel<<<1, kRouteThreads, 0, stream>>>(a.experts, a.T, a.K, a.E, a.meta, a.y_rows, a.xs_rows);
+  route_kernel<<<1, kRouteThreads, 0, stream>>>(a.experts, a.T, a.K, a.E, a.meta, a.rows_pair, a.pair_row);
   mark(1);
   GemmParams g1{}, g2{};
-  gather_kernel<<<a.T, 256, 0, stream>>>(static_cast<const __half*>(a.x), a.xs_rows, static_cast<__half*>(a.xs),
+  gather_kernel<<<a.T, 256, 0, stream>>>(static_cast<const __half*>(a.x), a.pair_row, static_cast<__half*>(a.xs),
                                         a.K, a.d);
   mark(2);
-  bool ok = map_f16(&g1.a[0], a.xs, a.d, static_cast<uint64_t>(a.T) * a.K, kBM) && map_f16(&g1.a[1], a.x, a.d, a.T, kBM) &&
-            map_f16(&g1.c, a.h, a.dexp, rows, 64) && map_f16(&g2.a[0], a.h, a.dexp, rows, kBM) &&
-            map_f16(&g2.c, a.y, a.d, rows, 64);
+  bool ok = map_f16(&g1.a[0], a.xs, a.d, pairs, kBM) && map_f16(&g1.a[1], a.x, a.d, a.T, kBM) &&
+            map_f16(&g2.a[0], a.h, a.dexp, pairs + a.T, kBM);
   for (int g = 0; ok && g < G; ++g) {
     ok = map_f16(&g1.b[g], a.w_gate[g], a.dexp, a.d, kBK) &&
          map_f16(&g1.b[kMaxGroups + g], a.w_up[g], a.dexp, a.d, kBK) &&
@@ -132,25 +128,29 @@ const char* moe_run(const MoeArgs& a, cudaStream_t stream, cudaEvent_t* events) 
   if (!ok) return "moe cuda: cuTensorMapEncodeTiled failed (driver entry point missing or misaligned weights)";
   g1.meta = g2.meta = a.meta;
   g1.groups = g2.groups = G;
+  g1.out = static_cast<__half*>(a.h);
+  g1.n_out = a.dexp;
   g1.n_tiles = a.dexp / 128;
   g1.k = a.d;
+  g2.out = static_cast<__half*>(a.y);
+  g2.out_rows = a.rows_pair;
+  g2.n_out = a.d;
   g2.n_tiles = a.d / 256;
   g2.k = a.dexp;
+  g2.shared_out_row0 = pairs;
   g1.skip_empty_halves = g2.skip_empty_halves = a.skip_empty_halves;
   gemm_kernel(true, a.stages)<<<info.sms, kThreads, smem_bytes(a.stages), stream>>>(g1);
   mark(3);
   gemm_kernel(false, a.stages)<<<info.sms, kThreads, smem_bytes(a.stages), stream>>>(g2);
   mark(4);
-  if (a.out) moe_run_combine(a.y, a.y_rows, a.scores, a.out, a.T, a.K, a.d, stream);
+  if (a.out) moe_run_combine(a.y, a.scores, a.out, a.T, a.K, a.d, stream);
   mark(5);
   return kb::launch_error("moe cuda");
 }
 
-const char* moe_run_combine(const void* y, const int* y_rows, const void* scores, void* out, int T, int K, int d,
-                            cudaStream_t stream) {
+const char* moe_run_combine(const void* y, const void* scores, void* out, int T, int K, int d, cudaStream_t stream) {
   const long long chunks = static_cast<long long>(T) * (d / 8);
   combine_kernel<<<static_cast<int>((chunks + 255) / 256), 256, 0, stream>>>(
-      static_cast<const __half*>(y), y_rows, static_cast<const __half*>(scores), static_cast<__half*>(out), T, K,
-      d);
+      static_cast<const __half*>(y), static_cast<const __half*>(scores), static_cast<__half*>(out), T, K, d);
   return kb::launch_error("moe cuda combine");
 }

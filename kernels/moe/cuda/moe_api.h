@@ -14,13 +14,13 @@ struct MoeArgs {
   const void* w_up[kMoeMaxRouted + 1];    // fp16 [d][dexp]
   const void* w_down[kMoeMaxRouted + 1];  // fp16 [dexp][d]
   int T, K, E, d, dexp;
-  // workspaces (device memory; rows = moe_slot_rows(T, K, E): slot rows, grouped_gemm.cuh)
+  // workspaces (device memory, sized by moe_workspace_bytes)
   int* meta;          // [2 * (E + 2)]: group row offsets, then m-tile offsets
-  int* y_rows;        // [T][K + 1]: the slot row of token t's pair k, then of its shared-expert output
-  int* xs_rows;       // [T*K]: the row of XS pair t*K + k is gathered into (expert order, no padding)
-  void* xs;           // fp16 [T*K][d]: the routed rows gathered in expert order, groups back to back
-  void* h;            // fp16 [rows][dexp]: silu(gate) * up by slot row
-  void* y;            // fp16 [rows][d]: each slot row's expert output (the shared expert's included)
+  int* rows_pair;     // [T*K] pair index t*K + k of each expert-sorted row (the row of Y it lands in)
+  int* pair_row;      // [T*K] the inverse: the sorted row of pair t*K + k
+  void* xs;           // fp16 [T*K][d]: the routed rows gathered in expert order
+  void* h;            // fp16 [T*K + T][dexp]: silu(gate) * up, routed rows then the shared expert's
+  void* y;            // fp16 [T*K + T][d]: expert outputs, pair order, then the shared expert's
   void* out;          // fp16 [T][d], written; nullptr: stop after GEMM 2 (Y holds the result, moe_run_combine)
   int skip_empty_halves;  // MoeConfig::skip_empty_halves
   int stages;             // MoeConfig::stages
@@ -39,12 +39,8 @@ void moe_describe(const MoeConfig& c, char* buf, int size);
 
 // Checks the shapes the kernels take; nullptr or a one-line reason.
 const char* moe_supported(int T, int K, int E, int d, int dexp);
-// Rows H and Y need: every pair and every token's shared row, each group padded to whole 128-row tiles.
-long long moe_slot_rows(int T, int K, int E);
-// Enqueues route -> gather -> GEMM 1 (gate|up, SiLU*up) -> GEMM 2 (down) -> combine (a gather of each token's
-// slot rows) on `stream`.
+// Enqueues route -> gather -> GEMM 1 (gate|up, SiLU*up) -> GEMM 2 (down, scatter) -> combine on `stream`.
 // events (optional, for benchmarks): 6 events recorded before, between and after the five stages.
 const char* moe_run(const MoeArgs& args, cudaStream_t stream, cudaEvent_t* events = nullptr);
-// The combine alone: out [T][d] = y[y_rows[t][K]] + sum_k scores[t][k] * y[y_rows[t][k]] (fp16 in and out).
-const char* moe_run_combine(const void* y, const int* y_rows, const void* scores, void* out, int T, int K, int d,
-                            cudaStream_t stream);
+// The combine alone: out [T][d] = y's shared row T*K + t + sum_k scores[t][k] * y's row t*K + k (fp16 in and out).
+const char* moe_run_combine(const void* y, const void* scores, void* out, int T, int K, int d, cudaStream_t stream);

@@ -1,9 +1,8 @@
 // The MoE layer's data movement around the two grouped GEMMs, all on the device (no host synchronisation):
-//   route_kernel    sort the (token, slot) pairs by expert: counts, offsets, m-tile offsets, each pair's slot row
-//   gather_kernel   copy each token's row to its K rows of XS, in expert order (GEMM 1's A operand, read by TMA;
-//                   loading one row a TMA box inside GEMM 1 instead made it 4.5x slower, docs/moe-notes.md)
+//   route_kernel    sort the (token, slot) pairs by expert: counts, offsets, m-tile offsets, the permutation both ways
+//   gather_kernel   copy each token's row to its K places in expert order (GEMM 1's A operand, read by TMA; loading
+//                   one row a TMA box inside GEMM 1 instead made it 4.5x slower, docs/moe-notes.md)
 //   combine_kernel  out[t] = shared(t) + sum_k score[t, k] * expert_k(t), summed in fp32 in slot order, rounded once
-// Slot rows (grouped_gemm.cuh): group g's rows start at 128 x its first m-tile.
 #pragma once
 #include <cstdint>
 #include <cuda_fp16.h>
@@ -14,19 +13,17 @@ namespace moe {
 
 constexpr int kRouteThreads = 1024;
 
-// One block. experts [T*K] (int64, torch.topk's indices); writes meta (see GemmParams), y_rows ([T][K + 1]: the
-// slot row of token t's pair k in H and Y, then of its shared-expert row) and xs_rows ([T*K]: the row of pair
-// t*K + k in XS, where the groups lie back to back). Groups: E routed experts, then the shared expert with all T
-// tokens in token order. Each warp counts its own pairs (pair i belongs to warp (i / 32) % 32), so the shared-memory
-// atomics contend only within a warp; expert e's rows are ordered by warp, then by arrival.
+// One block. experts [T*K] (int64, torch.topk's indices); writes meta (see GemmParams), rows_pair ([T*K]: for each
+// expert-sorted row, its pair index t*K + k) and its inverse pair_row ([T*K]: the sorted row of pair t*K + k).
+// Groups: E routed experts, then the shared expert with all T tokens. Each warp counts its own pairs (pair i belongs
+// to warp (i / 32) % 32), so the shared-memory atomics contend only within a warp; expert e's rows are ordered by
+// warp, then by arrival.
 __global__ void __launch_bounds__(kRouteThreads) route_kernel(const int64_t* __restrict__ experts, int T, int K,
                                                               int E, int* __restrict__ meta,
-                                                              int* __restrict__ y_rows,
-                                                              int* __restrict__ xs_rows) {
+                                                              int* __restrict__ rows_pair,
+                                                              int* __restrict__ pair_row) {
   constexpr int kWarps = kRouteThreads / 32, kBatch = 16;
-  __shared__ int cnt[kWarps][kMaxGroups];  // per warp, per expert: count, then the warp's first slot row of it
-  __shared__ int shared_slot0;              // the shared expert's first slot row
-  __shared__ int padding[kMaxGroups];       // slot row - XS row, per group: the padding of the groups before it
+  __shared__ int cnt[kWarps][kMaxGroups];  // per warp, per expert: count, then the warp's first row of the expert
   const int pairs = T * K, G = E + 1, warp = threadIdx.x / 32;
   for (int i = threadIdx.x; i < kWarps * kMaxGroups; i += blockDim.x) (&cnt[0][0])[i] = 0;
   __syncthreads();
@@ -55,14 +52,11 @@ __global__ void __launch_bounds__(kRouteThreads) route_kernel(const int64_t* __r
       int rows = T;  // the shared expert takes every token
       if (g < E) {
         rows = 0;
-        for (int w = 0; w < kWarps; ++w) {  // counts -> each warp's first slot row of expert g
+        for (int w = 0; w < kWarps; ++w) {  // counts -> each warp's first row of expert g
           const int c = cnt[w][g];
-          cnt[w][g] = mtile * kBM + rows;
+          cnt[w][g] = row + rows;
           rows += c;
         }
-        padding[g] = mtile * kBM - row;
-      } else {
-        shared_slot0 = mtile * kBM;
       }
       row += rows;
       mtile += (rows + kBM - 1) / kBM;
@@ -72,22 +66,21 @@ __global__ void __launch_bounds__(kRouteThreads) route_kernel(const int64_t* __r
   }
   __syncthreads();
   for_pairs([&](int i, int e) {
-    const int slot = atomicAdd(&cnt[warp][e], 1);
-    y_rows[i + i / K] = slot;  // [t][k] of [T][K + 1]
-    xs_rows[i] = slot - padding[e];
+    const int pos = atomicAdd(&cnt[warp][e], 1);
+    rows_pair[pos] = i;
+    pair_row[i] = pos;
   });
-  for (int t = threadIdx.x; t < T; t += blockDim.x) y_rows[t * (K + 1) + K] = shared_slot0 + t;
 }
 
-// xs[xs_rows[t*K + k]] = x[t] for every token t and slot k; one block per token, 16-byte copies, d % 8 == 0.
+// xs[pair_row[t*K + k]] = x[t] for every token t and slot k; one block per token, 16-byte copies, d % 8 == 0.
 // Token order: each row of x is read once (in expert order each is read K times, and x outgrows L2 at 8192
 // tokens: 117 MB).
-__global__ void gather_kernel(const __half* __restrict__ x, const int* __restrict__ xs_rows, __half* __restrict__ xs,
+__global__ void gather_kernel(const __half* __restrict__ x, const int* __restrict__ pair_row, __half* __restrict__ xs,
                               int K, int d) {
   __shared__ uint4* dst[kMaxGroups];  // the token's K rows of xs (K <= routed experts < kMaxGroups)
   const int t = blockIdx.x;
   if (threadIdx.x < K)
-    dst[threadIdx.x] = reinterpret_cast<uint4*>(xs + static_cast<long long>(xs_rows[t * K + threadIdx.x]) * d);
+    dst[threadIdx.x] = reinterpret_cast<uint4*>(xs + static_cast<long long>(pair_row[t * K + threadIdx.x]) * d);
   __syncthreads();
   const uint4* src = reinterpret_cast<const uint4*>(x + static_cast<long long>(t) * d);
   for (int c = threadIdx.x; c < d / 8; c += blockDim.x) {
@@ -96,18 +89,17 @@ __global__ void gather_kernel(const __half* __restrict__ x, const int* __restric
   }
 }
 
-// out[t] = fp16(y[y_rows[t][K]] + sum_k score[t, k] * y[y_rows[t][k]]) in fp32; one thread per 8 columns of a
-// token. y: [slot rows][d] fp16; y_rows int32 [T][K + 1] (route_kernel); scores fp16 [T][K].
-__global__ void combine_kernel(const __half* __restrict__ y, const int* __restrict__ y_rows,
-                               const __half* __restrict__ scores, __half* __restrict__ out, int T, int K, int d) {
+// out[t] = fp16(y_shared[t] + sum_k score[t, k] * y[t*K + k]) in fp32; one thread per 8 columns of a token.
+// y: [T*K + T][d] (pair rows, then the shared expert's rows); scores fp16 [T][K].
+__global__ void combine_kernel(const __half* __restrict__ y, const __half* __restrict__ scores,
+                               __half* __restrict__ out, int T, int K, int d) {
   const long long idx = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
   const int chunks = d / 8;
   if (idx >= static_cast<long long>(T) * chunks) return;
   const int t = static_cast<int>(idx / chunks), c = static_cast<int>(idx % chunks);
   float acc[8];
   {
-    const int row = y_rows[t * (K + 1) + K];
-    const uint4 v = *reinterpret_cast<const uint4*>(y + static_cast<long long>(row) * d + c * 8);
+    const uint4 v = *reinterpret_cast<const uint4*>(y + (static_cast<long long>(T) * K + t) * d + c * 8);
     const __half2* h = reinterpret_cast<const __half2*>(&v);
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
@@ -118,8 +110,7 @@ __global__ void combine_kernel(const __half* __restrict__ y, const int* __restri
   }
   for (int k = 0; k < K; ++k) {
     const float w = __half2float(scores[static_cast<long long>(t) * K + k]);
-    const int row = y_rows[t * (K + 1) + k];
-    const uint4 v = *reinterpret_cast<const uint4*>(y + static_cast<long long>(row) * d + c * 8);
+    const uint4 v = *reinterpret_cast<const uint4*>(y + (static_cast<long long>(t) * K + k) * d + c * 8);
     const __half2* h = reinterpret_cast<const __half2*>(&v);
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
