@@ -144,18 +144,27 @@ def time_case(case, cuda_mod, torch_mod, runs, candidates, revisions) -> dict:
     return row
 
 
+def stage_of(kernel: str) -> str:
+    """The STAGES name of one of the backend's kernels, from its profiler name ("void moe::route_kernel(...)")."""
+    name = kernel.split("(")[0].replace("void ", "").replace("moe::", "")
+    return {"grouped_gemm_kernel<true": "gemm1", "grouped_gemm_kernel<false": "gemm2"}.get(
+        name.split(",")[0], name.replace("_kernel", ""))
+
+
 def kernel_paths(cuda_mod, revisions: dict, runs: int, rounds: int = 2) -> None:
     """Per kernel, the median device time (torch profiler) of the same layer called through each entry point on the
     benchmark cases: the extension's one call (combine inside), its staged variant (events between the launches;
     also each revision's), moe_experts then moe_combine from Python, custom_kernel eager (KBENCH_MOE_GRAPH=0) and
-    custom_kernel replaying its graph. Every path runs once a
-    round, the rounds one after the other (a cell: round 1 / round 2 ...), so drift over the process shows. A kernel
-    whose time depends on the path shows what the path changes."""
+    custom_kernel replaying its graph. Every path runs once a round, the rounds one after the other (a cell: round
+    1 / round 2 ...), so drift over the process shows. A kernel whose time depends on the path shows what the path
+    changes. Rows: metric "profiler", backend "cuda[<path>]/<kernel>" (a revision's: "<rev>[staged]/<kernel>"), one
+    a round."""
     from torch.profiler import ProfilerActivity, profile
 
     from kbench.evaluator import timing
 
     ref = problems.load_modules("moe").reference
+    gpu, results = torch.cuda.get_device_name(), []
     for case in problems.load_spec("moe").benchmarks:
         data = ref.generate_input(**problems.official_case(case))
         x, weights, config = data
@@ -190,14 +199,19 @@ def kernel_paths(cuda_mod, revisions: dict, runs: int, rounds: int = 2) -> None:
                 per_kernel = {}
                 for kname, _, dur in timing.device_work(prof):
                     if kname.startswith(("void moe::", "moe::")):
-                        per_kernel.setdefault(kname.split("(")[0].replace("void ", "")[5:], []).append(dur)
+                        per_kernel.setdefault(stage_of(kname), []).append(dur)
                 for kname, durs in per_kernel.items():
                     table.setdefault(kname, {}).setdefault(name, []).append(benchlib.median(durs))
         benchlib.table(f"moe kernels by entry point (us, median of {runs} a round): {problems.format_case(case)}",
                        ["kernel", *paths],
                        [[kn] + [" / ".join(f"{m:.0f}" for m in v[p]) if p in v else "—" for p in paths]
                         for kn, v in table.items()])
+        line = problems.format_case(case)
+        results += [benchlib.Row(gpu, 1, (f"{p[:-len(' staged')]}[staged]" if p.endswith(" staged")
+                                          else f"cuda[{p.replace(' ', '-')}]") + f"/{kn}", "profiler", line, m)
+                    for kn, v in table.items() for p in paths for m in v.get(p, [])]
         del data
+    benchlib.record("moe", results)
 
 
 def main():
