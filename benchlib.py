@@ -61,6 +61,11 @@ def _carried_kernels(rev: str) -> Path | None:
     return tree if tree.is_dir() else None
 
 
+def revision_label(backend: str, rev: str) -> str:
+    """The backend name rows of ``backend`` at ``rev`` go under: "<backend>@<rev>" (a carried folder: its name)."""
+    return f"{backend}@{Path(rev).name if _carried_kernels(rev) else rev}"
+
+
 def kernels_at(rev: str) -> Path:
     """The kernels/ tree of git revision ``rev`` of the checkout kbench runs from, extracted to a temporary folder
     (kept for the process: its builds import from there); a carried folder (_carried_kernels) is taken as it is."""
@@ -320,7 +325,7 @@ def checked_revisions(problem: str, backend: str, revs: Sequence[str], check: Ca
     passed, failures = {}, []
     for rev in revs:
         mod = build(problem, backend, dev=dev, rev=rev)
-        label = f"{backend}@{Path(rev).name if _carried_kernels(rev) else rev}"  # a carried folder: its name
+        label = revision_label(backend, rev)
         wrong = [f"{label}: {w}" for w in check(mod)]
         failures += wrong
         passed.update({} if wrong else {label: mod})

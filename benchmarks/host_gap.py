@@ -28,7 +28,6 @@ import cProfile
 import pstats
 import statistics
 import time
-from pathlib import Path
 
 import torch
 
@@ -95,14 +94,14 @@ def main():
     ap.add_argument("--cprofile", action="store_true", help="cProfile the timed runs (top 15 functions a case)")
     ap.add_argument("--profile", type=int, default=0, metavar="N", help="N more runs under the profiler per case")
     ap.add_argument("--rev", metavar="REV", help="the backend as it was at this git revision (or a carried kernels "
-                    "folder, benchlib.kernels_at); rows under <backend>@<rev>")
+                    "folder, benchlib.kernels_at); rows under benchlib.revision_label")
     args = ap.parse_args()
     spec = problems.load_spec(args.problem)
     if spec.distributed:
         raise SystemExit(f"{args.problem} is distributed: its official window is the ranks' "
                          "(benchmarks/distributed.py)")
     mod = benchlib.build(args.problem, args.backend, rev=args.rev)
-    label_backend = f"{args.backend}@{Path(args.rev).name}" if args.rev else args.backend
+    label_backend = benchlib.revision_label(args.backend, args.rev) if args.rev else args.backend
     ref = problems.load_modules(args.problem).reference
     clone_inputs = spec.protocol.clone_inputs
     flush_buf = torch.empty(64 * 1024 * 1024, dtype=torch.int32, device="cuda")

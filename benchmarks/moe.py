@@ -100,10 +100,20 @@ def flashinfer_moe(data, ref):
     return best
 
 
+def extension_args(data) -> tuple:
+    """The extension's arguments for one official input, routed as custom_kernel routes it: (x [T, d], experts
+    [T, K] int64, scores [T, K] fp16, gate, up and down weight lists: the routed experts', then the shared one's)."""
+    x, weights, config = data
+    k = config["n_experts_per_token"]
+    scores, experts = torch.topk(F.linear(x, weights["router.weight"]).softmax(-1), k=k, dim=-1, sorted=False)
+    names = [f"experts.{e}" for e in range(config["n_routed_experts"])] + ["shared_experts"]
+    ws = [[weights[f"{n}.{i}.weight"] for n in names] for i in range(3)]
+    return (x.view(-1, x.shape[-1]), experts.view(-1, k), scores.view(-1, k), *ws)
+
+
 def time_case(case, cuda_mod, torch_mod, runs, candidates, revisions) -> dict:
     ref = problems.load_modules("moe").reference
     data = ref.generate_input(**problems.official_case(case))
-    x, weights, config = data
     timer = benchlib.Timer()
     row = {"case": problems.format_case(case), "floor": floor_us(case),
            "cuda": timer(lambda: cuda_mod.custom_kernel(data), runs),
@@ -128,12 +138,7 @@ def time_case(case, cuda_mod, torch_mod, runs, candidates, revisions) -> dict:
             print(f"torch grouped bf16: {type(exc).__name__}: {exc}", flush=True)
         torch_mod.MOE_PATH, torch_mod.GROUPED_DTYPE = "auto", None
     # the five stages, from events between the launches (median per stage), for revisions too (their dev builds)
-    bs, seqlen, d = x.shape
-    k = config["n_experts_per_token"]
-    scores, experts = torch.topk(F.linear(x, weights["router.weight"]).softmax(-1), k=k, dim=-1, sorted=False)
-    names = [f"experts.{e}" for e in range(config["n_routed_experts"])] + ["shared_experts"]
-    args = (x.view(-1, d), experts.view(-1, k), scores.view(-1, k), [weights[f"{n}.0.weight"] for n in names],
-            [weights[f"{n}.1.weight"] for n in names], [weights[f"{n}.2.weight"] for n in names])
+    args = extension_args(data)
     staged = [("", cuda_mod, {})] + [(f"cuda+{n}/", cuda_mod, CANDIDATES[n]) for n in candidates] + \
         [(f"{n}/", mod, {}) for n, mod in revisions.items() if hasattr(mod.ext, "moe_forward_staged")]
     for prefix, mod, settings in staged:
@@ -167,12 +172,7 @@ def kernel_paths(cuda_mod, revisions: dict, runs: int, rounds: int = 2) -> None:
     gpu, results = torch.cuda.get_device_name(), []
     for case in problems.load_spec("moe").benchmarks:
         data = ref.generate_input(**problems.official_case(case))
-        x, weights, config = data
-        k = config["n_experts_per_token"]
-        scores, experts = torch.topk(F.linear(x, weights["router.weight"]).softmax(-1), k=k, dim=-1, sorted=False)
-        names = [f"experts.{e}" for e in range(config["n_routed_experts"])] + ["shared_experts"]
-        ws = [[weights[f"{n}.{i}.weight"] for n in names] for i in range(3)]
-        args = (x.view(-1, x.shape[-1]), experts.view(-1, k), scores.view(-1, k), *ws)
+        args = extension_args(data)
 
         def experts_then_combine():
             y = cuda_mod.ext.moe_experts(*args)  # Y, or (Y, its rows): the slot-row candidate e8b7aa9

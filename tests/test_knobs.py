@@ -165,11 +165,13 @@ def test_a_carried_kernels_folder_stands_for_a_revision(tmp_path):
     assert callable(mod.custom_kernel)
 
 
-def test_every_mla_config_knob_keys_the_captured_graph():
-    """A knob mla_config reads but the graph key leaves out would replay the configuration captured first: a
-    candidate timed through the whole call would silently run the default (it did, for KBENCH_MLA_SEESAW)."""
-    backend = ROOT / "kernels" / "mla-decode" / "cuda"
-    read = set(re.findall(r'env_int\("(KBENCH_MLA_\w+)"', (backend / "mla_config.h").read_text()))
-    keyed = re.search(r"_CONFIG_KNOBS = \(([^)]*)\)", (backend / "entry.py").read_text())
+@pytest.mark.parametrize("problem,config_source,key_tuple,prefix", [
+    ("mla-decode", "mla_config.h", "_CONFIG_KNOBS", "KBENCH_MLA_"), ("moe", "moe.cu", "_KNOBS", "KBENCH_MOE_")])
+def test_every_config_knob_keys_the_captured_graph(problem, config_source, key_tuple, prefix):
+    """A knob the backend's config reads but the graph key leaves out would replay the configuration captured first:
+    a candidate timed through the whole call would silently run the default (it did, for KBENCH_MLA_SEESAW)."""
+    backend = ROOT / "kernels" / problem / "cuda"
+    read = set(re.findall(rf'env_int\("({prefix}\w+)"', (backend / config_source).read_text()))
+    keyed = re.search(rf"{key_tuple} = \(([^)]*)\)", (backend / "entry.py").read_text())
     assert read and keyed
-    assert read == set(re.findall(r'"(KBENCH_MLA_\w+)"', keyed.group(1)))
+    assert read == set(re.findall(rf'"({prefix}\w+)"', keyed.group(1)))
