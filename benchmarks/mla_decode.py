@@ -34,7 +34,8 @@ CANDIDATES = {"eager": {"KBENCH_MLA_GRAPH": "0"},
               "rope-after-tile": {"KBENCH_MLA_ROPE_FIRST": "0"},
               "two-s": {"KBENCH_MLA_S_ONCE": "0"},
               "two-s-no-prefetch": {"KBENCH_MLA_S_ONCE": "0", "KBENCH_MLA_PREFETCH_TABLES": "0"},
-              "seesaw": {"KBENCH_MLA_SEESAW": "1"}}
+              "seesaw": {"KBENCH_MLA_SEESAW": "1"},
+              "multicast": {"KBENCH_MLA_MULTICAST": "1"}}
 
 
 def checks(mod, ref) -> list[str]:
@@ -210,7 +211,8 @@ def phase_trace(trace_out: str | None = None) -> None:
     at each role's points of the tile loop in the first 8 CTAs; prints the median of each interval over the middle
     tiles (cycles and us at the SM clock), plus the TMA issue -> landed latency. Rows: cuda[dev]/trace:<phase>,
     metric trace. With KBENCH_MLA_SEESAW=1 the seesaw kernel's stamps instead (SEESAW_TRACE_PHASES, per pair of
-    tiles; rows cuda+seesaw[dev]/trace:<phase>). trace_out: also save each case's raw stamps (int64 [ctas, roles,
+    tiles; rows cuda+seesaw[dev]/trace:<phase>); with another candidate's knobs set, rows
+    cuda+<candidate>[dev]/trace:<phase>. trace_out: also save each case's raw stamps (int64 [ctas, roles,
     tiles, events]) as <trace_out>_<prefill>.pt."""
     gpu = torch.cuda.get_device_name()
     ref = problems.load_modules("mla-decode").reference
@@ -245,7 +247,8 @@ def trace_rows(t: torch.Tensor, kv_len: int, gpu: str, label: str, table: list, 
     """The trace's intervals as rows (backend <backend>/trace:<phase>, metric trace, us at the measured clock),
     and a line of the printed table appended to table. t: one case's stamps (float64, TRACE_SHAPE)."""
     mhz = trace_clock_mhz(t)
-    backend = backend or ("cuda+seesaw[dev]" if seesaw else "cuda[dev]")
+    traced = next((n for n, k in CANDIDATES.items() if all(os.environ.get(a) == v for a, v in k.items())), None)
+    backend = backend or (f"cuda+{traced}[dev]" if traced else "cuda[dev]")  # the candidate whose knobs are set
     steps = min((kv_len + 63) // 64, TRACE_SHAPE[2]) // (2 if seesaw else 1)
     line, rows = [label.split("; seed")[0] + f" ({mhz:.0f} MHz)"], []
     for name, cycles in trace_intervals(t, steps, SEESAW_TRACE_PHASES if seesaw else TRACE_PHASES).items():
