@@ -134,17 +134,15 @@ __device__ __forceinline__ void rotate_in_place(uint8_t* rope_block, int r, int 
 }
 
 // The CTA's batch row, head group, split and its tiles [tile0, tile1) of the cache (kv_len read from device memory).
-// pair_head_groups: CTAs 2k and 2k + 1 are the two head groups of one (batch row, split), the pair a cluster of two
-// shares its loads in (the multicast schedule); otherwise the splits of one (row, head group) are adjacent.
 struct CtaWork {
   int b, hg, split, kv_len, tile0, tile1;
 };
 
-__device__ __forceinline__ CtaWork cta_work(const Params& p, bool pair_head_groups = false) {
+__device__ __forceinline__ CtaWork cta_work(const Params& p) {
   CtaWork c;
   c.b = blockIdx.x / (2 * p.splits);
-  c.hg = pair_head_groups ? blockIdx.x % 2 : (blockIdx.x / p.splits) % 2;
-  c.split = pair_head_groups ? (blockIdx.x / 2) % p.splits : blockIdx.x % p.splits;
+  c.hg = (blockIdx.x / p.splits) % 2;
+  c.split = blockIdx.x % p.splits;
   c.kv_len = *p.kv_len;
   const int num_tiles = (c.kv_len + kTile - 1) / kTile;
   const int tiles_per_split = (num_tiles + p.splits - 1) / p.splits;
@@ -156,19 +154,10 @@ __device__ __forceinline__ CtaWork cta_work(const Params& p, bool pair_head_grou
 // The producer thread: Q once, then the CTA's cache tiles through the kStages ring (full: bytes landed; empty: the
 // consumers' 8 warps are done with the stage). With rope_landed, each tile's rope block (block 8) is loaded first,
 // on rope_landed[s], and full[s] counts only the 8 latent blocks (its other arrivals are the rotators').
-// mc_rank >= 0 (a cluster of two, the multicast schedule): both CTAs read the same tiles, so each issues some of a
-// tile's boxes (rank 0 the rope block and latent blocks 0-3, rank 1 blocks 4-7) into both CTAs' shared memory;
-// each still expects the whole tile on its own barriers, and `empty` then counts both CTAs' consumer warps.
 __device__ __forceinline__ void load_q_and_tiles(const CUtensorMap* tm_q, const CUtensorMap* tm_kv, uint8_t* s_q,
                                                  uint8_t* s_kv, uint64_t* q_full, uint64_t* full, uint64_t* empty,
                                                  const CtaWork& c, int max_seq, uint64_t* rope_landed = nullptr,
-                                                 const Params* trace = nullptr, int mc_rank = -1) {
-  auto load_box = [&](uint8_t* stage, int j, uint64_t* bar, int row) {
-    if (mc_rank < 0)
-      tma_load_2d(stage + j * kBlockBytes, tm_kv, bar, j * 64, row);
-    else if ((j == kBlocks - 1 ? 0 : j / 4) == mc_rank)
-      tma_load_2d_multicast(stage + j * kBlockBytes, tm_kv, bar, j * 64, row, 0x3);
-  };
+                                                 const Params* trace = nullptr) {
   tma_prefetch_desc(tm_q);
   tma_prefetch_desc(tm_kv);
   mbar_arrive_expect_tx(q_full, kTileBytes);
@@ -184,11 +173,11 @@ __device__ __forceinline__ void load_q_and_tiles(const CUtensorMap* tm_q, const 
     if (rope_landed) {
       mbar_arrive_expect_tx(&full[s], kTileBytes - kBlockBytes);
       mbar_arrive_expect_tx(&rope_landed[s], kBlockBytes);
-      load_box(stage, kBlocks - 1, &rope_landed[s], row);
-      for (int j = 0; j < kBlocks - 1; ++j) load_box(stage, j, &full[s], row);
+      tma_load_2d(stage + (kBlocks - 1) * kBlockBytes, tm_kv, &rope_landed[s], (kBlocks - 1) * 64, row);
+      for (int j = 0; j < kBlocks - 1; ++j) tma_load_2d(stage + j * kBlockBytes, tm_kv, &full[s], j * 64, row);
     } else {
       mbar_arrive_expect_tx(&full[s], kTileBytes);
-      for (int j = 0; j < kBlocks; ++j) load_box(stage, j, &full[s], row);
+      for (int j = 0; j < kBlocks; ++j) tma_load_2d(stage + j * kBlockBytes, tm_kv, &full[s], j * 64, row);
     }
     if (++s == kStages) {
       s = 0;

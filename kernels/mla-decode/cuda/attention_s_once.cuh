@@ -176,10 +176,7 @@ __device__ __forceinline__ void rotate_tiles(int u, const CtaWork& work, const P
   }
 }
 
-// kMulticast (MlaConfig::multicast, a candidate; launched as clusters of two): the CTAs of a batch row's two head
-// groups read the same tiles, each pulled through L2 once for both by TMA multicast (load_q_and_tiles); a stage is
-// free once both CTAs' consumers have released it (docs/mla-decode-notes.md, finding 22).
-template <bool kRopeFirst, bool kMulticast = false>
+template <bool kRopeFirst>
 __global__ void __launch_bounds__(kThreads, 1) mla_attention_s_once_kernel(const __grid_constant__ CUtensorMap tm_q,
                                                                            const __grid_constant__ CUtensorMap tm_kv,
                                                                            const Params p) {
@@ -197,7 +194,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_attention_s_once_kernel(const
   uint64_t* roped = full + kStages;   // ... and the rope columns rotated (kRopeFirst: and the latent blocks landed)
   uint64_t* empty = roped + kStages;  // both consumer warpgroups done with the stage
 
-  const CtaWork work = cta_work(p, kMulticast);
+  const CtaWork work = cta_work(p);
   const int kv_len = work.kv_len, tile0 = work.tile0, tile1 = work.tile1;
 
   if (threadIdx.x == 0) {
@@ -205,21 +202,18 @@ __global__ void __launch_bounds__(kThreads, 1) mla_attention_s_once_kernel(const
     for (int s = 0; s < kStages; ++s) {
       mbar_init(&full[s], 1);
       mbar_init(&roped[s], kRotators + (kRopeFirst ? 1 : 0));
-      mbar_init(&empty[s], kMulticast ? 16 : 8);  // one arrive per consumer warp (of both CTAs)
+      mbar_init(&empty[s], 8);  // one arrive per consumer warp
     }
     fence_mbar_init();
   }
-  if constexpr (kMulticast)
-    cluster_sync();  // the peer's barriers exist before its loads land here or this CTA arrives on them
-  else
-    __syncthreads();
+  __syncthreads();
 
   if (threadIdx.x >= 256) {  // producer warpgroup: warp 0 loads, warps 1-3 rotate
     setmaxnreg_dec<kProducerRegs>();
     const int pt = threadIdx.x - 256;
     if (pt == 0) {
       load_q_and_tiles(&tm_q, &tm_kv, s_q, s_kv, q_full, kRopeFirst ? roped : full, empty, work, p.max_seq,
-                       kRopeFirst ? full : nullptr, &p, kMulticast ? static_cast<int>(cluster_ctarank()) : -1);
+                       kRopeFirst ? full : nullptr, &p);
     } else if (pt >= 32) {
       rotate_tiles(pt - 32, work, p, s_kv, full, roped);
     }
@@ -243,21 +237,12 @@ __global__ void __launch_bounds__(kThreads, 1) mla_attention_s_once_kernel(const
   // One loop per warpgroup (their work differs; a shared loop branches around every wgmma).
   int s = 0;
   uint32_t phase = 0;
-  // After a warpgroup's last read of stage s (tile i, its P V waited for): hand the stage back to the producer(s), go
-  // to the next. With kMulticast the peer's producer needs it too; the last kStages tiles are released to nobody (no
-  // load follows them), so that no arrive can reach a peer that has finished and left.
-  auto release_stage = [&](int i) {
+  // After a warpgroup's last read of stage s (its P V waited for): hand the stage back to the producer, go to the next.
+  auto release_stage = [&]() {
 #pragma unroll
     for (int j = 0; j < 128; ++j) reg_fence(o[j]);
     __syncwarp();
-    if (kMulticast) {
-      if (lane == 0 && i + kStages < ntiles) {
-        mbar_arrive(&empty[s]);
-        mbar_arrive_cluster(&empty[s], cluster_ctarank() ^ 1);
-      }
-    } else if (lane == 0) {
-      mbar_arrive(&empty[s]);
-    }
+    if (lane == 0) mbar_arrive(&empty[s]);
     if (++s == kStages) {
       s = 0;
       phase ^= 1;
@@ -324,7 +309,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_attention_s_once_kernel(const
       wgmma_commit();
       wgmma_wait<0>();
       if (t == 0) trace_stamp(p, kTraceWg0, i, 6);
-      release_stage(i);
+      release_stage();
     }
     if (t == 0) trace_clock(p, 2);
   } else {
@@ -354,7 +339,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_attention_s_once_kernel(const
       wgmma_commit();
       wgmma_wait<0>();
       if (t == 0) trace_stamp(p, kTraceWg1, i, 3);
-      release_stage(i);
+      release_stage();
     }
   }
 

@@ -19,9 +19,8 @@
 
 using namespace mla;
 
-// The s-once kernel for a configuration's compile-time choices.
-static auto s_once_kernel(bool rope_first, bool multicast) {
-  if (multicast) return rope_first ? mla_attention_s_once_kernel<true, true> : mla_attention_s_once_kernel<false, true>;
+// The s-once kernel for a configuration's compile-time choice.
+static auto s_once_kernel(bool rope_first) {
   return rope_first ? mla_attention_s_once_kernel<true> : mla_attention_s_once_kernel<false>;
 }
 
@@ -36,18 +35,15 @@ int mla_num_sms() {
     cudaFuncSetAttribute(mla_attention_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
     cudaFuncSetAttribute(mla_attention_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
     for (const bool rope_first : {false, true})
-      for (const bool multicast : {false, true})
-        cudaFuncSetAttribute(s_once_kernel(rope_first, multicast), cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             kSOnceSmemBytes);
+      cudaFuncSetAttribute(s_once_kernel(rope_first), cudaFuncAttributeMaxDynamicSharedMemorySize, kSOnceSmemBytes);
     cudaFuncSetAttribute(mla_attention_seesaw_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSeesawSmemBytes);
   }
   return sms[dev & 63];
 }
 
 void mla_describe(const MlaConfig& c, char* buf, int size) {
-  snprintf(buf, size, "MlaConfig{splits=%d, prefetch_tables=%d, s_once=%d, rope_first=%d, seesaw=%d, multicast=%d}",
-           c.splits, c.prefetch_tables ? 1 : 0, c.s_once ? 1 : 0, c.rope_first ? 1 : 0, c.seesaw ? 1 : 0,
-           c.multicast ? 1 : 0);
+  snprintf(buf, size, "MlaConfig{splits=%d, prefetch_tables=%d, s_once=%d, rope_first=%d, seesaw=%d}", c.splits,
+           c.prefetch_tables ? 1 : 0, c.s_once ? 1 : 0, c.rope_first ? 1 : 0, c.seesaw ? 1 : 0);
 }
 
 const char* mla_run(const MlaArgs& a, cudaStream_t stream) {
@@ -82,21 +78,8 @@ const char* mla_run(const MlaArgs& a, cudaStream_t stream) {
   const dim3 grid(kHeadGroups * a.bs * p.splits);
   if (a.config.seesaw) {
     mla_attention_seesaw_kernel<<<grid, kThreads, kSeesawSmemBytes, stream>>>(tm_q, tm_kv, p);
-  } else if (a.config.s_once && a.config.multicast) {  // clusters of two: a batch row's two head groups
-    cudaLaunchConfig_t launch{};
-    launch.gridDim = grid;
-    launch.blockDim = dim3(kThreads);
-    launch.dynamicSmemBytes = kSOnceSmemBytes;
-    launch.stream = stream;
-    cudaLaunchAttribute cluster{};
-    cluster.id = cudaLaunchAttributeClusterDimension;
-    cluster.val.clusterDim.x = 2;
-    cluster.val.clusterDim.y = cluster.val.clusterDim.z = 1;
-    launch.attrs = &cluster;
-    launch.numAttrs = 1;
-    cudaLaunchKernelEx(&launch, s_once_kernel(a.config.rope_first, true), tm_q, tm_kv, p);
   } else if (a.config.s_once) {
-    s_once_kernel(a.config.rope_first, false)<<<grid, kThreads, kSOnceSmemBytes, stream>>>(tm_q, tm_kv, p);
+    s_once_kernel(a.config.rope_first)<<<grid, kThreads, kSOnceSmemBytes, stream>>>(tm_q, tm_kv, p);
   } else {
     const auto kernel = a.config.prefetch_tables ? mla_attention_kernel<true> : mla_attention_kernel<false>;
     kernel<<<grid, kThreads, kSmemBytes, stream>>>(tm_q, tm_kv, p);
