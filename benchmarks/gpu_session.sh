@@ -16,14 +16,18 @@
 # several GPUs: dist-check, dist-bench (benchmarks/distributed.py), dist-perf (kbench perf), dist-tier, window-ab
 #   (all2all's torch backend judged, alternately, by kbench as it was at the revision in OLD_KBENCH, a `git archive`
 #   tarball, and by kbench now: the multi-rank window before and after it matched the official harness).
-# Everything lands in one archive, $OUT/session.tgz (logs/, records/, results/<problem>.csv from KBENCH_RESULTS):
+# Everything lands in one archive, $OUT/session.tgz (logs/, records/, results/<problem>.csv from KBENCH_RESULTS; a
+# later invocation in the same $OUT: session.2.tgz, ...):
 # unpack it and merge the rows with
 #   python -c "from kbench import benchlib; benchlib.merge('<unpacked>/results', 'benchmarks/results')".
 set -uo pipefail
 export PYTHONUNBUFFERED=1 COLUMNS=160 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 OUT=${OUT:-$PWD/gpu-out}; mkdir -p "$OUT"
 W=$(mktemp -d); mkdir -p "$W/logs" "$W/results" "$W/records"
-pack() { tar czf "$OUT/session.tgz" -C "$W" logs results records; }
+# a second invocation in one device call packs into session.2.tgz, ... (one once replaced the first's archive: its
+# logs and rows were lost)
+pack() { local f="$OUT/session.tgz" n=2; while [ -e "$f" ]; do f="$OUT/session.$n.tgz"; n=$((n + 1)); done
+         tar czf "$f" -C "$W" logs results records; }
 trap pack EXIT
 export KBENCH_RESULTS="$W/results" KBENCH_CACHE="$W/cache"
 python3 -m pip install --no-build-isolation --no-deps -q -e . >"$W/logs/pip.log" 2>&1 || cat "$W/logs/pip.log"
