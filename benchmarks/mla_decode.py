@@ -34,9 +34,7 @@ CANDIDATES = {"eager": {"KBENCH_MLA_GRAPH": "0"},
               "rope-after-tile": {"KBENCH_MLA_ROPE_FIRST": "0"},
               "two-s": {"KBENCH_MLA_S_ONCE": "0"},
               "two-s-no-prefetch": {"KBENCH_MLA_S_ONCE": "0", "KBENCH_MLA_PREFETCH_TABLES": "0"},
-              "seesaw": {"KBENCH_MLA_SEESAW": "1"},
-              "rope-ring": {"KBENCH_MLA_ROPE_RING": "1"},
-              "rope-ring-no-prefetch": {"KBENCH_MLA_ROPE_RING": "1", "KBENCH_MLA_RING_PREFETCH": "0"}}
+              "seesaw": {"KBENCH_MLA_SEESAW": "1"}}
 
 
 def checks(mod, ref) -> list[str]:

@@ -46,7 +46,6 @@ struct Params {
   const int* kv_len;             // [1] in device memory: a captured graph replays for any cache length
   int bs, max_seq, splits;
   float scale_log2;              // log2(e) / sqrt(192)
-  bool ring_prefetch;            // the rope-ring schedule: latent tiles requested into L2 two tiles ahead
 #ifdef KBENCH_DEV
   int skip_rope;                 // timing only (KBENCH_MLA_DEV_SKIP_ROPE): the keys left un-rotated
   long long* trace;              // KBENCH_MLA_DEV_TRACE: clock64 stamps [kTraceCtas][kTraceRoles][kTraceTiles][8]

@@ -29,8 +29,7 @@ _graphs = graph_replay.GraphReplay()
 # The knobs mla_config (mla_config.h) reads on every call: a captured graph holds the configuration they chose, so
 # they are part of its key.
 _CONFIG_KNOBS = ("KBENCH_MLA_SPLITS", "KBENCH_MLA_PREFETCH_TABLES", "KBENCH_MLA_S_ONCE", "KBENCH_MLA_ROPE_FIRST",
-                 "KBENCH_MLA_SEESAW", "KBENCH_MLA_ROPE_RING",
-                 "KBENCH_MLA_RING_PREFETCH")
+                 "KBENCH_MLA_SEESAW")
 
 
 def _rope_tables(max_seq: int, rope: int, device: torch.device):

@@ -12,7 +12,6 @@
 #include "attention.cuh"
 #include "attention_s_once.cuh"
 #include "attention_seesaw.cuh"
-#include "attention_rope_ring.cuh"
 #include "knobs.h"
 #include "launch_error.h"
 #include "mla_api.h"
@@ -38,16 +37,13 @@ int mla_num_sms() {
     for (const bool rope_first : {false, true})
       cudaFuncSetAttribute(s_once_kernel(rope_first), cudaFuncAttributeMaxDynamicSharedMemorySize, kSOnceSmemBytes);
     cudaFuncSetAttribute(mla_attention_seesaw_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSeesawSmemBytes);
-    cudaFuncSetAttribute(mla_attention_rope_ring_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kRingSmemBytes);
   }
   return sms[dev & 63];
 }
 
 void mla_describe(const MlaConfig& c, char* buf, int size) {
-  snprintf(buf, size, "MlaConfig{splits=%d, prefetch_tables=%d, s_once=%d, rope_first=%d, seesaw=%d, rope_ring=%d, "
-           "ring_prefetch=%d}",
-           c.splits, c.prefetch_tables ? 1 : 0, c.s_once ? 1 : 0, c.rope_first ? 1 : 0, c.seesaw ? 1 : 0,
-           c.rope_ring ? 1 : 0, c.ring_prefetch ? 1 : 0);
+  snprintf(buf, size, "MlaConfig{splits=%d, prefetch_tables=%d, s_once=%d, rope_first=%d, seesaw=%d}", c.splits,
+           c.prefetch_tables ? 1 : 0, c.s_once ? 1 : 0, c.rope_first ? 1 : 0, c.seesaw ? 1 : 0);
 }
 
 const char* mla_run(const MlaArgs& a, cudaStream_t stream) {
@@ -70,7 +66,6 @@ const char* mla_run(const MlaArgs& a, cudaStream_t stream) {
   p.kv_len = a.kv_len_dev;
   p.splits = a.config.splits;
   p.scale_log2 = static_cast<float>(1.4426950408889634 / std::sqrt(192.0));
-  p.ring_prefetch = a.config.ring_prefetch;
 #ifdef KBENCH_DEV
   // timing only (benchmarks/mla_decode.py --rope-cost): what the in-kernel RoPE of the keys costs; wrong results
   p.skip_rope = kb::env_int("KBENCH_MLA_DEV_SKIP_ROPE", 0);
@@ -81,9 +76,7 @@ const char* mla_run(const MlaArgs& a, cudaStream_t stream) {
 #endif
   if (p.splits > 1 && (!a.part_o || !a.part_ml)) return "mla cuda: a split plan needs the partial buffers";
   const dim3 grid(kHeadGroups * a.bs * p.splits);
-  if (a.config.rope_ring) {
-    mla_attention_rope_ring_kernel<<<grid, kThreads, kRingSmemBytes, stream>>>(tm_q, tm_kv, p);
-  } else if (a.config.seesaw) {
+  if (a.config.seesaw) {
     mla_attention_seesaw_kernel<<<grid, kThreads, kSeesawSmemBytes, stream>>>(tm_q, tm_kv, p);
   } else if (a.config.s_once) {
     s_once_kernel(a.config.rope_first)<<<grid, kThreads, kSOnceSmemBytes, stream>>>(tm_q, tm_kv, p);

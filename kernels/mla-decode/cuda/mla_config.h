@@ -19,14 +19,11 @@ struct MlaConfig {
   bool rope_first;       // s_once: each tile's rope block loaded first, on its own barrier, and rotated while the
                          // latent blocks land (else the rotation starts once the whole tile has landed)
   bool seesaw;           // attention_seesaw.cuh: the warpgroups take turns at S and the softmax (overrides s_once)
-  bool rope_ring;        // attention_rope_ring.cuh: s-once with the rope blocks in a ring of 3, loaded a tile ahead
-  bool ring_prefetch;    // rope_ring: its loader also prefetches the latent tiles into L2, two tiles ahead
 };
 
 // bs batch rows, kv_len cache rows to read, sms the GPU's SM count. KBENCH_MLA_SPLITS=N forces N splits;
 // KBENCH_MLA_PREFETCH_TABLES=0/1 overrides prefetch_tables, KBENCH_MLA_S_ONCE=0/1 s_once, KBENCH_MLA_ROPE_FIRST=0/1
-// rope_first, KBENCH_MLA_SEESAW=0/1 seesaw, KBENCH_MLA_ROPE_RING=0/1 rope_ring,
-// KBENCH_MLA_RING_PREFETCH=0/1 ring_prefetch. (Early S, the next tile's S issued behind this tile's P V, was a
+// rope_first, KBENCH_MLA_SEESAW=0/1 seesaw. (Early S, the next tile's S issued behind this tile's P V, was a
 // measured miss, +8.6%, removed: docs/mla-decode-notes.md, finding 19.)
 inline MlaConfig mla_config(int bs, int kv_len, int sms) {
   // No split where one CTA per (row, head group) already fills >= 90% of its waves (batch 128 on 132 SMs: 256 CTAs
@@ -52,8 +49,5 @@ inline MlaConfig mla_config(int bs, int kv_len, int sms) {
   const bool rope_first = kb::env_int("KBENCH_MLA_ROPE_FIRST", 1) != 0;
   // seesaw: a candidate (docs/mla-decode-notes.md, finding 20)
   const bool seesaw = kb::env_int("KBENCH_MLA_SEESAW", 0) != 0;
-  // rope_ring: a candidate (docs/mla-decode-notes.md, finding 23)
-  const bool rope_ring = kb::env_int("KBENCH_MLA_ROPE_RING", 0) != 0;
-  const bool ring_prefetch = kb::env_int("KBENCH_MLA_RING_PREFETCH", 1) != 0;
-  return MlaConfig{splits, prefetch_tables, s_once, rope_first, seesaw, rope_ring, ring_prefetch};
+  return MlaConfig{splits, prefetch_tables, s_once, rope_first, seesaw};
 }
