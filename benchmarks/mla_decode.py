@@ -246,8 +246,10 @@ def trace_rows(t: torch.Tensor, kv_len: int, gpu: str, label: str, table: list, 
     """The trace's intervals as rows (backend <backend>/trace:<phase>, metric trace, us at the measured clock),
     and a line of the printed table appended to table. t: one case's stamps (float64, TRACE_SHAPE)."""
     mhz = trace_clock_mhz(t)
-    traced = next((n for n, k in CANDIDATES.items() if all(os.environ.get(a) == v for a, v in k.items())), None)
-    backend = backend or (f"cuda+{traced}[dev]" if traced else "cuda[dev]")  # the candidate whose knobs are set
+    # the candidate whose knobs the environment sets (the most specific, where one's knobs include another's)
+    matching = [n for n, k in CANDIDATES.items() if all(os.environ.get(a) == v for a, v in k.items())]
+    traced = max(matching, key=lambda n: len(CANDIDATES[n]), default=None)
+    backend = backend or (f"cuda+{traced}[dev]" if traced else "cuda[dev]")
     steps = min((kv_len + 63) // 64, TRACE_SHAPE[2]) // (2 if seesaw else 1)
     line, rows = [label.split("; seed")[0] + f" ({mhz:.0f} MHz)"], []
     for name, cycles in trace_intervals(t, steps, SEESAW_TRACE_PHASES if seesaw else TRACE_PHASES).items():

@@ -80,3 +80,22 @@ def test_trace_intervals_follow_the_stamps():
     assert got["chain: wg1 P V done -> next tma issue"] == 2000 + 21 - 13
     assert set(got) == {name for name, *_ in bench.TRACE_PHASES}
     assert bench.trace_clock_mhz(t) == pytest.approx(1500)
+
+
+@pytest.mark.parametrize("knobs,backend", [({}, "cuda[dev]"), ({"KBENCH_MLA_SEESAW": "1"}, "cuda+seesaw[dev]"),
+                                           ({"KBENCH_MLA_S_ONCE": "0", "KBENCH_MLA_PREFETCH_TABLES": "0"},
+                                            "cuda+two-s-no-prefetch[dev]")])
+def test_trace_rows_name_the_candidate_whose_knobs_are_set(monkeypatch, knobs, backend):
+    """A trace taken with a candidate's knobs set is recorded under that candidate (the most specific one where one
+    candidate's knobs include another's), not as the shipped kernel's."""
+    bench = _mla_benchmark()
+    for name in {k for c in bench.CANDIDATES.values() for k in c}:
+        monkeypatch.delenv(name, raising=False)
+    for name, value in knobs.items():
+        monkeypatch.setenv(name, value)
+    t = torch.zeros(bench.TRACE_SHAPE, dtype=torch.float64)
+    for r in range(4):
+        t[:, r] = torch.arange(bench.TRACE_SHAPE[2])[:, None] * 1000.0 + 10 * r + torch.arange(bench.TRACE_SHAPE[3])
+    t[:, 4, 0, :4] = torch.tensor([0.0, 0.0, 1.5e6, 1e6])
+    rows = bench.trace_rows(t, 64 * 40, "GPU", "case", [], seesaw=False)
+    assert rows and {r.backend.split("/")[0] for r in rows} == {backend}
