@@ -241,15 +241,15 @@ def phase_trace(trace_out: str | None = None) -> None:
                    ["phase"] + [r[0] for r in table], [[n] + [r[i + 1] for r in table] for i, n in enumerate(names)])
 
 
-def trace_rows(t: torch.Tensor, kv_len: int, gpu: str, label: str, table: list, seesaw: bool,
-               backend: str | None = None) -> list:
-    """The trace's intervals as rows (backend <backend>/trace:<phase>, metric trace, us at the measured clock),
-    and a line of the printed table appended to table. t: one case's stamps (float64, TRACE_SHAPE)."""
+def trace_rows(t: torch.Tensor, kv_len: int, gpu: str, label: str, table: list, seesaw: bool) -> list:
+    """The trace's intervals as rows (backend cuda[dev]/trace:<phase>, or cuda+<candidate>[dev]/... for the
+    candidate whose knobs the environment sets, metric trace, us at the measured clock), and a line of the printed
+    table appended to table. t: one case's stamps (float64, TRACE_SHAPE)."""
     mhz = trace_clock_mhz(t)
-    # the candidate whose knobs the environment sets (the most specific, where one's knobs include another's)
+    # the most specific candidate, where one's knobs include another's
     matching = [n for n, k in CANDIDATES.items() if all(os.environ.get(a) == v for a, v in k.items())]
     traced = max(matching, key=lambda n: len(CANDIDATES[n]), default=None)
-    backend = backend or (f"cuda+{traced}[dev]" if traced else "cuda[dev]")
+    backend = f"cuda+{traced}[dev]" if traced else "cuda[dev]"
     steps = min((kv_len + 63) // 64, TRACE_SHAPE[2]) // (2 if seesaw else 1)
     line, rows = [label.split("; seed")[0] + f" ({mhz:.0f} MHz)"], []
     for name, cycles in trace_intervals(t, steps, SEESAW_TRACE_PHASES if seesaw else TRACE_PHASES).items():

@@ -62,16 +62,22 @@ def test_bf16_once_is_round_to_nearest_even():
     assert _bf16_once(x).double().tolist() == [1.0, 1 + 2 * one_ulp, 1 + one_ulp, 1.0]
 
 
-def test_trace_intervals_follow_the_stamps():
-    """Synthetic stamps: every tile 1000 cycles after the last, event e of role r at tile * 1000 + 10 r + e; so each
-    interval within a role is the events' difference, a tile offset adds 1000, and the clock comes from the
-    (clock64, globaltimer) pairs."""
-    bench = _mla_benchmark()
-    ctas, roles, tiles, events = bench.TRACE_SHAPE
+def _synthetic_stamps(bench):
+    """Every tile 1000 cycles after the last, event e of role r at tile * 1000 + 10 r + e; the clock calibration
+    pairs say 1.5e6 cycles in 1e6 ns (1500 MHz)."""
+    _, _, tiles, events = bench.TRACE_SHAPE
     t = torch.zeros(bench.TRACE_SHAPE, dtype=torch.float64)
     for r in range(4):
         t[:, r] = torch.arange(tiles)[:, None] * 1000.0 + 10 * r + torch.arange(events)
-    t[:, 4, 0, :4] = torch.tensor([0.0, 0.0, 1.5e6, 1e6])  # 1.5e6 cycles in 1e6 ns: 1500 MHz
+    t[:, 4, 0, :4] = torch.tensor([0.0, 0.0, 1.5e6, 1e6])
+    return t
+
+
+def test_trace_intervals_follow_the_stamps():
+    """Synthetic stamps (_synthetic_stamps): each interval within a role is the events' difference, a tile offset
+    adds 1000, and the clock comes from the (clock64, globaltimer) pairs."""
+    bench = _mla_benchmark()
+    t = _synthetic_stamps(bench)
     got = bench.trace_intervals(t, ntiles=40)
     assert got["tile period (wg0)"] == 1000
     assert got["wg0 S"] == 1 and got["wg1 rescale + P V"] == 1
@@ -93,9 +99,5 @@ def test_trace_rows_name_the_candidate_whose_knobs_are_set(monkeypatch, knobs, b
         monkeypatch.delenv(name, raising=False)
     for name, value in knobs.items():
         monkeypatch.setenv(name, value)
-    t = torch.zeros(bench.TRACE_SHAPE, dtype=torch.float64)
-    for r in range(4):
-        t[:, r] = torch.arange(bench.TRACE_SHAPE[2])[:, None] * 1000.0 + 10 * r + torch.arange(bench.TRACE_SHAPE[3])
-    t[:, 4, 0, :4] = torch.tensor([0.0, 0.0, 1.5e6, 1e6])
-    rows = bench.trace_rows(t, 64 * 40, "GPU", "case", [], seesaw=False)
+    rows = bench.trace_rows(_synthetic_stamps(bench), 64 * 40, "GPU", "case", [], seesaw=False)
     assert rows and {r.backend.split("/")[0] for r in rows} == {backend}
