@@ -73,6 +73,7 @@ for part in "$@"; do
               step "${GAP_S:-300}" "host_gap_$p" python3 benchmarks/host_gap.py "$p" --runs "${GAP_RUNS:-40}" --profile "${GAP_PROFILE:-0}" ${GAP_CPROFILE:+--cprofile}
             done ;;
   mla-rope-cost) step "${BENCH_S:-300}" mla_rope_cost python3 benchmarks/mla_decode.py --rope-cost ;;
+  mla-projections) step "${BENCH_S:-300}" mla_projections python3 benchmarks/mla_decode.py --projections ;;
   mla-trace) TAIL=40 step "${BENCH_S:-300}" mla_trace python3 benchmarks/mla_decode.py --phase-trace --trace-out "$W/records/mla_trace" ;;
   mla-check) step 500 mla_check python3 -m pytest -q -x -p no:cacheprovider tests/test_mla_cuda_gpu.py ;;
   mla-perf) step 400 mla_bench python3 benchmarks/mla_decode.py

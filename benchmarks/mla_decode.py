@@ -34,7 +34,11 @@ CANDIDATES = {"eager": {"KBENCH_MLA_GRAPH": "0"},
               "rope-after-tile": {"KBENCH_MLA_ROPE_FIRST": "0"},
               "two-s": {"KBENCH_MLA_S_ONCE": "0"},
               "two-s-no-prefetch": {"KBENCH_MLA_S_ONCE": "0", "KBENCH_MLA_PREFETCH_TABLES": "0"},
-              "seesaw": {"KBENCH_MLA_SEESAW": "1"}}
+              "seesaw": {"KBENCH_MLA_SEESAW": "1"},
+              "cublas-wo": {"KBENCH_MLA_LINEAR": "0"},
+              "wo-no-pdl": {"KBENCH_MLA_LINEAR_PDL": "0"}}
+# The step's projections at the official dims (batch 128): name -> (n, k) of W [n, k]; x is [128, k].
+PROJECTIONS = {"kv_down": (576, 7168), "q_down": (1536, 7168), "q_up": (24576, 1536), "wo": (7168, 16384)}
 
 
 def checks(mod, ref) -> list[str]:
@@ -118,6 +122,56 @@ def time_case(case, cuda_mod, torch_mod, ref, runs, candidates, revisions) -> di
     # the shipped attention once more, last: a drift across the run shows as the two figures' difference
     row["attention (again)"] = timer(lambda: attention(cuda_mod), runs)
     return row
+
+
+# --projections: linear.cuh's variants timed beside cuBLAS (knobs of LinearConfig, linear_config.h)
+PROJECTION_VARIANTS = {"linear": {}, "linear-bn64": {"KBENCH_MLA_LINEAR_BN": "64"},
+                       "linear-bn112": {"KBENCH_MLA_LINEAR_BN": "112"}, "linear-bn224": {"KBENCH_MLA_LINEAR_BN": "224"},
+                       "linear-no-pdl": {"KBENCH_MLA_LINEAR_PDL": "0"}}
+
+
+def projections(runs: int) -> None:
+    """--projections: each projection GEMM of the step alone: cuBLAS (F.linear) against linear.cuh's variants
+    (ext.mla_linear; the step runs only wo through it) on the same fresh random inputs, and torch.sum of W as a read-only yardstick. Before each run
+    the L2 is flushed by reading 256 MB, which leaves it clean, as the attention kernel leaves it in the step (the
+    judge's timer writes its flush buffer: its dirty lines are written back during the timed kernel). GB/s counts
+    W's bytes."""
+    import torch.nn.functional as F
+
+    gpu = torch.cuda.get_device_name()
+    mod = benchlib.build("mla-decode", "cuda")
+    timer = benchlib.Timer(clean=True)
+    case = problems.format_case(problems.load_spec("mla-decode").benchmarks[0])
+    rows, results, failures = [], [], []
+    for name, (n, k) in PROJECTIONS.items():
+        x = torch.randn(128, k, device="cuda").bfloat16()
+        w = (torch.randn(n, k, device="cuda") / math.sqrt(k)).bfloat16()
+        expected = x.float() @ w.float().T
+        gbps = lambda us: n * k * 2 / (us * 1e-6) / 1e9  # noqa: E731
+        times = {"cublas": timer(lambda: F.linear(x, w), runs), "read (torch.sum)": timer(lambda: w.sum(), runs)}
+        for variant, knobs in PROJECTION_VARIANTS.items():
+            with benchlib.knobs(knobs):
+                plan = mod.ext.mla_linear_plan(128, n, k)
+                if not plan[0]:
+                    continue  # no configuration of this variant fits the shape
+                benchlib.poison_allocator()
+                ratio = benchlib.tolerance_ratio(mod.ext.mla_linear(x, w), expected, 1e-2, 1e-3)
+                if ratio > 1:
+                    failures.append(f"{name}, {variant}: {ratio:.2f}x the tolerance from fp32")
+                    continue
+                times[f"{variant} ({plan[0]}/{plan[1]}/{plan[2]})"] = timer(lambda: mod.ext.mla_linear(x, w), runs)
+        for label, us in times.items():
+            rows.append([name, f"{n}x{k}", label, us, gbps(us)])
+            backend = "cublas" if label == "cublas" else "torch.sum" if label.startswith("read") else \
+                "cuda+" + label.split(" ")[0]
+            results.append(benchlib.Row(gpu, 1, f"{backend}/{name}[clean-L2]", "kernel", case, us))
+    benchlib.record("mla-decode", results)
+    benchlib.table(f"mla-decode projections on {gpu}, x [128, k] (us, CUDA events, L2 flushed clean; plan = "
+                   f"bn/splits/chunks); failures: {len(failures)}", ["W", "n x k", "kernel", "us", "W GB/s"], rows)
+    for msg in failures:
+        print("  FAIL " + msg)
+    if failures:
+        sys.exit(1)
 
 
 def rope_cost(runs: int) -> None:
@@ -274,12 +328,17 @@ def main():
                     help="with --official: this many rounds, every other one in reverse order")
     ap.add_argument("--rope-cost", action="store_true",
                     help="instead: time the attention kernel with and without its RoPE rotation (a dev build)")
+    ap.add_argument("--projections", action="store_true",
+                    help="instead: each projection GEMM alone, cuBLAS against linear.cuh")
     ap.add_argument("--phase-trace", action="store_true",
                     help="instead: where the attention kernel's tile time goes, from clock64 stamps (a dev build)")
     ap.add_argument("--trace-out", metavar="PREFIX", help="with --phase-trace: save the raw stamps too")
     args = ap.parse_args()
     if args.rope_cost:
         rope_cost(args.runs)
+        return
+    if args.projections:
+        projections(args.runs)
         return
     if args.phase_trace:
         phase_trace(args.trace_out)

@@ -112,6 +112,42 @@ def test_mla_splits_only_where_the_batch_leaves_waves_empty(tmp_path, forced):
     assert run.stdout.split() == (["2"] * 7 if forced else ["1", "1", "1", "2", "4", "16", "1"])
 
 
+LINEAR_CONFIG_PROGRAM = r"""
+#include <cstdio>
+#include "linear_config.h"
+int main() {
+  // the step's projections at batch 128 (n, k): wo, q_up, q_down, kv_down; then a k no tile divides
+  const int shapes[][2] = {{7168, 16384}, {24576, 1536}, {1536, 7168}, {576, 7168}, {512, 100}};
+  // an H100 holding 132 CTAs of any configuration, then one that holds only 8 clusters of more than one CTA
+  for (const int cap : {132, 8}) {
+    for (const auto& s : shapes) {
+      const LinearConfig c = linear_config(s[0], s[1], 132, [&](int, int splits) {
+        const int whole = 132 / splits;  // one CTA an SM, whole clusters
+        return (splits > 1 && cap < whole ? cap : whole) * splits;
+      });
+      printf("%d/%d ", c.bn, c.splits);
+    }
+  }
+  return 0;
+}
+"""
+
+
+@pytest.mark.skipif(shutil.which("c++") is None, reason="no host C++ compiler on PATH")
+@pytest.mark.parametrize("knobs,expected", [
+    ({"KBENCH_MLA_LINEAR": "0"}, ["0/0"] * 10),
+    ({}, ["56/1", "192/1", "96/8", "56/8", "0/0", "56/1", "192/1", "192/8", "96/8", "0/0"]),
+    ({"KBENCH_MLA_LINEAR_BN": "256"}, ["256/4", "256/1", "256/8", "256/8", "0/0",
+                                       "256/1", "256/1", "256/8", "256/8", "0/0"])])
+def test_linear_tiles_fill_one_wave_of_the_sms(tmp_path, knobs, expected):
+    """mla-decode's LinearConfig: on unless KBENCH_MLA_LINEAR=0; the n-tile and k-split whose one wave of CTAs
+    streams W closest to evenly over the 132 SMs (wo: 128 tiles of 56, no split; q_up: 128 tiles of 192), fewer
+    splits on a tie, never more CTAs than the GPU holds in whole clusters, nothing for a k that is not a multiple of
+    64."""
+    run = _compile_and_run(tmp_path, LINEAR_CONFIG_PROGRAM, ROOT / "kernels" / "mla-decode" / "cuda", **knobs)
+    assert run.stdout.split() == expected
+
+
 def test_benchlib_knobs_set_and_restore(monkeypatch):
     monkeypatch.setenv("KBENCH_T_KEEP", "old")
     monkeypatch.delenv("KBENCH_T_NEW", raising=False)
@@ -165,13 +201,15 @@ def test_a_carried_kernels_folder_stands_for_a_revision(tmp_path):
     assert callable(mod.custom_kernel)
 
 
-@pytest.mark.parametrize("problem,config_source,key_tuple,prefix", [
-    ("mla-decode", "mla_config.h", "_CONFIG_KNOBS", "KBENCH_MLA_"), ("moe", "moe.cu", "_KNOBS", "KBENCH_MOE_")])
-def test_every_config_knob_keys_the_captured_graph(problem, config_source, key_tuple, prefix):
+@pytest.mark.parametrize("problem,config_sources,key_tuple,prefix", [
+    ("mla-decode", ("mla_config.h", "linear_config.h"), "_CONFIG_KNOBS", "KBENCH_MLA_"),
+    ("moe", ("moe.cu",), "_KNOBS", "KBENCH_MOE_")])
+def test_every_config_knob_keys_the_captured_graph(problem, config_sources, key_tuple, prefix):
     """A knob the backend's config reads but the graph key leaves out would replay the configuration captured first:
     a candidate timed through the whole call would silently run the default (it did, for KBENCH_MLA_SEESAW)."""
     backend = ROOT / "kernels" / problem / "cuda"
-    read = set(re.findall(rf'env_int\("({prefix}\w+)"', (backend / config_source).read_text()))
+    read = {knob for source in config_sources
+            for knob in re.findall(rf'env_int\("({prefix}\w+)"', (backend / source).read_text())}
     keyed = re.search(rf"{key_tuple} = \(([^)]*)\)", (backend / "entry.py").read_text())
     assert read and keyed
     assert read == set(re.findall(rf'"({prefix}\w+)"', keyed.group(1)))

@@ -126,7 +126,9 @@ def _judge(tmp_path, cases, mode="test", **kw):
 
 
 @pytest.mark.gpu
-def test_every_official_case(mla, tmp_path):
+@pytest.mark.parametrize("knobs", ["", "LINEAR=0"])
+def test_every_official_case(mla, tmp_path, knobs, monkeypatch):
+    _set_knobs(monkeypatch, None, knobs)
     spec = problems.load_spec("mla-decode")
     _judge(tmp_path, list(spec.tests) + list(spec.benchmarks))
 
@@ -172,12 +174,46 @@ def test_fused_q_assembly_is_bitwise_the_torch_path(mla, bs, pos):
 
 
 @pytest.mark.gpu
-def test_graph_replays_follow_the_inputs_and_the_growing_cache(mla, monkeypatch):
+@pytest.mark.parametrize("m,n,k,bn,splits", [
+    (128, 7168, 16384, None, None), (128, 24576, 1536, None, None), (128, 1536, 7168, None, None),
+    (128, 576, 7168, None, None), (37, 1600, 7168, "256", "2"), (1, 1600, 1024, "224", "4"),
+    (100, 576, 2048, "192", "8"), (128, 512, 512, "128", "1"), (64, 4096, 4096, "96", "2"), (5, 200, 640, "64", "1"),
+    (100, 1000, 1024, "112", "2"), (3, 600, 1024, "56", "1")])
+def test_linear_matches_fp32(mla, m, n, k, bn, splits, monkeypatch):
+    """linear.cuh (the step's wo projection): y = x w^T against fp32 on fresh random inputs, the allocator poisoned
+    with NaN, at the step's projection shapes (the plan linear_config picks) and with each tile width and split
+    forced on edge shapes (rows short of 128, a partial last n-tile); two runs must agree bit for bit (the cluster's
+    partials are summed in rank order)."""
+    import torch
+
+    _set_knobs(monkeypatch, None, f"LINEAR_BN={bn},LINEAR_SPLITS={splits}" if bn else "")
+    plan = mla.ext.mla_linear_plan(m, n, k)
+    assert plan[0] == (int(bn) if bn else plan[0]) and plan[0] > 0 and plan[1] == (int(splits) if splits else plan[1])
+    gen = torch.Generator(device="cuda")
+    gen.manual_seed(m * 7 + n * 3 + k)
+    x = torch.randn(m, k, generator=gen, device="cuda").bfloat16()
+    w = (torch.randn(n, k, generator=gen, device="cuda") / math.sqrt(k)).bfloat16()
+    expected = x.float() @ w.float().T
+    outs = []
+    for _ in range(2):
+        benchlib.poison_allocator()
+        outs.append(mla.ext.mla_linear(x, w))
+        torch.cuda.synchronize()
+    ratio = benchlib.tolerance_ratio(outs[0], expected, 1e-2, 1e-2)
+    assert outs[0].shape == (m, n) and ratio <= 1, f"plan {plan}: {ratio:.2f}x the tolerance from fp32"
+    assert torch.equal(outs[0], outs[1]), "two runs differ"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("knobs", ["", "LINEAR=0"])
+def test_graph_replays_follow_the_inputs_and_the_growing_cache(mla, monkeypatch, knobs):
     """The shipped graph path, as benchmark mode calls it: the same (config, x, cache) objects call after call, the cache
     one row longer each time, x rewritten in place between calls. Every call must equal the eager path on a copy
     (run eagerly and captured on the first call, replayed from the second), and each call returns its own tensor."""
     import torch
 
+    _set_knobs(monkeypatch, None, knobs)
+    monkeypatch.setattr(mla, "_graphs", type(mla._graphs)())  # a fresh cache: one capture per parameter
     ref = problems.load_modules("mla-decode").reference
     config, x, cache = ref.generate_input(batchsize=16, dim=7168, dq=1536, prefill=1100, seed=5)
     outputs = []

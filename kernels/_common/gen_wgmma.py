@@ -12,7 +12,9 @@ namespace kb {
 namespace sm90 {
 """)
 for dtype in ("f16", "bf16"):
-    for n in (32, 64, 128, 256):
+    # 56, 96, 112, 192 and 224: mla-decode's projection tiles (linear.cuh), sized so that n-tiles x k-splits fill
+    # the SMs
+    for n in (32, 56, 64, 96, 112, 128, 192, 224, 256):
         regs = n // 2
         outs = ", ".join(f"%{i}" for i in range(regs))
         cons = ", ".join(f'"+f"(d[{i}])' for i in range(regs))

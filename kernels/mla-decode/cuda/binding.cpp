@@ -118,3 +118,39 @@ void mla_rope_q(torch::Tensor q_full, torch::Tensor q, torch::Tensor cos, torch:
                                           c10::cuda::getCurrentCUDAStream().stream());
   TORCH_CHECK(err == nullptr, err ? err : "");
 }
+
+// The decode step's projections: x [..., k] bf16 (contiguous, at most 128 rows in all), w [n, k] bf16 (contiguous).
+// Returns x w^T [..., n] bf16, F.linear's result, from linear.cuh; through at::linear (cuBLAS) where no
+// configuration of that kernel fits the shape (more rows, k not a multiple of 64, n not of 4).
+torch::Tensor mla_linear(torch::Tensor x, torch::Tensor w) {
+  TORCH_CHECK(x.is_cuda() && x.scalar_type() == at::kBFloat16 && w.scalar_type() == at::kBFloat16 &&
+                  w.device() == x.device() && w.dim() == 2 && x.size(-1) == w.size(1),
+              "mla_linear: x [..., k] and w [n, k] must be bf16 CUDA tensors on one device");
+  const int64_t k = w.size(1), n = w.size(0), m = x.numel() / std::max<int64_t>(k, 1);
+  const bool aligned = x.is_contiguous() && w.is_contiguous() && (reinterpret_cast<uintptr_t>(x.data_ptr()) % 16) == 0 &&
+                       (reinterpret_cast<uintptr_t>(w.data_ptr()) % 16) == 0;
+  const LinearConfig config = aligned && m <= 128 ? mla_linear_config(static_cast<int>(m), static_cast<int>(n),
+                                                                      static_cast<int>(k))
+                                                  : LinearConfig{0, 0, false};
+  kb::print_config_once([&](char* buf, int size) {
+    const int len = snprintf(buf, size, "mla_linear m=%lld n=%lld k=%lld: ", (long long)m, (long long)n, (long long)k);
+    if (config.bn) linear_describe(config, buf + len, size - len);
+    else snprintf(buf + len, size - len, "cuBLAS (no LinearConfig fits)");
+  });
+  if (!config.bn) return at::linear(x, w);
+  const c10::cuda::CUDAGuard guard(x.device());
+  auto sizes = x.sizes().vec();
+  sizes.back() = n;
+  torch::Tensor y = torch::empty(sizes, x.options());
+  const char* err = launch_mla_linear(config, x.data_ptr(), w.data_ptr(), y.data_ptr(), static_cast<int>(m),
+                                      static_cast<int>(n), static_cast<int>(k), c10::cuda::getCurrentCUDAStream().stream());
+  TORCH_CHECK(err == nullptr, err ? err : "");
+  return y;
+}
+
+// The configuration mla_linear runs for y [m, n] = x [m, k] w [n, k]^T on the current device: [bn, splits, pdl]
+// (bn 0: cuBLAS). For the tests and the benchmark.
+std::vector<int64_t> mla_linear_plan(int64_t m, int64_t n, int64_t k) {
+  const LinearConfig c = mla_linear_config(static_cast<int>(m), static_cast<int>(n), static_cast<int>(k));
+  return {c.bn, c.splits, c.pdl ? 1 : 0};
+}

@@ -1,4 +1,5 @@
-"""mla-decode CUDA backend entry: projections through cuBLAS (torch), absorbed attention in one kernel.
+"""mla-decode CUDA backend entry: absorbed attention in one kernel, wo through linear.cuh, the other projections
+through cuBLAS (torch).
 
 data = (config, x [bs, 1, dim] bf16, kv_cache); output (out [bs, 1, dim] bf16, kv_cache.data with the new row).
 Per head h, Wkvu holds W_UK[h] [128, 512] and W_UV[h] [128, 512], so q_nope . (W_UK latent) = (q_nope W_UK) . latent
@@ -29,7 +30,8 @@ _graphs = graph_replay.GraphReplay()
 # The knobs mla_config (mla_config.h) reads on every call: a captured graph holds the configuration they chose, so
 # they are part of its key.
 _CONFIG_KNOBS = ("KBENCH_MLA_SPLITS", "KBENCH_MLA_PREFETCH_TABLES", "KBENCH_MLA_S_ONCE", "KBENCH_MLA_ROPE_FIRST",
-                 "KBENCH_MLA_SEESAW")
+                 "KBENCH_MLA_SEESAW", "KBENCH_MLA_LINEAR", "KBENCH_MLA_LINEAR_BN", "KBENCH_MLA_LINEAR_SPLITS",
+                 "KBENCH_MLA_LINEAR_PDL")
 
 
 def _rope_tables(max_seq: int, rope: int, device: torch.device):
@@ -91,7 +93,10 @@ def _step(config, x: torch.Tensor, cache: torch.Tensor, kv_len: int, cos, sin, l
     # y [bs, H, v], written by the per-head bmm through a transposed view: wo reads it as [bs, H * v] in place
     y = torch.empty(bs, heads, dv, device=x.device, dtype=x.dtype)
     torch.bmm(o_latent.transpose(0, 1), w_kvu[:, nope:].transpose(1, 2), out=y.transpose(0, 1))
-    return F.linear(y.view(bs, 1, heads * dv), config.wo_weight)
+    # wo through linear.cuh where its configuration fits (linear_config.h; KBENCH_MLA_LINEAR=0: cuBLAS): 93 -> 88 us.
+    # The q projections stay with cuBLAS, which reads their W as fast as torch.sum does (docs/mla-decode-notes.md,
+    # finding 24).
+    return ext.mla_linear(y.view(bs, 1, heads * dv), config.wo_weight)  # noqa: F821 (ext: template)
 
 
 def custom_kernel(data: input_t) -> output_t:

@@ -6,7 +6,10 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <map>
+#include <type_traits>
 #include <mutex>
+#include <tuple>
 
 #include "assemble_q.cuh"
 #include "attention.cuh"
@@ -14,6 +17,7 @@
 #include "attention_seesaw.cuh"
 #include "knobs.h"
 #include "launch_error.h"
+#include "linear.cuh"
 #include "mla_api.h"
 #include "tma_host.h"
 
@@ -99,4 +103,107 @@ const char* launch_mla_assemble_q(const void* qn, const void* q, const void* cos
                                 static_cast<const __nv_bfloat16*>(cos_tab), static_cast<const __nv_bfloat16*>(sin_tab),
                                 static_cast<__nv_bfloat16*>(q_full), bs, heads, kv_len_dev, max_seq);
   return kb::launch_error("mla_assemble_q");
+}
+
+// ---- the projections (linear.cuh) ------------------------------------------------------------------------------
+
+template <int V>
+using Int = std::integral_constant<int, V>;
+
+// Calls f(Int<bn>) for the kernel instance of tile width bn; false if there is none.
+template <class F>
+static bool with_linear_instance(int bn, F&& f) {
+  auto pick = [&](auto bn_c) {
+    f(bn_c);
+    return true;
+  };
+  switch (bn) {
+    case 256: return pick(Int<256>{});
+    case 224: return pick(Int<224>{});
+    case 192: return pick(Int<192>{});
+    case 128: return pick(Int<128>{});
+    case 112: return pick(Int<112>{});
+    case 96: return pick(Int<96>{});
+    case 64: return pick(Int<64>{});
+    case 56: return pick(Int<56>{});
+  }
+  return false;
+}
+
+// How many CTAs of the bn-wide kernel in clusters of `splits` the current device holds at once (whole clusters).
+static int linear_capacity(int bn, int splits) {
+  static std::map<std::tuple<int, int, int>, int> cache;
+  static std::mutex mu;
+  int dev = 0;
+  cudaGetDevice(&dev);
+  std::lock_guard<std::mutex> lock(mu);
+  const auto key = std::make_tuple(dev, bn, splits);
+  auto it = cache.find(key);
+  if (it != cache.end()) return it->second;
+  int ctas = 0;
+  with_linear_instance(bn, [&](auto bn_c) {
+    constexpr int kBN = decltype(bn_c)::value;
+    cudaFuncSetAttribute(linear_kernel<kBN>, cudaFuncAttributeMaxDynamicSharedMemorySize, LinearShape<kBN>::kSmemBytes);
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(splits);
+    cfg.blockDim = dim3(kLinearThreads);
+    cfg.dynamicSmemBytes = LinearShape<kBN>::kSmemBytes;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = splits;
+    attr[0].val.clusterDim.y = 1;
+    attr[0].val.clusterDim.z = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    int clusters = 0;
+    if (cudaOccupancyMaxActiveClusters(&clusters, linear_kernel<kBN>, &cfg) == cudaSuccess) {
+      ctas = clusters * splits;
+    } else {
+      cudaGetLastError();  // not sticky: this cluster size is just not offered
+    }
+  });
+  cache[key] = ctas;
+  return ctas;
+}
+
+LinearConfig mla_linear_config(int m, int n, int k) {
+  if (m < 1 || m > 128 || n % 4) return LinearConfig{0, 0, false};
+  return linear_config(n, k, mla_num_sms(), linear_capacity);
+}
+
+const char* launch_mla_linear(const LinearConfig& c, const void* x, const void* w, void* y, int m, int n, int k,
+                              cudaStream_t stream) {
+  if (m < 1 || m > 128 || k % kLinearBK || n % 4 || c.splits < 1 || (k / kLinearBK) % c.splits)
+    return "mla_linear: need 1 <= m <= 128, k % 64 == 0, n % 4 == 0 and the k-blocks divisible by the splits";
+  const char* err = "mla_linear: no kernel for this configuration";
+  with_linear_instance(c.bn, [&](auto bn_c) {
+    constexpr int kBN = decltype(bn_c)::value;
+    CUtensorMap tm_x, tm_w;
+    if (!kb::make_map_2d(&tm_x, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, x, k, m, (uint64_t)k * 2, kLinearBK, 128,
+                         CU_TENSOR_MAP_SWIZZLE_128B) ||
+        !kb::make_map_2d(&tm_w, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, w, k, n, (uint64_t)k * 2, kLinearBK, kBN,
+                         CU_TENSOR_MAP_SWIZZLE_128B)) {
+      err = "mla_linear: cuTensorMapEncodeTiled failed (driver entry point missing or misaligned tensors)";
+      return;
+    }
+    LinearParams p{static_cast<__nv_bfloat16*>(y), m, n, k / kLinearBK / c.splits, c.splits};
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3((n + kBN - 1) / kBN * c.splits);
+    cfg.blockDim = dim3(kLinearThreads);
+    cfg.dynamicSmemBytes = LinearShape<kBN>::kSmemBytes;
+    cfg.stream = stream;
+    cudaLaunchAttribute attr[2];
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = c.splits;
+    attr[0].val.clusterDim.y = 1;
+    attr[0].val.clusterDim.z = 1;
+    // W's first stages load while the previous kernel finishes (the kernel waits for it before reading X)
+    attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[1].val.programmaticStreamSerializationAllowed = c.pdl ? 1 : 0;
+    cfg.attrs = attr;
+    cfg.numAttrs = 2;
+    cudaLaunchKernelEx(&cfg, linear_kernel<kBN>, tm_x, tm_w, p);
+    err = kb::launch_error("mla_linear");
+  });
+  return err;
 }

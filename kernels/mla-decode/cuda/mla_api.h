@@ -4,6 +4,7 @@
 
 #include <cstdint>
 
+#include "linear_config.h"
 #include "mla_config.h"
 
 // The absorbed attention of one MLA decode step over the latent cache (DeepSeek dims: 128 heads, latent 512 +
@@ -32,3 +33,9 @@ const char* mla_run(const MlaArgs& args, cudaStream_t stream);
 // qn null: only q_full's rope columns are written (its latent columns already hold qn, written there by the bmm).
 const char* launch_mla_assemble_q(const void* qn, const void* q, const void* cos_tab, const void* sin_tab, void* q_full,
                                   int bs, int heads, const int* kv_len_dev, int max_seq, cudaStream_t stream);
+
+// The projections: y bf16 [m][n] = x bf16 [m][k] w bf16 [n][k]^T (row-major, 16-byte aligned), m <= 128.
+// mla_linear_config picks the configuration (bn == 0: none fits this shape or GPU; use cuBLAS).
+LinearConfig mla_linear_config(int m, int n, int k);
+const char* launch_mla_linear(const LinearConfig& c, const void* x, const void* w, void* y, int m, int n, int k,
+                              cudaStream_t stream);
