@@ -106,3 +106,39 @@ def test_a_tuple_output_comes_back_whole_from_the_replay(gr):
     first, second = replay.replay("k", step), replay.replay("k", step)
     assert isinstance(eager, tuple) and len(eager) == 2
     assert first is second and [t.shape for t in first] == [(2,), (3,)]
+
+
+def test_input_key_is_tensor_key_and_follows_new_objects_addresses_and_extras(gr, monkeypatch):
+    """InputKey: the same key as tensor_key + extra; served from its cache while the tensors are the same objects at
+    the same addresses with the same extras, recomputed when any of those changes."""
+    key_of = gr.InputKey()
+    a, b = torch.zeros(4, 6), torch.zeros(3)
+    calls = []
+    real = gr.tensor_key
+    monkeypatch.setattr(gr, "tensor_key", lambda *ts: calls.append(len(ts)) or real(*ts))
+    first = key_of((a, b), ("x",))
+    assert first == real(a, b) + ("x",)
+    assert key_of((a, b), ("x",)) == first and len(calls) == 1        # same objects: the cached key
+    assert key_of((a, b), ("y",)) == real(a, b) + ("y",)              # another extra
+    c = b.clone()                                                     # a new object (at another address)
+    assert key_of((a, c), ("y",)) == real(a, c) + ("y",)
+    a.set_(torch.zeros(4, 6).untyped_storage())                       # the same object moved to another address
+    assert key_of((a, c), ("y",)) == real(a, c) + ("y",) and len(calls) == 4
+    assert key_of((a, c, b), ("y",)) == real(a, c, b) + ("y",)        # another count of tensors
+
+
+def test_env_values_reads_what_os_environ_holds(gr, monkeypatch):
+    """env_values: one entry per name, None where unset, following changes made through os.environ between calls
+    (the benchmark scripts switch candidates' knobs so); equal values give equal entries."""
+    names = ("KBENCH_T_ONE", "KBENCH_T_TWO")
+    monkeypatch.delenv("KBENCH_T_ONE", raising=False)
+    monkeypatch.setenv("KBENCH_T_TWO", "2")
+    first = gr.env_values(names)
+    assert first[0] is None and first[1] is not None
+    monkeypatch.setenv("KBENCH_T_ONE", "1")
+    second = gr.env_values(names)
+    assert second[0] is not None and second[1] == first[1] and second != first
+    monkeypatch.setenv("KBENCH_T_ONE", "3")
+    assert gr.env_values(names) != second
+    monkeypatch.setenv("KBENCH_T_ONE", "1")
+    assert gr.env_values(names) == second

@@ -27,6 +27,7 @@ _tables = {}  # (device, max_seq, rope) -> (cos, sin) [max_seq, rope/2] bf16: a 
 _lengths = {}  # device -> int32 [1]: the cache length the kernels read
 _side_streams = {}  # device -> torch.cuda.Stream
 _graphs = graph_replay.GraphReplay()
+_input_key = graph_replay.InputKey()
 # The knobs mla_config (mla_config.h) reads on every call: a captured graph holds the configuration they chose, so
 # they are part of its key.
 _CONFIG_KNOBS = ("KBENCH_MLA_SPLITS", "KBENCH_MLA_PREFETCH_TABLES", "KBENCH_MLA_S_ONCE", "KBENCH_MLA_ROPE_FIRST",
@@ -125,10 +126,9 @@ def custom_kernel(data: input_t) -> output_t:
     if os.environ.get("KBENCH_MLA_GRAPH") == "0":  # the launches one by one (docs/mla-decode-notes.md)
         out = step()
     else:
-        key = graph_replay.tensor_key(x, cache, config.KV_proj_down_weight, config.Q_proj_down_weight,
-                                      config.Q_proj_up_weight, config.KV_proj_up_weight, config.wo_weight, cos, sin,
-                                      lens) + \
-            tuple(os.environ.get(k) for k in _CONFIG_KNOBS)
+        key = _input_key((x, cache, config.KV_proj_down_weight, config.Q_proj_down_weight, config.Q_proj_up_weight,
+                          config.KV_proj_up_weight, config.wo_weight, cos, sin, lens),
+                         graph_replay.env_values(_CONFIG_KNOBS))
         out = _graphs.replay(key, step).clone()
     kv_cache.seq_len = kv_len  # what KVCache.forward does after its append (the append ran in the step)
     return out, cache
