@@ -32,8 +32,11 @@ struct LinearShape {
   static constexpr int kABytes = kLinearBox;
   static constexpr int kBBytes = kBN * kLinearBK * 2;
   static constexpr int kStageBytes = kABytes + kBBytes;
-  static constexpr int kStages = (kLinearSmemLimit - 2048) / kStageBytes > 8 ? 8 : (kLinearSmemLimit - 2048) / kStageBytes;
-  static constexpr int kPitch = kBN + 8;  // fp32 staging row: +8 floats, so a half-warp's float2 stores hit 32 banks
+  static constexpr int kFit = (kLinearSmemLimit - 2048) / kStageBytes;
+  static constexpr int kStages = kFit > 8 ? 8 : kFit;
+  // fp32 staging row: +8 floats, so that for kBN % 32 == 0 a half-warp's float2 stores (rows r..r+3) hit 32 banks.
+  // (kBN = 56, wo's tile, leaves them 4-way conflicted: a pitch of 8 (mod 32) for every width is the untested fix.)
+  static constexpr int kPitch = kBN + 8;
   static constexpr int kStagingBytes = 128 * kPitch * 4;
   static_assert(kStagingBytes <= kStages * kStageBytes, "the accumulator is parked in the ring's space");
   static constexpr int kSmemBytes = 1024 + kStages * kStageBytes + 2 * kStages * 8;
@@ -87,7 +90,6 @@ __global__ void __launch_bounds__(kLinearThreads, 1)
     linear_kernel(const __grid_constant__ CUtensorMap tm_x, const __grid_constant__ CUtensorMap tm_w,
                   const LinearParams p) {
   using S = LinearShape<kBN>;
-  constexpr int kBK = kLinearBK;
   constexpr int kStages = S::kStages;
   extern __shared__ uint8_t smem_raw[];
   uint8_t* base = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);  // 128B-swizzled tiles: 1024-aligned
@@ -119,17 +121,17 @@ __global__ void __launch_bounds__(kLinearThreads, 1)
       const int early = p.kblocks < kStages ? p.kblocks : kStages;
       for (int i = 0; i < early; ++i) {
         mbar_arrive_expect_tx(&full[i], S::kStageBytes);
-        tma_load_2d(s_b + i * S::kBBytes, &tm_w, &full[i], (kb0 + i) * kBK, nt * kBN);
+        tma_load_2d(s_b + i * S::kBBytes, &tm_w, &full[i], (kb0 + i) * kLinearBK, nt * kBN);
       }
       griddep_wait();
-      for (int i = 0; i < early; ++i) tma_load_2d(s_a + i * S::kABytes, &tm_x, &full[i], (kb0 + i) * kBK, 0);
+      for (int i = 0; i < early; ++i) tma_load_2d(s_a + i * S::kABytes, &tm_x, &full[i], (kb0 + i) * kLinearBK, 0);
       int s = early % kStages;
       uint32_t phase = early == kStages ? 1 : 0;
       for (int i = early; i < p.kblocks; ++i) {
         mbar_wait(&empty[s], phase ^ 1);
         mbar_arrive_expect_tx(&full[s], S::kStageBytes);
-        tma_load_2d(s_b + s * S::kBBytes, &tm_w, &full[s], (kb0 + i) * kBK, nt * kBN);
-        tma_load_2d(s_a + s * S::kABytes, &tm_x, &full[s], (kb0 + i) * kBK, 0);
+        tma_load_2d(s_b + s * S::kBBytes, &tm_w, &full[s], (kb0 + i) * kLinearBK, nt * kBN);
+        tma_load_2d(s_a + s * S::kABytes, &tm_x, &full[s], (kb0 + i) * kLinearBK, 0);
         if (++s == kStages) {
           s = 0;
           phase ^= 1;
