@@ -132,10 +132,10 @@ PROJECTION_VARIANTS = {"linear": {}, "linear-bn64": {"KBENCH_MLA_LINEAR_BN": "64
 
 def projections(runs: int) -> None:
     """--projections: each projection GEMM of the step alone: cuBLAS (F.linear) against linear.cuh's variants
-    (ext.mla_linear; the step runs only wo through it) on the same fresh random inputs, and torch.sum of W as a read-only yardstick. Before each run
-    the L2 is flushed by reading 256 MB, which leaves it clean, as the attention kernel leaves it in the step (the
-    judge's timer writes its flush buffer: its dirty lines are written back during the timed kernel). GB/s counts
-    W's bytes."""
+    (ext.mla_linear; the step runs only wo through it) on the same fresh random inputs, and torch.sum of W as a
+    read-only yardstick. Before each run the L2 is flushed by reading 256 MB, which leaves it clean, as the attention
+    kernel leaves it in the step (the judge's timer writes its flush buffer: its dirty lines are written back during
+    the timed kernel). GB/s counts W's bytes."""
     import torch.nn.functional as F
 
     gpu = torch.cuda.get_device_name()
@@ -167,7 +167,7 @@ def projections(runs: int) -> None:
             results.append(benchlib.Row(gpu, 1, f"{backend}/{name}[clean-L2]", "kernel", case, us))
     benchlib.record("mla-decode", results)
     benchlib.table(f"mla-decode projections on {gpu}, x [128, k] (us, CUDA events, L2 flushed clean; plan = "
-                   f"bn/splits/chunks); failures: {len(failures)}", ["W", "n x k", "kernel", "us", "W GB/s"], rows)
+                   f"bn/splits/pdl); failures: {len(failures)}", ["W", "n x k", "kernel", "us", "W GB/s"], rows)
     for msg in failures:
         print("  FAIL " + msg)
     if failures:
