@@ -44,6 +44,15 @@ __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
       : "memory");
 }
 
+// The next stage of a ring of `stages` mbarrier-guarded buffers: the parity a waiter expects flips each time the
+// ring wraps around.
+__device__ __forceinline__ void ring_next(int& s, uint32_t& phase, int stages) {
+  if (++s == stages) {
+    s = 0;
+    phase ^= 1;
+  }
+}
+
 // ---- TMA ------------------------------------------------------------------------------------------------
 __device__ __forceinline__ void tma_prefetch_desc(const CUtensorMap* map) {
   asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
@@ -65,6 +74,14 @@ __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_grou
 template <int N>
 __device__ __forceinline__ void wgmma_wait() {
   asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
+}
+
+// A consumer warp hands back the ring stage its previous wgmma group read: once at most the group just committed is
+// in flight (with nothing in flight the wait returns at once), lane 0 arrives on that stage's empty barrier.
+__device__ __forceinline__ void release_after_wgmma(uint64_t* empty_bar, int lane) {
+  wgmma_wait<1>();
+  __syncwarp();
+  if (lane == 0) mbar_arrive(empty_bar);
 }
 
 // Keep the compiler from moving accumulator reads/writes across an in-flight wgmma.

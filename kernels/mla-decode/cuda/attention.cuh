@@ -179,10 +179,7 @@ __device__ __forceinline__ void load_q_and_tiles(const CUtensorMap* tm_q, const 
       mbar_arrive_expect_tx(&full[s], kTileBytes);
       for (int j = 0; j < kBlocks; ++j) tma_load_2d(stage + j * kBlockBytes, tm_kv, &full[s], j * 64, row);
     }
-    if (++s == kStages) {
-      s = 0;
-      phase ^= 1;
-    }
+    ring_next(s, phase, kStages);
   }
 }
 
@@ -367,10 +364,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_attention_kernel(const __grid
     }
     __syncwarp();
     if (lane == 0) mbar_arrive(&empty[s]);
-    if (++s == kStages) {
-      s = 0;
-      phase ^= 1;
-    }
+    ring_next(s, phase, kStages);
   }
 
   // The row sums: each warpgroup summed its own positions.

@@ -169,10 +169,7 @@ __device__ __forceinline__ void rotate_tiles(int u, const CtaWork& work, const P
     mbar_arrive(&roped[s]);
     if (u == 0) trace_stamp(p, kTraceRotator, tile - tile0, 2);
     if (tile + 1 < tile1) load_item_tables(u, tile + 1, kv_len, p, tab);
-    if (++s == kStages) {
-      s = 0;
-      phase ^= 1;
-    }
+    ring_next(s, phase, kStages);
   }
 }
 
@@ -243,10 +240,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_attention_s_once_kernel(const
     for (int j = 0; j < 128; ++j) reg_fence(o[j]);
     __syncwarp();
     if (lane == 0) mbar_arrive(&empty[s]);
-    if (++s == kStages) {
-      s = 0;
-      phase ^= 1;
-    }
+    ring_next(s, phase, kStages);
   };
   if (w == 0) {
     setmaxnreg_inc<kWg0Regs>();

@@ -132,10 +132,7 @@ __global__ void __launch_bounds__(kLinearThreads, 1)
         mbar_arrive_expect_tx(&full[s], S::kStageBytes);
         tma_load_2d(s_b + s * S::kBBytes, &tm_w, &full[s], (kb0 + i) * kLinearBK, nt * kBN);
         tma_load_2d(s_a + s * S::kABytes, &tm_x, &full[s], (kb0 + i) * kLinearBK, 0);
-        if (++s == kStages) {
-          s = 0;
-          phase ^= 1;
-        }
+        ring_next(s, phase, kStages);
       }
     }
     // The producer warpgroup only keeps the cluster's barriers (its 40 registers run no epilogue).
@@ -160,16 +157,9 @@ __global__ void __launch_bounds__(kLinearThreads, 1)
       for (int q = 0; q < 4; ++q)  // k16 steps: both K-major operands advance 32 bytes
         linear_mma<kBN>(acc, da + 2 * q, db + 2 * q, i > 0 || q > 0);
       wgmma_commit();
-      if (prev >= 0) {  // the previous stage's MMAs are done once at most this group is in flight
-        wgmma_wait<1>();
-        __syncwarp();
-        if (lane == 0) mbar_arrive(&empty[prev]);
-      }
+      if (prev >= 0) release_after_wgmma(&empty[prev], lane);
       prev = s;
-      if (++s == kStages) {
-        s = 0;
-        phase ^= 1;
-      }
+      ring_next(s, phase, kStages);
     }
     wgmma_wait<0>();
 #pragma unroll

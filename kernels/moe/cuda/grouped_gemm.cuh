@@ -114,10 +114,7 @@ __device__ __forceinline__ void produce(const GemmParams& p, const int* s_meta, 
           tma_load_2d(sb + j * kBChunk, &p.b[w.g], &full[s], w.nt * 256 + j * 64, kb * kBK);
         }
       }
-      if (++s == kStages) {
-        s = 0;
-        phase ^= 1;
-      }
+      ring_next(s, phase, kStages);
     }
   }
 }
@@ -185,16 +182,9 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_kernel(const __grid_
           wgmma_m64n256k16_f16<1>(acc, da + 2 * q, db + (2048 >> 4) * q, kb > 0 || q > 0);
         wgmma_commit();
       }
-      if (prev >= 0) {  // the previous stage's MMAs are done once at most this group is in flight
-        wgmma_wait<1>();  // (unconditional: with nothing in flight it returns at once)
-        __syncwarp();
-        if (lane == 0) mbar_arrive(&empty[prev]);
-      }
+      if (prev >= 0) release_after_wgmma(&empty[prev], lane);
       prev = s;
-      if (++s == kStages) {
-        s = 0;
-        phase ^= 1;
-      }
+      ring_next(s, phase, kStages);
     }
     // The epilogue's destination rows: this thread stores 16 bytes of rows t / 8 + 16 i (i < 4) in every pass. GEMM
     // 2's routed rows come from out_rows in global memory: loaded here, while the last MMAs run, not inside the
