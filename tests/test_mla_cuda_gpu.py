@@ -52,7 +52,10 @@ def _set_knobs(monkeypatch, splits, knobs):
                           (16, 1025, "3", "S_ONCE=0,PREFETCH_TABLES=0"),
                           (1, 2, None, "SEESAW=1"), (3, 65, None, "SEESAW=1"), (16, 1025, None, "SEESAW=1"),
                           (128, 130, None, "SEESAW=1"), (2, 8192, None, "SEESAW=1"), (128, 4097, None, "SEESAW=1"),
-                          (128, 4097, "2", "SEESAW=1"), (16, 1025, "3", "SEESAW=1")])
+                          (128, 4097, "2", "SEESAW=1"), (16, 1025, "3", "SEESAW=1"),
+                          (1, 2, None, "SPLIT_S=1"), (3, 65, None, "SPLIT_S=1"), (16, 1025, None, "SPLIT_S=1"),
+                          (128, 130, None, "SPLIT_S=1"), (2, 8192, None, "SPLIT_S=1"), (128, 4097, None, "SPLIT_S=1"),
+                          (128, 4097, "2", "SPLIT_S=1"), (16, 1025, "3", "SPLIT_S=1")])
 def test_attention_matches_the_definition(mla, bs, kv_len, splits, knobs, monkeypatch, grow=1.0):
     """splits, knobs: as _set_knobs takes them. grow: the keys' rope columns scaled from 1 at position 0 to
     `grow` at the last, so that the row maxima keep rising tile after tile (the s-once softmax rescales lazily)."""
@@ -83,7 +86,8 @@ def test_attention_matches_the_definition(mla, bs, kv_len, splits, knobs, monkey
                                                     (16, 1025, None, "ROPE_FIRST=0"),
                                                     (16, 1025, None, "S_ONCE=0"),
                                                     (16, 1025, None, "SEESAW=1"), (128, 4097, "2", "SEESAW=1"),
-                                                    (3, 65, None, "SEESAW=1")])
+                                                    (3, 65, None, "SEESAW=1"), (16, 1025, None, "SPLIT_S=1"),
+                                                    (128, 4097, "2", "SPLIT_S=1"), (3, 65, None, "SPLIT_S=1")])
 def test_attention_with_rising_maxima(mla, bs, kv_len, splits, knobs, monkeypatch):
     """The keys' rope columns growing 64x along the cache (the values, the latent columns, stay as they are): at
     kv_len 1025 a tile's best scores exceed the previous tiles' maxima by about the lazy rescale's slack (8 in log2
@@ -94,7 +98,8 @@ def test_attention_with_rising_maxima(mla, bs, kv_len, splits, knobs, monkeypatc
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("bs,kv_len,splits,knobs", [(128, 4097, "2", ""), (128, 4097, "2", "SEESAW=1"),
-                                                    (16, 1025, None, "SEESAW=1")])
+                                                    (16, 1025, None, "SEESAW=1"), (128, 4097, None, "SPLIT_S=1"),
+                                                    (16, 1025, "3", "SPLIT_S=1")])
 def test_attention_repeats_bit_for_bit(mla, bs, kv_len, splits, knobs, monkeypatch):
     """The kernel is deterministic: 30 calls on the same inputs must give the same bits. A race between the
     warpgroups, the loads and the rotators shows up here as an occasional difference (a version of the seesaw

@@ -15,6 +15,7 @@
 #include "attention.cuh"
 #include "attention_s_once.cuh"
 #include "attention_seesaw.cuh"
+#include "attention_split_s.cuh"
 #include "knobs.h"
 #include "launch_error.h"
 #include "linear.cuh"
@@ -41,13 +42,15 @@ int mla_num_sms() {
     for (const bool rope_first : {false, true})
       cudaFuncSetAttribute(s_once_kernel(rope_first), cudaFuncAttributeMaxDynamicSharedMemorySize, kSOnceSmemBytes);
     cudaFuncSetAttribute(mla_attention_seesaw_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSeesawSmemBytes);
+    cudaFuncSetAttribute(mla_attention_split_s_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSplitSSmemBytes);
   }
   return sms[dev & 63];
 }
 
 void mla_describe(const MlaConfig& c, char* buf, int size) {
-  snprintf(buf, size, "MlaConfig{splits=%d, prefetch_tables=%d, s_once=%d, rope_first=%d, seesaw=%d}", c.splits,
-           c.prefetch_tables ? 1 : 0, c.s_once ? 1 : 0, c.rope_first ? 1 : 0, c.seesaw ? 1 : 0);
+  snprintf(buf, size, "MlaConfig{splits=%d, prefetch_tables=%d, s_once=%d, rope_first=%d, seesaw=%d, split_s=%d}",
+           c.splits, c.prefetch_tables ? 1 : 0, c.s_once ? 1 : 0, c.rope_first ? 1 : 0, c.seesaw ? 1 : 0,
+           c.split_s ? 1 : 0);
 }
 
 const char* mla_run(const MlaArgs& a, cudaStream_t stream) {
@@ -80,7 +83,9 @@ const char* mla_run(const MlaArgs& a, cudaStream_t stream) {
 #endif
   if (p.splits > 1 && (!a.part_o || !a.part_ml)) return "mla cuda: a split plan needs the partial buffers";
   const dim3 grid(kHeadGroups * a.bs * p.splits);
-  if (a.config.seesaw) {
+  if (a.config.split_s) {
+    mla_attention_split_s_kernel<<<grid, kThreads, kSplitSSmemBytes, stream>>>(tm_q, tm_kv, p);
+  } else if (a.config.seesaw) {
     mla_attention_seesaw_kernel<<<grid, kThreads, kSeesawSmemBytes, stream>>>(tm_q, tm_kv, p);
   } else if (a.config.s_once) {
     s_once_kernel(a.config.rope_first)<<<grid, kThreads, kSOnceSmemBytes, stream>>>(tm_q, tm_kv, p);
