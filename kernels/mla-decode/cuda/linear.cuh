@@ -34,9 +34,10 @@ struct LinearShape {
   static constexpr int kStageBytes = kABytes + kBBytes;
   static constexpr int kFit = (kLinearSmemLimit - 2048) / kStageBytes;
   static constexpr int kStages = kFit > 8 ? 8 : kFit;
-  // fp32 staging row: +8 floats, so that for kBN % 32 == 0 a half-warp's float2 stores (rows r..r+3) hit 32 banks.
-  // (kBN = 56, wo's tile, leaves them 4-way conflicted: a pitch of 8 (mod 32) for every width is the untested fix.)
-  static constexpr int kPitch = kBN + 8;
+  // fp32 staging row pitch = 8 (mod 16) floats: a half-warp's float2 stores (rows r..r+3, 8 floats each) then fall in
+  // four different 8-bank groups. (kBN + 8 for every width left kBN = 56, wo's tile, 4-way conflicted.)
+  static constexpr int kPitch = kBN % 16 == 0 ? kBN + 8 : kBN + 16;
+  static_assert(kPitch % 16 == 8, "the staging stores' bank groups");
   static constexpr int kStagingBytes = 128 * kPitch * 4;
   static_assert(kStagingBytes <= kStages * kStageBytes, "the accumulator is parked in the ring's space");
   static constexpr int kSmemBytes = 1024 + kStages * kStageBytes + 2 * kStages * 8;

@@ -24,9 +24,18 @@
 
 using namespace mla;
 
-// The s-once kernel for a configuration's compile-time choice.
-static auto s_once_kernel(bool rope_first) {
-  return rope_first ? mla_attention_s_once_kernel<true> : mla_attention_s_once_kernel<false>;
+// The s-once kernel for a configuration's compile-time choices; nullptr for a poly_exp with no kernel (only the
+// rope-first loads have the candidates).
+using AttentionKernel = void (*)(CUtensorMap, CUtensorMap, Params);
+static AttentionKernel s_once_kernel(bool rope_first, int poly_exp) {
+  if (!rope_first) return poly_exp == 0 ? mla_attention_s_once_kernel<false, 0> : nullptr;
+  switch (poly_exp) {
+    case 0: return mla_attention_s_once_kernel<true, 0>;
+    case 2: return mla_attention_s_once_kernel<true, 2>;
+    case 3: return mla_attention_s_once_kernel<true, 3>;
+    case 4: return mla_attention_s_once_kernel<true, 4>;
+  }
+  return nullptr;
 }
 
 int mla_num_sms() {
@@ -40,7 +49,9 @@ int mla_num_sms() {
     cudaFuncSetAttribute(mla_attention_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
     cudaFuncSetAttribute(mla_attention_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
     for (const bool rope_first : {false, true})
-      cudaFuncSetAttribute(s_once_kernel(rope_first), cudaFuncAttributeMaxDynamicSharedMemorySize, kSOnceSmemBytes);
+      for (const int poly_exp : {0, 2, 3, 4})
+        if (const AttentionKernel kernel = s_once_kernel(rope_first, poly_exp))
+          cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSOnceSmemBytes);
     cudaFuncSetAttribute(mla_attention_seesaw_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSeesawSmemBytes);
     cudaFuncSetAttribute(mla_attention_split_s_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSplitSSmemBytes);
   }
@@ -48,8 +59,9 @@ int mla_num_sms() {
 }
 
 void mla_describe(const MlaConfig& c, char* buf, int size) {
-  snprintf(buf, size, "MlaConfig{splits=%d, prefetch_tables=%d, s_once=%d, rope_first=%d, seesaw=%d, split_s=%d}",
-           c.splits, c.prefetch_tables ? 1 : 0, c.s_once ? 1 : 0, c.rope_first ? 1 : 0, c.seesaw ? 1 : 0,
+  snprintf(buf, size,
+           "MlaConfig{splits=%d, prefetch_tables=%d, s_once=%d, rope_first=%d, seesaw=%d, poly_exp=%d, split_s=%d}",
+           c.splits, c.prefetch_tables ? 1 : 0, c.s_once ? 1 : 0, c.rope_first ? 1 : 0, c.seesaw ? 1 : 0, c.poly_exp,
            c.split_s ? 1 : 0);
 }
 
@@ -88,7 +100,9 @@ const char* mla_run(const MlaArgs& a, cudaStream_t stream) {
   } else if (a.config.seesaw) {
     mla_attention_seesaw_kernel<<<grid, kThreads, kSeesawSmemBytes, stream>>>(tm_q, tm_kv, p);
   } else if (a.config.s_once) {
-    s_once_kernel(a.config.rope_first)<<<grid, kThreads, kSOnceSmemBytes, stream>>>(tm_q, tm_kv, p);
+    const AttentionKernel kernel = s_once_kernel(a.config.rope_first, a.config.poly_exp);
+    if (!kernel) return "mla cuda: KBENCH_MLA_POLY_EXP must be 0, 2, 3 or 4 (0 where KBENCH_MLA_ROPE_FIRST=0)";
+    kernel<<<grid, kThreads, kSOnceSmemBytes, stream>>>(tm_q, tm_kv, p);
   } else {
     const auto kernel = a.config.prefetch_tables ? mla_attention_kernel<true> : mla_attention_kernel<false>;
     kernel<<<grid, kThreads, kSmemBytes, stream>>>(tm_q, tm_kv, p);
