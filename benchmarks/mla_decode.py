@@ -35,10 +35,6 @@ CANDIDATES = {"eager": {"KBENCH_MLA_GRAPH": "0"},
               "two-s": {"KBENCH_MLA_S_ONCE": "0"},
               "two-s-no-prefetch": {"KBENCH_MLA_S_ONCE": "0", "KBENCH_MLA_PREFETCH_TABLES": "0"},
               "seesaw": {"KBENCH_MLA_SEESAW": "1"},
-              "split-s": {"KBENCH_MLA_SPLIT_S": "1"},
-              "poly2": {"KBENCH_MLA_POLY_EXP": "2"},
-              "poly3": {"KBENCH_MLA_POLY_EXP": "3"},
-              "poly4": {"KBENCH_MLA_POLY_EXP": "4"},
               "cublas-wo": {"KBENCH_MLA_LINEAR": "0"},
               "wo-no-pdl": {"KBENCH_MLA_LINEAR_PDL": "0"}}
 # The step's projections at the official dims (batch 128): name -> (n, k) of W [n, k]; x is [128, k].

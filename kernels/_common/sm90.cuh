@@ -91,22 +91,6 @@ __device__ __forceinline__ float ex2_approx(float x) {
   asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
   return y;
 }
-// 2^x for x <= 127 without the MUFU: the SM's MUFU unit retires 16 results a clock, its FP32 pipes 128 operations,
-// so a softmax that takes some of its exponentials here (8 FP32/ALU operations each) finishes sooner than one that
-// queues all of them on the MUFU. x = n + f with n = rint(x) (the 1.5 * 2^23 addition rounds to an integer) and
-// |f| <= 1/2; 2^f by a degree-3 polynomial (relative error 7.5e-5, fitted on [-1/2, 1/2]: far below bf16's
-// rounding, which is what P gets); 2^n added to the exponent field. x < -125 (a masked -inf included) gives 0.
-__device__ __forceinline__ float ex2_poly(float x) {
-  const float xc = fmaxf(x, -125.0f);
-  const float j = xc + 12582912.0f;  // 1.5 * 2^23: the rounded integer sits in j's low mantissa bits
-  const float f = xc - (j - 12582912.0f);
-  float p = fmaf(0.05517166853f, f, 0.24261115491f);
-  p = fmaf(p, f, 0.69326096773f);
-  p = fmaf(p, f, 0.99992805719f);
-  // (bits(j) << 23) == n << 23: the constant's own bits above the low 9 shift out of the word
-  const float y = __int_as_float(__float_as_int(p) + (__float_as_int(j) << 23));
-  return x < -125.0f ? 0.0f : y;
-}
 // Keep the compiler from moving accumulator reads/writes across an in-flight wgmma.
 __device__ __forceinline__ void reg_fence(float& r) { asm volatile("" : "+f"(r)::"memory"); }
 

@@ -77,9 +77,6 @@ __device__ __forceinline__ void issue_pv_from_registers(float* o, const uint32_t
 // sums (its 16 positions a tile), updated; alpha: the factors O and the sums are rescaled by (1 where they did not
 // move); pa: P as bf16 pairs, pa[4j .. 4j+3] the A fragment of positions 16j .. 16j+15. Returns whether this warp's
 // rows moved their maxima (one decision per warp, so that an O rescale is skipped or done by whole warps).
-// kPolyGroups: the exponentials of column groups c < kPolyGroups (4 of the thread's 32 each) by ex2_poly on the FP32
-// pipes instead of the MUFU, which retires 16 a clock: 4096 a tile take it >= 256 cycles (finding 27).
-template <int kPolyGroups = 0>
 __device__ __forceinline__ bool softmax_tile(float* sc, int tile, int kv_len, float scale_log2, int frag_col,
                                              float* m_run, float* l_run, float* alpha, uint32_t* pa) {
   if (tile * kTile + kTile > kv_len) {  // the split's last tile: positions past the cache do not count
@@ -114,10 +111,8 @@ __device__ __forceinline__ bool softmax_tile(float* sc, int tile, int kv_len, fl
   for (int c = 0; c < 8; ++c)
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const float x0 = fmaf(sc[4 * c + 2 * h], scale_log2, -m_run[h]);
-      const float x1 = fmaf(sc[4 * c + 2 * h + 1], scale_log2, -m_run[h]);
-      const float p0 = c < kPolyGroups ? ex2_poly(x0) : ex2_approx(x0);
-      const float p1 = c < kPolyGroups ? ex2_poly(x1) : ex2_approx(x1);
+      const float p0 = ex2_approx(fmaf(sc[4 * c + 2 * h], scale_log2, -m_run[h]));
+      const float p1 = ex2_approx(fmaf(sc[4 * c + 2 * h + 1], scale_log2, -m_run[h]));
       l_run[h] += p0 + p1;
       const __nv_bfloat162 pair = __floats2bfloat162_rn(p0, p1);
       pa[2 * c + h] = *reinterpret_cast<const uint32_t*>(&pair);
@@ -178,7 +173,7 @@ __device__ __forceinline__ void rotate_tiles(int u, const CtaWork& work, const P
   }
 }
 
-template <bool kRopeFirst, int kPolyGroups>
+template <bool kRopeFirst>
 __global__ void __launch_bounds__(kThreads, 1) mla_attention_s_once_kernel(const __grid_constant__ CUtensorMap tm_q,
                                                                            const __grid_constant__ CUtensorMap tm_kv,
                                                                            const Params p) {
@@ -282,7 +277,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_attention_s_once_kernel(const
       s_landed(i);
 
       float alpha[2];
-      const bool rescale = softmax_tile<kPolyGroups>(sc, tile, kv_len, p.scale_log2, frag_col, m_run, l_run, alpha, pa);
+      const bool rescale = softmax_tile(sc, tile, kv_len, p.scale_log2, frag_col, m_run, l_run, alpha, pa);
       // Hand P and the rescale factors to warpgroup 1 once it has read the previous tile's.
       if (t == 0) trace_stamp(p, kTraceWg0, i, 3);
       named_bar_sync(kBarPFree, 256);

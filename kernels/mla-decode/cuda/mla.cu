@@ -15,7 +15,6 @@
 #include "attention.cuh"
 #include "attention_s_once.cuh"
 #include "attention_seesaw.cuh"
-#include "attention_split_s.cuh"
 #include "knobs.h"
 #include "launch_error.h"
 #include "linear.cuh"
@@ -24,18 +23,9 @@
 
 using namespace mla;
 
-// The s-once kernel for a configuration's compile-time choices; nullptr for a poly_exp with no kernel (only the
-// rope-first loads have the candidates).
-using AttentionKernel = void (*)(CUtensorMap, CUtensorMap, Params);
-static AttentionKernel s_once_kernel(bool rope_first, int poly_exp) {
-  if (!rope_first) return poly_exp == 0 ? mla_attention_s_once_kernel<false, 0> : nullptr;
-  switch (poly_exp) {
-    case 0: return mla_attention_s_once_kernel<true, 0>;
-    case 2: return mla_attention_s_once_kernel<true, 2>;
-    case 3: return mla_attention_s_once_kernel<true, 3>;
-    case 4: return mla_attention_s_once_kernel<true, 4>;
-  }
-  return nullptr;
+// The s-once kernel for a configuration's compile-time choice.
+static auto s_once_kernel(bool rope_first) {
+  return rope_first ? mla_attention_s_once_kernel<true> : mla_attention_s_once_kernel<false>;
 }
 
 int mla_num_sms() {
@@ -49,20 +39,15 @@ int mla_num_sms() {
     cudaFuncSetAttribute(mla_attention_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
     cudaFuncSetAttribute(mla_attention_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
     for (const bool rope_first : {false, true})
-      for (const int poly_exp : {0, 2, 3, 4})
-        if (const AttentionKernel kernel = s_once_kernel(rope_first, poly_exp))
-          cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSOnceSmemBytes);
+      cudaFuncSetAttribute(s_once_kernel(rope_first), cudaFuncAttributeMaxDynamicSharedMemorySize, kSOnceSmemBytes);
     cudaFuncSetAttribute(mla_attention_seesaw_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSeesawSmemBytes);
-    cudaFuncSetAttribute(mla_attention_split_s_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSplitSSmemBytes);
   }
   return sms[dev & 63];
 }
 
 void mla_describe(const MlaConfig& c, char* buf, int size) {
-  snprintf(buf, size,
-           "MlaConfig{splits=%d, prefetch_tables=%d, s_once=%d, rope_first=%d, seesaw=%d, poly_exp=%d, split_s=%d}",
-           c.splits, c.prefetch_tables ? 1 : 0, c.s_once ? 1 : 0, c.rope_first ? 1 : 0, c.seesaw ? 1 : 0, c.poly_exp,
-           c.split_s ? 1 : 0);
+  snprintf(buf, size, "MlaConfig{splits=%d, prefetch_tables=%d, s_once=%d, rope_first=%d, seesaw=%d}", c.splits,
+           c.prefetch_tables ? 1 : 0, c.s_once ? 1 : 0, c.rope_first ? 1 : 0, c.seesaw ? 1 : 0);
 }
 
 const char* mla_run(const MlaArgs& a, cudaStream_t stream) {
@@ -95,14 +80,10 @@ const char* mla_run(const MlaArgs& a, cudaStream_t stream) {
 #endif
   if (p.splits > 1 && (!a.part_o || !a.part_ml)) return "mla cuda: a split plan needs the partial buffers";
   const dim3 grid(kHeadGroups * a.bs * p.splits);
-  if (a.config.split_s) {
-    mla_attention_split_s_kernel<<<grid, kThreads, kSplitSSmemBytes, stream>>>(tm_q, tm_kv, p);
-  } else if (a.config.seesaw) {
+  if (a.config.seesaw) {
     mla_attention_seesaw_kernel<<<grid, kThreads, kSeesawSmemBytes, stream>>>(tm_q, tm_kv, p);
   } else if (a.config.s_once) {
-    const AttentionKernel kernel = s_once_kernel(a.config.rope_first, a.config.poly_exp);
-    if (!kernel) return "mla cuda: KBENCH_MLA_POLY_EXP must be 0, 2, 3 or 4 (0 where KBENCH_MLA_ROPE_FIRST=0)";
-    kernel<<<grid, kThreads, kSOnceSmemBytes, stream>>>(tm_q, tm_kv, p);
+    s_once_kernel(a.config.rope_first)<<<grid, kThreads, kSOnceSmemBytes, stream>>>(tm_q, tm_kv, p);
   } else {
     const auto kernel = a.config.prefetch_tables ? mla_attention_kernel<true> : mla_attention_kernel<false>;
     kernel<<<grid, kThreads, kSmemBytes, stream>>>(tm_q, tm_kv, p);

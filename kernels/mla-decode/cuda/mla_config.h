@@ -19,17 +19,13 @@ struct MlaConfig {
   bool rope_first;       // s_once: each tile's rope block loaded first, on its own barrier, and rotated while the
                          // latent blocks land (else the rotation starts once the whole tile has landed)
   bool seesaw;           // attention_seesaw.cuh: the warpgroups take turns at S and the softmax (overrides s_once)
-  int poly_exp;          // s_once: of each thread's 8 groups of 4 scores a tile, how many take 2^x on the FP32 pipes
-                         // (ex2_poly) instead of the MUFU: 0, 2, 3 or 4 (kernels compiled for those)
-  bool split_s;          // attention_split_s.cuh: both warpgroups share each tile's S and softmax (overrides the
-                         // others; loads the rope block first whatever rope_first says)
 };
 
 // bs batch rows, kv_len cache rows to read, sms the GPU's SM count. KBENCH_MLA_SPLITS=N forces N splits;
 // KBENCH_MLA_PREFETCH_TABLES=0/1 overrides prefetch_tables, KBENCH_MLA_S_ONCE=0/1 s_once, KBENCH_MLA_ROPE_FIRST=0/1
-// rope_first, KBENCH_MLA_SEESAW=0/1 seesaw, KBENCH_MLA_SPLIT_S=0/1 split_s,
-// KBENCH_MLA_POLY_EXP=N poly_exp. (Early S, the next tile's S issued behind this tile's P V, was a
-// measured miss, +8.6%, removed: docs/mla-decode-notes.md, finding 19.)
+// rope_first, KBENCH_MLA_SEESAW=0/1 seesaw. (Measured misses, removed: early S, the next tile's S issued behind
+// this tile's P V, +8.6%, docs/mla-decode-notes.md finding 19; split S, both warpgroups sharing each tile's S and
+// softmax, +12.5%, finding 26; part of the softmax's exponentials on the FP32 pipes, +0.2 to +1.3%, finding 27.)
 inline MlaConfig mla_config(int bs, int kv_len, int sms) {
   // No split where one CTA per (row, head group) already fills >= 90% of its waves (batch 128 on 132 SMs: 256 CTAs
   // in 2 waves, 97%): splitting adds the combine pass and the fp32 partials for no wave gain (measured on two H100s,
@@ -54,9 +50,5 @@ inline MlaConfig mla_config(int bs, int kv_len, int sms) {
   const bool rope_first = kb::env_int("KBENCH_MLA_ROPE_FIRST", 1) != 0;
   // seesaw: a candidate (docs/mla-decode-notes.md, finding 20)
   const bool seesaw = kb::env_int("KBENCH_MLA_SEESAW", 0) != 0;
-  // split_s: a candidate (docs/mla-decode-notes.md, finding 26)
-  const bool split_s = kb::env_int("KBENCH_MLA_SPLIT_S", 0) != 0;
-  // poly_exp: a candidate (docs/mla-decode-notes.md, finding 27)
-  const int poly_exp = kb::env_int("KBENCH_MLA_POLY_EXP", 0);
-  return MlaConfig{splits, prefetch_tables, s_once, rope_first, seesaw, poly_exp, split_s};
+  return MlaConfig{splits, prefetch_tables, s_once, rope_first, seesaw};
 }
