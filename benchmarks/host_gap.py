@@ -15,7 +15,8 @@ with a pair of CUDA events recorded around the same call. Then --runs more calls
   issue   host time until the call returned, before the closing synchronize
   flushed the CUDA events with an L2 flush before each call
   MHz     the SM clock after the runs (min / median), from NVML when pynvml imports
-Rows: metric host-loop, backend "<backend>/host", "<backend>/device", "<backend>/flushed".
+Rows: metric host-loop, backend "<backend>/host", "<backend>/device", "<backend>/flushed", "<backend>/issue"
+(<backend>: --label where given).
 --cprofile: the Python profile (cProfile, top 15 by cumulative time) of the timed runs of each case.
 --profile N: then N more runs of the official window under the torch profiler, and per kernel (CUPTI's trace: the
 kernels inside a replayed graph count) the launches a run and the mean / min / max duration: which kernel varies.
@@ -95,13 +96,14 @@ def main():
     ap.add_argument("--profile", type=int, default=0, metavar="N", help="N more runs under the profiler per case")
     ap.add_argument("--rev", metavar="REV", help="the backend as it was at this git revision (or a carried kernels "
                     "folder, benchlib.kernels_at); rows under benchlib.revision_label")
+    ap.add_argument("--label", help="the rows' backend name (a build run with a knob set, e.g. cuda[full-key])")
     args = ap.parse_args()
     spec = problems.load_spec(args.problem)
     if spec.distributed:
         raise SystemExit(f"{args.problem} is distributed: its official window is the ranks' "
                          "(benchmarks/distributed.py)")
     mod = benchlib.build(args.problem, args.backend, rev=args.rev)
-    label_backend = benchlib.revision_label(args.backend, args.rev) if args.rev else args.backend
+    label_backend = args.label or (benchlib.revision_label(args.backend, args.rev) if args.rev else args.backend)
     ref = problems.load_modules(args.problem).reference
     clone_inputs = spec.protocol.clone_inputs
     flush_buf = torch.empty(64 * 1024 * 1024, dtype=torch.int32, device="cuda")
@@ -133,7 +135,8 @@ def main():
         host, dev, issue = [r[0] for r in plain], [r[1] for r in plain], [r[3] for r in plain]
         mhz = [r[2] for r in plain + flushed if r[2] is not None]
         fl = [r[1] for r in flushed]
-        means = {"host": statistics.mean(host), "device": statistics.mean(dev), "flushed": statistics.mean(fl)}
+        means = {"host": statistics.mean(host), "device": statistics.mean(dev), "flushed": statistics.mean(fl),
+                 "issue": statistics.mean(issue)}
         rows += [benchlib.Row(gpu, 1, f"{label_backend}/{k}", "host-loop", line, v) for k, v in means.items()]
         table.append([line.split("; seed")[0], f"{means['host']:.1f}", f"{statistics.median(host):.1f}",
                       f"{means['device']:.1f}", f"{statistics.median(dev):.1f}",

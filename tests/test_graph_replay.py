@@ -40,8 +40,13 @@ class FakeGraph:
 
 
 class FakeStream:
+    synchronized = 0
+
     def wait_stream(self, other):
         pass
+
+    def synchronize(self):
+        FakeStream.synchronized += 1
 
 
 @pytest.fixture
@@ -142,3 +147,35 @@ def test_env_values_reads_what_os_environ_holds(gr, monkeypatch):
     assert gr.env_values(names) != second
     monkeypatch.setenv("KBENCH_T_ONE", "1")
     assert gr.env_values(names) == second
+
+
+def test_a_launch_on_addresses_is_checked_behind_it_by_verify(gr):
+    """replay(key, step, verify): the graph launches on key alone; verify()'s value, stored at the capture, is compared
+    after the launch. Equal: the graph's output. Different (other shapes at the same addresses): the host waits for the
+    launch, the graph is dropped and the step runs eagerly; the next call of the key captures again."""
+    rep = gr.GraphReplay()
+    full = {"key": ("shape-a",)}
+    verify = lambda: full["key"]  # noqa: E731
+    outs = []
+
+    def step():
+        outs.append(f"eager{len(outs)}")
+        return outs[-1]
+
+    assert rep.replay("addr", step, verify) == "eager0"  # eager, then captured (the capture's step call: eager1)
+    graph = FakeGraph.made[-1]
+    assert rep.replay("addr", step, verify) == "eager1" and graph.replays == 1  # the capture's output
+    synced = FakeStream.synchronized
+    full["key"] = ("shape-b",)
+    assert rep.replay("addr", step, verify) == "eager2" and graph.replays == 2  # launched, then found stale
+    assert FakeStream.synchronized == synced + 1 and len(rep) == 0
+    rep.replay("addr", step, verify)  # captured anew, with the new full key
+    assert len(rep) == 1 and FakeGraph.made[-1] is not graph
+    n = FakeGraph.made[-1].replays
+    rep.replay("addr", step, verify)
+    assert FakeGraph.made[-1].replays == n + 1
+
+
+def test_addresses_are_the_data_pointers(gr):
+    a, b = torch.zeros(4), torch.zeros(2, 2)
+    assert gr.addresses((a, b)) == (a.data_ptr(), b.data_ptr())

@@ -116,6 +116,20 @@ def test_attention_repeats_bit_for_bit(mla, bs, kv_len, splits, knobs, monkeypat
     assert not differing, f"calls {differing} of 30 differ from the first"
 
 
+@pytest.mark.gpu
+def test_attention_refuses_a_length_tensor_of_another_dtype(mla):
+    """A known-bad input to the binding: the device-side length as int64. The call raises its one-line message
+    (formatted messages go through KB_CHECK: kernels/_common/torch_check.h)."""
+    import torch
+
+    q = torch.randn(1, 128, 576, device="cuda").bfloat16()
+    cache = torch.randn(1, 128, 576, device="cuda").bfloat16()
+    cos, sin = mla._rope_tables(128, 64, q.device)
+    lens = torch.full((1,), 65, dtype=torch.int64, device="cuda")
+    with pytest.raises(RuntimeError, match="mla_attention: lens must be an int32 tensor of one element"):
+        mla.ext.mla_attention(q, cache, 65, cos, sin, lens)
+
+
 def _judge(tmp_path, cases, mode="test", **kw):
     sub = generator.generate("mla-decode", "cuda", out=tmp_path / "submission.py")
     record = evaluator.run("mla-decode", sub, mode=mode, cases=[problems.official_case(c) for c in cases],

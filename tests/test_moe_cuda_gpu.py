@@ -112,3 +112,49 @@ def test_graph_replays_follow_the_inputs(moe, monkeypatch):
         outputs.append(out)
     assert len(moe._graphs) == 1, "captured once, after the first call"
     assert len({o.data_ptr() for o in outputs}) == len(outputs), "each call returns its own tensor"
+
+
+
+@pytest.mark.gpu
+def test_a_graph_launched_on_reshaped_inputs_is_thrown_away(moe, monkeypatch):
+    """The graph launches on the inputs' addresses and checks their shapes and strides behind the launch: x coming
+    back at the same address with fewer tokens must not get the graph's output (computed for the captured tokens);
+    the eager path answers for the new shape, and the stale graph is dropped."""
+    import torch
+
+    ref = problems.load_modules("moe").reference
+    data = ref.generate_input(dhidden=1024, dexpert=256, nroutedexperts=8, nsharedexperts=1, nexpertspertoken=4,
+                              bs=1, seqlen=64, seed=5)
+    x, weights, config = data
+    monkeypatch.setattr(moe, "_graphs", type(moe._graphs)())  # none held from earlier tests
+    for _ in range(2):  # eager and captured, then replayed
+        moe.custom_kernel(data)
+    assert len(moe._graphs) == 1
+    fewer = (x[:, :40], weights, config)  # same address, 40 of the 64 tokens
+    out = moe.custom_kernel(fewer)
+    torch.cuda.synchronize()
+    assert out.shape == (1, 40, 1024) and len(moe._graphs) == 0, "the stale graph is dropped"
+    ok, msg = ref.check_implementation(fewer, out)
+    assert ok, msg
+    ok, msg = ref.check_implementation(data, moe.custom_kernel(data))  # the original inputs work again
+    assert ok, msg
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("bad", ["shape", "dtype"])
+def test_a_malformed_expert_weight_is_refused_with_a_message(moe, bad, monkeypatch):
+    """A known-bad input: an expert weight of another shape at the same address (after a graph was captured for the
+    good one), or of another dtype. The call raises the binding's one-line RuntimeError (a formatted TORCH_CHECK
+    message once crashed the process here instead: kernels/_common/torch_check.h)."""
+    ref = problems.load_modules("moe").reference
+    data = ref.generate_input(dhidden=1024, dexpert=256, nroutedexperts=8, nsharedexperts=1, nexpertspertoken=4,
+                              bs=1, seqlen=64, seed=6)
+    x, weights, config = data
+    monkeypatch.setattr(moe, "_graphs", type(moe._graphs)())
+    for _ in range(2):
+        moe.custom_kernel(data)
+    malformed = dict(weights)
+    gate = weights["experts.0.0.weight"]
+    malformed["experts.0.0.weight"] = gate.view(gate.shape[1], gate.shape[0]) if bad == "shape" else gate.float()
+    with pytest.raises(RuntimeError, match=r"every gate weight must be a contiguous fp16 CUDA tensor \[1024, \d+\]"):
+        moe.custom_kernel((x, malformed, config))

@@ -8,6 +8,7 @@
 
 #include "fp8_gemm_api.h"
 #include "knobs.h"
+#include "torch_check.h"
 
 namespace {
 
@@ -36,8 +37,9 @@ torch::Tensor run(torch::Tensor a, torch::Tensor b, torch::Tensor a_scale, torch
   TORCH_CHECK(a.dim() == 2 && b.dim() == 2 && a.size(1) == b.size(1),
               "fp8_gemm: need a [m,k] and b [n,k] with the same k");
   const int64_t m = a.size(0), n = b.size(0), k = a.size(1);
-  TORCH_CHECK(m % 16 == 0 && n % 16 == 0 && k % 128 == 0 && m > 0 && n > 0,
-              "fp8_gemm: need m and n multiples of 16 and k a multiple of 128, got m=", m, " n=", n, " k=", k);
+  KB_CHECK(m % 16 == 0 && n % 16 == 0 && k % 128 == 0 && m > 0 && n > 0,
+           "fp8_gemm: need m and n multiples of 16 and k a multiple of 128, got m=%lld n=%lld k=%lld",
+           static_cast<long long>(m), static_cast<long long>(n), static_cast<long long>(k));
   TORCH_CHECK(a_scale.dim() == 2 && a_scale.size(0) == m && a_scale.size(1) == k / 128,
               "fp8_gemm: a_scale must be [m, k/128]");
   TORCH_CHECK(b_scale.dim() == 2 && b_scale.size(0) == (n + 127) / 128 && b_scale.size(1) == k / 128,

@@ -8,19 +8,20 @@
 
 #include "knobs.h"
 #include "mla_api.h"
+#include "torch_check.h"
 
 // lens: int32 [1] on q's device (the cache length the kernels read from device memory).
 static void check_lengths(const torch::Tensor& lens, const torch::Tensor& q, const char* who) {
-  TORCH_CHECK(lens.scalar_type() == at::kInt && lens.numel() == 1 && lens.device() == q.device(), who,
-              ": lens must be an int32 tensor of one element on q's device");
+  KB_CHECK(lens.scalar_type() == at::kInt && lens.numel() == 1 && lens.device() == q.device(),
+           "%s: lens must be an int32 tensor of one element on q's device", who);
 }
 
 // The query's RoPE inputs: cos/sin bf16 [max_seq, 32] (the tables), lens as check_lengths wants it.
 static void check_rope_inputs(const torch::Tensor& cos, const torch::Tensor& sin, const torch::Tensor& lens,
                               const torch::Tensor& q, const char* who) {
-  TORCH_CHECK(cos.scalar_type() == at::kBFloat16 && sin.scalar_type() == at::kBFloat16 && cos.is_contiguous() &&
-                  sin.is_contiguous() && cos.size(1) == 32 && sin.sizes() == cos.sizes(),
-              who, ": cos and sin must be contiguous bf16 [max_seq, 32]");
+  KB_CHECK(cos.scalar_type() == at::kBFloat16 && sin.scalar_type() == at::kBFloat16 && cos.is_contiguous() &&
+               sin.is_contiguous() && cos.size(1) == 32 && sin.sizes() == cos.sizes(),
+           "%s: cos and sin must be contiguous bf16 [max_seq, 32]", who);
   check_lengths(lens, q, who);
 }
 

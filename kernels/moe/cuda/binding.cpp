@@ -13,14 +13,16 @@
 
 #include "knobs.h"
 #include "moe_api.h"
+#include "torch_check.h"
 
 namespace {
 
 void check_weights(const std::vector<torch::Tensor>& ws, int64_t rows, int64_t cols, const char* what) {
   for (const auto& w : ws) {
-    TORCH_CHECK(w.is_cuda() && w.scalar_type() == at::kHalf && w.is_contiguous() && w.dim() == 2 &&
-                    w.size(0) == rows && w.size(1) == cols,
-                "moe_forward: every ", what, " weight must be a contiguous fp16 CUDA tensor [", rows, ", ", cols, "]");
+    KB_CHECK(w.is_cuda() && w.scalar_type() == at::kHalf && w.is_contiguous() && w.dim() == 2 &&
+                 w.size(0) == rows && w.size(1) == cols,
+             "moe_forward: every %s weight must be a contiguous fp16 CUDA tensor [%lld, %lld]", what,
+             static_cast<long long>(rows), static_cast<long long>(cols));
   }
 }
 
