@@ -88,7 +88,7 @@ class GraphReplay:
     addresses reads them with the captured shapes before its output is thrown away.)"""
 
     def __init__(self, keep: int = 2):
-        self._graphs: collections.OrderedDict = collections.OrderedDict()  # key -> (CUDAGraph, output)
+        self._graphs: collections.OrderedDict = collections.OrderedDict()  # key -> (CUDAGraph, output, verify())
         self._keep = keep
         self._last_eager: Hashable = None
         self._unreplayed: Hashable = None  # the newest capture, until it is replayed

@@ -8,11 +8,11 @@
 
 #include <cstdio>
 
-#define KB_CHECK(cond, ...)                                \
-  do {                                                     \
-    if (!(cond)) {                                         \
-      char kb_check_msg_[512];                             \
+#define KB_CHECK(cond, ...)                                            \
+  do {                                                                 \
+    if (!(cond)) {                                                     \
+      char kb_check_msg_[512];                                         \
       std::snprintf(kb_check_msg_, sizeof kb_check_msg_, __VA_ARGS__); \
-      TORCH_CHECK(false, static_cast<const char*>(kb_check_msg_)); \
-    }                                                      \
+      TORCH_CHECK(false, static_cast<const char*>(kb_check_msg_));     \
+    }                                                                  \
   } while (0)
