@@ -1,6 +1,7 @@
 """Measured results are data: the rows in benchmarks/results/*.csv are well formed, and README's tables are made from
 them (benchlib.results_markdown), never typed."""
 import datetime
+import os
 import subprocess
 from pathlib import Path
 
@@ -105,8 +106,9 @@ def test_merge_appends_a_sessions_rows_and_renames_backends(tmp_path):
 
 
 def test_official_figures_judge_the_shipped_build_and_each_candidate_with_its_knobs(tmp_path, monkeypatch):
-    # a backend that reads the knob: with KBENCH_TEST_KNOB=slow its custom_kernel sleeps, so the candidate's
-    # official figure must come out slower than the shipped one's (the knob reached the judged worker)
+    # a backend that reads the knob: with KBENCH_TEST_KNOB=<path> its custom_kernel writes that file, so the file
+    # exists only if the knob reached the judged worker of the candidate's run. (This test used to compare the two
+    # runs' times against a fixed 20 ms; the torch backend alone took 31 ms on a loaded 2-core CI machine.)
     kernels = tmp_path / "kernels"
     src = ROOT / "kernels" / "fp8-mm" / "torch"
     dst = kernels / "fp8-mm" / "torch"
@@ -114,17 +116,21 @@ def test_official_figures_judge_the_shipped_build_and_each_candidate_with_its_kn
     for f in src.iterdir():
         (dst / f.name).write_bytes(f.read_bytes())
     entry = next(f for f in dst.iterdir() if f.suffix == ".py")
-    entry.write_text("import os as _os, time as _time\n" + entry.read_text() +
+    entry.write_text("import os as _os\n" + entry.read_text() +
                      "\n_inner = custom_kernel\n\ndef custom_kernel(data):\n"
-                     "    if _os.environ.get('KBENCH_TEST_KNOB') == 'slow':\n        _time.sleep(0.02)\n"
+                     "    if _os.environ.get('KBENCH_TEST_KNOB'):\n"
+                     "        open(_os.environ['KBENCH_TEST_KNOB'], 'a').write('called\\n')\n"
                      "    return _inner(data)\n")
+    marker = tmp_path / "knob-seen"
     monkeypatch.setenv("KBENCH_KERNELS", str(kernels))
     monkeypatch.setenv("KBENCH_RESULTS", str(tmp_path / "results"))
-    rows = benchlib.official_figures("fp8-mm", "torch", {"slow": {"KBENCH_TEST_KNOB": "slow"}})
+    monkeypatch.delenv("KBENCH_TEST_KNOB", raising=False)
+    rows = benchlib.official_figures("fp8-mm", "torch", {"marked": {"KBENCH_TEST_KNOB": str(marker)}})
     score = {r.backend: r.us for r in rows if r.case == "geomean"}
-    assert set(score) == {"torch", "torch+slow"} and {r.metric for r in rows} == {"official"}
-    assert score["torch+slow"] > 20e3 > score["torch"]
-    assert {r["backend"] for r in benchlib.read(tmp_path / "results" / "fp8-mm.csv")} == {"torch", "torch+slow"}
+    assert set(score) == {"torch", "torch+marked"} and {r.metric for r in rows} == {"official"}
+    assert marker.is_file(), "the candidate's knob did not reach the judged worker"
+    assert "KBENCH_TEST_KNOB" not in os.environ, "the candidate's knob leaked into the caller's environment"
+    assert {r["backend"] for r in benchlib.read(tmp_path / "results" / "fp8-mm.csv")} == {"torch", "torch+marked"}
 
 
 def test_official_rounds_alternate_the_order(monkeypatch, tmp_path):
