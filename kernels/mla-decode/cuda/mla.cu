@@ -130,6 +130,23 @@ static bool with_linear_instance(int bn, F&& f) {
   return false;
 }
 
+// The launch of linear_kernel<kBN> with `ctas` CTAs in 1-D clusters of `splits`: attr[0] is set to the cluster
+// dimension (numAttrs 1); callers add further attributes after it.
+template <int kBN>
+static cudaLaunchConfig_t linear_launch_config(int ctas, int splits, cudaLaunchAttribute* attr) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(ctas);
+  cfg.blockDim = dim3(kLinearThreads);
+  cfg.dynamicSmemBytes = LinearShape<kBN>::kSmemBytes;
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = splits;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  return cfg;
+}
+
 // How many CTAs of the bn-wide kernel in clusters of `splits` the current device holds at once (whole clusters).
 static int linear_capacity(int bn, int splits) {
   static std::map<std::tuple<int, int, int>, int> cache;
@@ -144,17 +161,8 @@ static int linear_capacity(int bn, int splits) {
   with_linear_instance(bn, [&](auto bn_c) {
     constexpr int kBN = decltype(bn_c)::value;
     cudaFuncSetAttribute(linear_kernel<kBN>, cudaFuncAttributeMaxDynamicSharedMemorySize, LinearShape<kBN>::kSmemBytes);
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(splits);
-    cfg.blockDim = dim3(kLinearThreads);
-    cfg.dynamicSmemBytes = LinearShape<kBN>::kSmemBytes;
     cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = splits;
-    attr[0].val.clusterDim.y = 1;
-    attr[0].val.clusterDim.z = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
+    const cudaLaunchConfig_t cfg = linear_launch_config<kBN>(splits, splits, attr);
     int clusters = 0;
     if (cudaOccupancyMaxActiveClusters(&clusters, linear_kernel<kBN>, &cfg) == cudaSuccess) {
       ctas = clusters * splits;
@@ -187,20 +195,12 @@ const char* launch_mla_linear(const LinearConfig& c, const void* x, const void* 
       return;
     }
     LinearParams p{static_cast<__nv_bfloat16*>(y), m, n, k / kLinearBK / c.splits, c.splits};
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3((n + kBN - 1) / kBN * c.splits);
-    cfg.blockDim = dim3(kLinearThreads);
-    cfg.dynamicSmemBytes = LinearShape<kBN>::kSmemBytes;
-    cfg.stream = stream;
     cudaLaunchAttribute attr[2];
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = c.splits;
-    attr[0].val.clusterDim.y = 1;
-    attr[0].val.clusterDim.z = 1;
+    cudaLaunchConfig_t cfg = linear_launch_config<kBN>((n + kBN - 1) / kBN * c.splits, c.splits, attr);
+    cfg.stream = stream;
     // W's first stages load while the previous kernel finishes (the kernel waits for it before reading X)
     attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attr[1].val.programmaticStreamSerializationAllowed = c.pdl ? 1 : 0;
-    cfg.attrs = attr;
     cfg.numAttrs = 2;
     cudaLaunchKernelEx(&cfg, linear_kernel<kBN>, tm_x, tm_w, p);
     err = kb::launch_error("mla_linear");

@@ -50,10 +50,10 @@ def custom_kernel(data: input_t) -> output_t:
         # machine) are checked after the launch, while the GPU runs
         # (KBENCH_MOE_FULL_KEY=1: the whole key before the launch, as before, for benchmarks/host_gap.py to compare)
         tensors = (x, *weights.values())
+        extra = (n_experts, k) + graph_replay.env_values(_KNOBS)
+        full_key = lambda: graph_replay.tensor_key(*tensors)  # noqa: E731
         if os.environ.get("KBENCH_MOE_FULL_KEY") == "1":
-            key = graph_replay.tensor_key(*tensors) + (n_experts, k) + graph_replay.env_values(_KNOBS)
-            y, top_scores = _graphs.replay(key, step)
+            y, top_scores = _graphs.replay(full_key() + extra, step)
         else:
-            key = graph_replay.addresses(tensors) + (n_experts, k) + graph_replay.env_values(_KNOBS)
-            y, top_scores = _graphs.replay(key, step, verify=lambda: graph_replay.tensor_key(*tensors))
+            y, top_scores = _graphs.replay(graph_replay.addresses(tensors) + extra, step, verify=full_key)
     return ext.moe_combine(y, top_scores).view(x.shape)  # noqa: F821 (ext: template)
