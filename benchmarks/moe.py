@@ -40,6 +40,10 @@ CANDIDATES = {
     "keep-ws": {"KBENCH_MOE_KEEP_WORKSPACES": "1"},
     "stages3": {"KBENCH_MOE_STAGES": "3"},
     "all": {"KBENCH_MOE_SKIP_EMPTY_HALVES": "1", "KBENCH_MOE_KEEP_WORKSPACES": "1"},
+    # the build before red-combine and split-route became the default (rows "cuda+red+split" etc. measured them)
+    "combine-pass": {"KBENCH_MOE_RED_COMBINE": "0"},
+    "one-block-route": {"KBENCH_MOE_SPLIT_ROUTE": "0"},
+    "previous": {"KBENCH_MOE_RED_COMBINE": "0", "KBENCH_MOE_SPLIT_ROUTE": "0"},
 }
 
 
@@ -159,7 +163,7 @@ def stage_of(kernel: str) -> str:
 def kernel_paths(cuda_mod, revisions: dict, runs: int, rounds: int = 2) -> None:
     """Per kernel, the median device time (torch profiler) of the same layer called through each entry point on the
     benchmark cases: the extension's one call (combine inside), its staged variant (events between the launches;
-    also each revision's), moe_experts then moe_combine from Python, custom_kernel eager (KBENCH_MOE_GRAPH=0) and
+    also each revision's), moe_experts then moe_combine from Python (the combine-pass path), custom_kernel eager (KBENCH_MOE_GRAPH=0) and
     custom_kernel replaying its graph. Every path runs once a round, the rounds one after the other (a cell: round
     1 / round 2 ...), so drift over the process shows. A kernel whose time depends on the path shows what the path
     changes. Rows: metric "profiler", backend "cuda[<path>]/<kernel>" (a revision's: "<rev>[staged]/<kernel>"), one
@@ -175,14 +179,14 @@ def kernel_paths(cuda_mod, revisions: dict, runs: int, rounds: int = 2) -> None:
         args = extension_args(data)
 
         def experts_then_combine():
-            y = cuda_mod.ext.moe_experts(*args)  # Y, or (Y, its rows): the slot-row candidate e8b7aa9
-            return cuda_mod.ext.moe_combine(*(y if isinstance(y, tuple) else (y,)), args[2])
+            y = cuda_mod.ext.moe_experts(*args, None)  # Y: the combine-pass path (KBENCH_MOE_RED_COMBINE=0)
+            return cuda_mod.ext.moe_combine(y, args[2])
 
         paths = {"forward": (lambda: cuda_mod.ext.moe_forward(*args), {}),
                  "staged": (lambda: cuda_mod.ext.moe_forward_staged(*args), {})}
         paths.update({f"{n} staged": ((lambda m=mod: m.ext.moe_forward_staged(*args)), {})
                       for n, mod in revisions.items()})
-        paths.update({"experts+combine": (experts_then_combine, {}),
+        paths.update({"experts+combine": (experts_then_combine, {"KBENCH_MOE_RED_COMBINE": "0"}),
                       "custom eager": (lambda: cuda_mod.custom_kernel(data), {"KBENCH_MOE_GRAPH": "0"}),
                       "custom graph": (lambda: cuda_mod.custom_kernel(data), {})})
         table = {}

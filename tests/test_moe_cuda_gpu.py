@@ -39,12 +39,15 @@ ROUTINGS = [(1, 4, 4, None), (7, 8, 2, None), (300, 8, 4, 4), (1000, 32, 4, None
             (2048, 32, 4, 6), (129, 64, 8, None)]
 
 
-# the shipped configuration, and the candidates' knobs (kernels/moe/cuda/moe_api.h: MoeConfig) all on
-KNOBS = [{}, {"KBENCH_MOE_SKIP_EMPTY_HALVES": "1", "KBENCH_MOE_KEEP_WORKSPACES": "1", "KBENCH_MOE_STAGES": "3"}]
+# the shipped configuration, the candidates' knobs (kernels/moe/cuda/moe_api.h: MoeConfig) on together, and the
+# previous build's combine pass and one-block routing
+KNOBS = [{}, {"KBENCH_MOE_SKIP_EMPTY_HALVES": "1", "KBENCH_MOE_KEEP_WORKSPACES": "1", "KBENCH_MOE_STAGES": "3"},
+         {"KBENCH_MOE_RED_COMBINE": "0", "KBENCH_MOE_SPLIT_ROUTE": "0"}]
+KNOB_IDS = ["default", "candidates", "combine-pass"]
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("knobs", KNOBS, ids=["default", "candidates"])
+@pytest.mark.parametrize("knobs", KNOBS, ids=KNOB_IDS)
 @pytest.mark.parametrize("tokens,n_experts,k,skew", ROUTINGS)
 def test_synthetic_routings_match_the_definition(moe, tokens, n_experts, k, skew, knobs, monkeypatch):
     import torch
@@ -84,12 +87,17 @@ def test_generated_submission_passes_every_official_case(moe, tmp_path):
 
 
 @pytest.mark.gpu
-def test_graph_replays_follow_the_inputs(moe, monkeypatch):
+@pytest.mark.parametrize("knobs", [KNOBS[0], KNOBS[2]], ids=[KNOB_IDS[0], KNOB_IDS[2]])
+def test_graph_replays_follow_the_inputs(moe, knobs, monkeypatch):
     """The shipped graph path as benchmark mode calls it: the same tensors call after call, their values rewritten in
     place between calls (x and every weight). Each call must pass the reference's check and match the eager path
     (KBENCH_MOE_GRAPH=0); it is captured after the first call and replayed from the second; each call returns its own
-    tensor."""
+    tensor (with red_combine: a new output each call, which the replayed graph finds through the device slot)."""
     import torch
+
+    for name, value in knobs.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr(moe, "_graphs", type(moe._graphs)())
 
     ref = problems.load_modules("moe").reference
     data = ref.generate_input(dhidden=1024, dexpert=256, nroutedexperts=8, nsharedexperts=1, nexpertspertoken=4,
@@ -116,7 +124,8 @@ def test_graph_replays_follow_the_inputs(moe, monkeypatch):
 
 
 @pytest.mark.gpu
-def test_a_graph_launched_on_reshaped_inputs_is_thrown_away(moe, monkeypatch):
+@pytest.mark.parametrize("knobs", [KNOBS[0], KNOBS[2]], ids=[KNOB_IDS[0], KNOB_IDS[2]])
+def test_a_graph_launched_on_reshaped_inputs_is_thrown_away(moe, knobs, monkeypatch):
     """The graph launches on the inputs' addresses and checks their shapes and strides behind the launch: x coming
     back at the same address with fewer tokens must not get the graph's output (computed for the captured tokens);
     the eager path answers for the new shape, and the stale graph is dropped."""
@@ -126,6 +135,8 @@ def test_a_graph_launched_on_reshaped_inputs_is_thrown_away(moe, monkeypatch):
     data = ref.generate_input(dhidden=1024, dexpert=256, nroutedexperts=8, nsharedexperts=1, nexpertspertoken=4,
                               bs=1, seqlen=64, seed=5)
     x, weights, config = data
+    for name, value in knobs.items():
+        monkeypatch.setenv(name, value)
     monkeypatch.setattr(moe, "_graphs", type(moe._graphs)())  # none held from earlier tests
     for _ in range(2):  # eager and captured, then replayed
         moe.custom_kernel(data)
@@ -133,7 +144,9 @@ def test_a_graph_launched_on_reshaped_inputs_is_thrown_away(moe, monkeypatch):
     fewer = (x[:, :40], weights, config)  # same address, 40 of the 64 tokens
     out = moe.custom_kernel(fewer)
     torch.cuda.synchronize()
-    assert out.shape == (1, 40, 1024) and len(moe._graphs) == 0, "the stale graph is dropped"
+    # x's shape is part of the launch key (with red_combine a replay writes the captured 64 output rows), so the
+    # 64-token graph is not launched for 40 tokens; the verify-behind-the-launch path is the malformed-weight test's
+    assert out.shape == (1, 40, 1024)
     ok, msg = ref.check_implementation(fewer, out)
     assert ok, msg
     ok, msg = ref.check_implementation(data, moe.custom_kernel(data))  # the original inputs work again
@@ -158,3 +171,29 @@ def test_a_malformed_expert_weight_is_refused_with_a_message(moe, bad, monkeypat
     malformed["experts.0.0.weight"] = gate.view(gate.shape[1], gate.shape[0]) if bad == "shape" else gate.float()
     with pytest.raises(RuntimeError, match=r"every gate weight must be a contiguous fp16 CUDA tensor \[1024, \d+\]"):
         moe.custom_kernel((x, malformed, config))
+
+
+@pytest.mark.gpu
+def test_red_combine_refuses_an_output_it_did_not_publish(moe, monkeypatch):
+    """A known-bad call: with KBENCH_MOE_RED_COMBINE=1 the kernels add into the tensor whose address moe_output wrote
+    to device memory; moe_experts handed any other tensor (or none) must refuse with the binding's one-line error
+    instead of writing where the slot points. The published tensor itself gets the layer's output."""
+    import torch
+    import torch.nn.functional as F
+
+    monkeypatch.setenv("KBENCH_MOE_RED_COMBINE", "1")
+    ref = problems.load_modules("moe").reference
+    data = ref.generate_input(dhidden=1024, dexpert=256, nroutedexperts=8, nsharedexperts=1, nexpertspertoken=4,
+                              bs=1, seqlen=96, seed=7)
+    x, weights, _ = data
+    scores, experts = torch.topk(F.linear(x, weights["router.weight"]).softmax(-1), k=4, dim=-1, sorted=False)
+    names = [f"experts.{e}" for e in range(8)] + ["shared_experts"]
+    args = (x.view(-1, 1024), experts.view(-1, 4), scores.view(-1, 4),
+            *[[weights[f"{n}.{i}.weight"] for n in names] for i in range(3)])
+    published = moe.ext.moe_output(args[0], 4, 8)
+    for wrong in (torch.empty_like(published), None):
+        with pytest.raises(RuntimeError, match=r"pass the \[T, d\] tensor moe_output just returned"):
+            moe.ext.moe_experts(*args, wrong)
+    assert moe.ext.moe_experts(*args, published) is None
+    ok, msg = ref.check_implementation(data, published.view(x.shape))
+    assert ok, msg

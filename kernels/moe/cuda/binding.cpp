@@ -27,14 +27,18 @@ void check_weights(const std::vector<torch::Tensor>& ws, int64_t rows, int64_t c
 }
 
 struct Workspaces {
-  torch::Tensor meta, rows_pair, pair_row, xs, h, y;
+  torch::Tensor meta, rows_pair, pair_row, route_hist, xs, h, y;
 };
 
-Workspaces make_workspaces(const torch::Tensor& x, int64_t T, int64_t K, int64_t E, int64_t d, int64_t dexp) {
+// y only without red_combine (GEMM 2 then adds into the output instead: 587 MB less at 8192 tokens).
+Workspaces make_workspaces(const torch::Tensor& x, int64_t T, int64_t K, int64_t E, int64_t d, int64_t dexp,
+                           const MoeConfig& config) {
   const auto i32 = x.options().dtype(torch::kInt);
+  const int64_t y_rows = config.red_combine ? 0 : T * K + T;
   return Workspaces{torch::empty({2 * (E + 2)}, i32), torch::empty({T * K}, i32), torch::empty({T * K}, i32),
+                    torch::empty({moe_route_blocks(static_cast<int>(T * K)) * E}, i32),
                     torch::empty({T * K, d}, x.options()),
-                    torch::empty({T * K + T, dexp}, x.options()), torch::empty({T * K + T, d}, x.options())};
+                    torch::empty({T * K + T, dexp}, x.options()), torch::empty({y_rows, d}, x.options())};
 }
 
 // The call's workspaces. keep: the last shape's stay allocated per device and are reused by the next call of the
@@ -42,19 +46,46 @@ Workspaces make_workspaces(const torch::Tensor& x, int64_t T, int64_t K, int64_t
 // them); otherwise new ones from the caching allocator, released when the call returns (the shipped default).
 Workspaces workspaces(const torch::Tensor& x, int64_t T, int64_t K, int64_t E, int64_t d, int64_t dexp,
                       const MoeConfig& config) {
-  if (!config.keep_workspaces) return make_workspaces(x, T, K, E, d, dexp);
+  if (!config.keep_workspaces) return make_workspaces(x, T, K, E, d, dexp, config);
   static std::mutex mu;
   // device -> (shape, workspaces); never destroyed: tensors freed after the CUDA context at exit would fail
   static auto* kept = new std::map<int, std::pair<std::vector<int64_t>, Workspaces>>();
-  const std::vector<int64_t> shape{T, K, E, d, dexp};
+  const std::vector<int64_t> shape{T, K, E, d, dexp, config.red_combine};
   std::lock_guard<std::mutex> lock(mu);
   auto& slot = (*kept)[x.get_device()];
   if (slot.first != shape) {
     slot.second = Workspaces{};  // the previous shape's memory goes back to the allocator first
-    slot.second = make_workspaces(x, T, K, E, d, dexp);
+    slot.second = make_workspaces(x, T, K, E, d, dexp, config);
     slot.first = shape;
   }
   return slot.second;
+}
+
+// red_combine's output slot: one device word per device holding the address of the output GEMM 2 adds into, and
+// the address last written there (so moe_experts can refuse an output that was not published).
+struct OutputSlot {
+  torch::Tensor word;  // int64 [1] on the device; never freed (its address is baked into captured graphs)
+  void* published = nullptr;
+};
+
+OutputSlot& output_slot(const torch::Tensor& like) {
+  static std::mutex mu;
+  static auto* slots = new std::map<int, OutputSlot>();  // never destroyed: see workspaces()
+  std::lock_guard<std::mutex> lock(mu);
+  OutputSlot& slot = (*slots)[like.get_device()];
+  if (!slot.word.defined()) slot.word = torch::zeros({1}, like.options().dtype(torch::kLong));
+  return slot;
+}
+
+// A new output [T, d] fp16 whose address is written to the device slot on the current stream.
+torch::Tensor publish_output(const torch::Tensor& x) {
+  torch::Tensor out = torch::empty({x.size(0), x.size(1)}, x.options());
+  OutputSlot& slot = output_slot(x);
+  const char* err = moe_publish_output(reinterpret_cast<void**>(slot.word.data_ptr()), out.data_ptr(),
+                                       c10::cuda::getCurrentCUDAStream().stream());
+  TORCH_CHECK(err == nullptr, err ? err : "");
+  slot.published = out.data_ptr();
+  return out;
 }
 
 }  // namespace
@@ -62,10 +93,13 @@ Workspaces workspaces(const torch::Tensor& x, int64_t T, int64_t K, int64_t E, i
 // x [T, d] fp16; experts [T, K] int64 and scores [T, K] fp16 (torch.topk of the router's softmax); gate, up
 // [d, dexp] and down [dexp, d] fp16 per routed expert, then the shared expert's three. Returns out [T, d] fp16, or
 // (combine false) Y [T*K + T, d] fp16, the experts' outputs before the weighted sum (moe_combine makes out from it).
+// With red_combine there is no Y: moe_experts (combine false) adds into `published`, the tensor moe_output returned
+// (checked against the slot), and returns an undefined tensor.
 // stage_ms (dev builds): filled with the five stages' times (route, gather, GEMM 1, GEMM 2, combine) when given.
 static torch::Tensor run_moe(torch::Tensor x, torch::Tensor experts, torch::Tensor scores,
                              std::vector<torch::Tensor> gate, std::vector<torch::Tensor> up,
-                             std::vector<torch::Tensor> down, std::vector<double>* stage_ms, bool combine) {
+                             std::vector<torch::Tensor> down, std::vector<double>* stage_ms, bool combine,
+                             const c10::optional<torch::Tensor>& published = c10::nullopt) {
   TORCH_CHECK(x.is_cuda() && x.scalar_type() == at::kHalf && x.dim() == 2, "moe_forward: x must be fp16 [T, d]");
   TORCH_CHECK(experts.scalar_type() == at::kLong && scores.scalar_type() == at::kHalf && experts.dim() == 2 &&
                   scores.sizes() == experts.sizes() && experts.size(0) == x.size(0),
@@ -92,7 +126,19 @@ static torch::Tensor run_moe(torch::Tensor x, torch::Tensor experts, torch::Tens
     moe_describe(config, buf + len, size - len);
   });
   const Workspaces ws = workspaces(x, T, K, E, d, dexp, config);
-  torch::Tensor out = combine ? torch::empty({T, d}, x.options()) : torch::Tensor();
+  torch::Tensor out;
+  if (config.red_combine) {
+    if (combine) {
+      out = publish_output(x);
+    } else {
+      TORCH_CHECK(published.has_value() && published->defined() && published->sizes() == x.sizes() &&
+                      published->scalar_type() == at::kHalf &&
+                      published->data_ptr() == output_slot(x).published,
+                  "moe_experts: with KBENCH_MOE_RED_COMBINE=1 pass the [T, d] tensor moe_output just returned");
+    }
+  } else if (combine) {
+    out = torch::empty({T, d}, x.options());
+  }
 
   MoeArgs a{};
   a.x = x.data_ptr();
@@ -115,8 +161,11 @@ static torch::Tensor run_moe(torch::Tensor x, torch::Tensor experts, torch::Tens
   a.h = ws.h.data_ptr();
   a.y = ws.y.data_ptr();
   a.out = combine ? out.data_ptr() : nullptr;
+  a.out_slot = config.red_combine ? reinterpret_cast<void* const*>(output_slot(x).word.data_ptr()) : nullptr;
   a.skip_empty_halves = config.skip_empty_halves;
   a.stages = config.stages;
+  a.split_route = config.split_route;
+  a.route_hist = ws.route_hist.data_ptr<int>();
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
   cudaEvent_t events[6];
   if (stage_ms)
@@ -132,7 +181,8 @@ static torch::Tensor run_moe(torch::Tensor x, torch::Tensor experts, torch::Tens
     for (auto& e : events) cudaEventDestroy(e);
   }
   TORCH_CHECK(err == nullptr, err ? err : "");
-  return combine ? out : ws.y;
+  if (combine) return out;
+  return config.red_combine ? torch::Tensor() : ws.y;
 }
 
 torch::Tensor moe_forward(torch::Tensor x, torch::Tensor experts, torch::Tensor scores,
@@ -141,12 +191,27 @@ torch::Tensor moe_forward(torch::Tensor x, torch::Tensor experts, torch::Tensor 
   return run_moe(x, experts, scores, gate, up, down, nullptr, true);
 }
 
+// The output of the next moe_experts call when GEMM 2 adds into it (MoeConfig::red_combine): a new [T, d] fp16
+// tensor whose address goes to the device slot the kernels read (so a captured graph serves it), zeroed by that
+// call's gather. None otherwise (moe_combine makes the output after moe_experts). x [T, d] fp16, as moe_experts'.
+c10::optional<torch::Tensor> moe_output(torch::Tensor x, int64_t K, int64_t E) {
+  TORCH_CHECK(x.is_cuda() && x.scalar_type() == at::kHalf && x.dim() == 2, "moe_output: x must be fp16 [T, d]");
+  if (!moe_config(static_cast<int>(x.size(0)), static_cast<int>(K), static_cast<int>(E)).red_combine)
+    return c10::nullopt;
+  const c10::cuda::CUDAGuard guard(x.device());
+  return publish_output(x);
+}
+
 // The layer up to the weighted sum: Y [T*K + T, d] fp16 (pair t*K + k: expert k's output for token t; rows T*K + t:
-// the shared expert's). entry.py replays this part as one CUDA graph and runs moe_combine after it.
-torch::Tensor moe_experts(torch::Tensor x, torch::Tensor experts, torch::Tensor scores,
-                          std::vector<torch::Tensor> gate, std::vector<torch::Tensor> up,
-                          std::vector<torch::Tensor> down) {
-  return run_moe(x, experts, scores, gate, up, down, nullptr, false);
+// the shared expert's). entry.py replays this part as one CUDA graph and runs moe_combine after it. With
+// red_combine: `out` is moe_output's tensor, which this call fills (the kernels find it through the slot); returns
+// None.
+c10::optional<torch::Tensor> moe_experts(torch::Tensor x, torch::Tensor experts, torch::Tensor scores,
+                                         std::vector<torch::Tensor> gate, std::vector<torch::Tensor> up,
+                                         std::vector<torch::Tensor> down, c10::optional<torch::Tensor> out) {
+  torch::Tensor y = run_moe(x, experts, scores, gate, up, down, nullptr, false, out);
+  if (!y.defined()) return c10::nullopt;
+  return y;
 }
 
 // out [T, d] fp16 = Y's shared row + sum_k scores[t, k] * Y's pair row (fp32, slot order, rounded once), into a new

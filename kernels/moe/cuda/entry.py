@@ -6,7 +6,8 @@ module the template defines above this code. The expert weights are read in plac
 Everything before the combine is replayed as one CUDA graph while the inputs stay at their addresses (graph_replay:
 the harness's clone of the inputs lands at the same addresses run after run), which takes the host's launches and
 its per-call work on 99 weights out of the timed call; the graph launches on the inputs' addresses and their full
-key is checked behind the launch; the combine then writes a new output tensor from the graph's buffers.
+key is checked behind the launch; the combine then writes a new output tensor from the graph's buffers (or, by
+default, GEMM 2 adds the experts' scored outputs into the new tensor moe_output made: KBENCH_MOE_RED_COMBINE=1).
 """
 import os
 
@@ -18,12 +19,14 @@ from task import input_t, output_t
 
 _graphs = graph_replay.GraphReplay()
 # MoeConfig's knobs (moe_api.h): the binding reads them on each call, a graph keeps what it saw when captured
-_KNOBS = ("KBENCH_MOE_SKIP_EMPTY_HALVES", "KBENCH_MOE_KEEP_WORKSPACES", "KBENCH_MOE_STAGES")
+_KNOBS = ("KBENCH_MOE_SKIP_EMPTY_HALVES", "KBENCH_MOE_KEEP_WORKSPACES", "KBENCH_MOE_STAGES", "KBENCH_MOE_RED_COMBINE",
+          "KBENCH_MOE_SPLIT_ROUTE")
 
 
-def _experts(x: torch.Tensor, weights: dict, n_experts: int, k: int):
+def _experts(x: torch.Tensor, weights: dict, n_experts: int, k: int, out: torch.Tensor | None):
     """Router, routing sort, gather, both grouped GEMMs. x [bs, seqlen, d] fp16 -> (Y [T*K + T, d] fp16: each
-    (token, slot) pair's expert output, then the shared expert's rows; top scores [T, K] fp16), T = bs * seqlen."""
+    (token, slot) pair's expert output, then the shared expert's rows; top scores [T, K] fp16), T = bs * seqlen.
+    out: moe_output's tensor when GEMM 2 adds into it (then Y is None), else None."""
     d = x.shape[-1]
     scores = F.linear(x, weights["router.weight"]).softmax(dim=-1)
     top_scores, top_experts = torch.topk(scores, k=k, dim=-1, sorted=False)
@@ -31,7 +34,7 @@ def _experts(x: torch.Tensor, weights: dict, n_experts: int, k: int):
     top_scores = top_scores.view(-1, k)
     y = ext.moe_experts(x.view(-1, d), top_experts.view(-1, k), top_scores,  # noqa: F821 (ext: template)
                         [weights[f"{n}.0.weight"] for n in names], [weights[f"{n}.1.weight"] for n in names],
-                        [weights[f"{n}.2.weight"] for n in names])
+                        [weights[f"{n}.2.weight"] for n in names], out)
     return y, top_scores
 
 
@@ -41,7 +44,11 @@ def custom_kernel(data: input_t) -> output_t:
     if config["n_shared_experts"] != 1:
         raise ValueError("the moe cuda backend takes exactly one shared expert (all official cases); "
                          "use the torch backend for others")
-    step = lambda: _experts(x, weights, n_experts, k)  # noqa: E731
+    x2d = x.view(-1, x.shape[-1])
+    # MoeConfig::red_combine: GEMM 2 adds into this new tensor, published to the kernels through device memory so
+    # that the graph below serves it; None: moe_combine makes the output from Y after the graph
+    out = ext.moe_output(x2d, k, n_experts)  # noqa: F821 (ext: template)
+    step = lambda: _experts(x, weights, n_experts, k, out)  # noqa: E731
     if os.environ.get("KBENCH_MOE_GRAPH") == "0":  # the launches one by one (docs/moe-notes.md)
         y, top_scores = step()
     else:
@@ -50,10 +57,13 @@ def custom_kernel(data: input_t) -> output_t:
         # machine) are checked after the launch, while the GPU runs
         # (KBENCH_MOE_FULL_KEY=1: the whole key before the launch, as before, for benchmarks/host_gap.py to compare)
         tensors = (x, *weights.values())
-        extra = (n_experts, k) + graph_replay.env_values(_KNOBS)
+        # x's shape in the launch key: a replay writes the output with the captured token count
+        extra = (n_experts, k, x.shape) + graph_replay.env_values(_KNOBS)
         full_key = lambda: graph_replay.tensor_key(*tensors)  # noqa: E731
         if os.environ.get("KBENCH_MOE_FULL_KEY") == "1":
             y, top_scores = _graphs.replay(full_key() + extra, step)
         else:
             y, top_scores = _graphs.replay(graph_replay.addresses(tensors) + extra, step, verify=full_key)
-    return ext.moe_combine(y, top_scores).view(x.shape)  # noqa: F821 (ext: template)
+    if out is None:
+        out = ext.moe_combine(y, top_scores)  # noqa: F821 (ext: template)
+    return out.view(x.shape)

@@ -8,7 +8,10 @@
 //                N-major wgmma layout), tile = 128 rows x (128 gate + 128 up) columns; the epilogue writes
 //                h = silu(gate) * up (fp16, rounded as the reference rounds) into H at the group's sorted rows.
 //   kGlu = false (GEMM 2): A = H rows [rows][dexp], B = down [dexp][d], tile = 128 x 256; the epilogue writes the
-//                fp16 expert output to its (token, slot) row of Y (routed) or to the shared block of Y.
+//                fp16 expert output to its (token, slot) row of Y (routed) or to the shared block of Y, or
+//                (out_slot, red_combine) adds it, times the pair's score, into the token's output row by fp16
+//                red.add, as the reference's index_add_ accumulates in fp16 (each term rounded: fp16 GEMM output,
+//                fp16 product with the score, fp16 sums in whatever order the units finish).
 // Groups 0..E-1 are the routed experts, group E the shared expert (all T tokens, in token order).
 #pragma once
 #include <cstdint>
@@ -45,7 +48,10 @@ struct GemmParams {
   CUtensorMap b[2 * kMaxGroups];  // kGlu: gate of group g at [g], up at [kMaxGroups + g]; else down at [g]
   const int* meta;
   const int* out_rows;            // !kGlu: Y row of each sorted routed row (its pair index)
-  __half* out;                    // kGlu: H; else Y
+  __half* out;                    // kGlu: H; else Y (unless out_slot)
+  __half* const* out_slot;        // !kGlu, red_combine: the zeroed output [T][d] lives at *out_slot; nullptr: Y
+  const __half* scores;           // with out_slot: [T][K] fp16, the weight of pair t*K + k
+  int K;                          // with out_slot: slots per token
   int groups;                     // E + 1
   int n_out;                      // output columns: dexp (kGlu) or d
   int n_tiles;                    // output tiles per row block: n_out / 128 (kGlu) or n_out / 256
@@ -79,10 +85,18 @@ __device__ __forceinline__ Unit decode(const int* s_meta, int G, int n_tiles, in
 
 // h = silu(gate) * up with the reference's roundings: the GEMM outputs are fp16 (F.linear), silu computes in fp32
 // and rounds to fp16, and the product of two fp16 tensors rounds once more.
+// (expf and an IEEE division as torch's silu; __expf with __frcp_rn measured 0.9% slower end to end, moe notes.)
 __device__ __forceinline__ __half glu(float gate, float up) {
   const float g = __half2float(__float2half_rn(gate));
   const float s = __half2float(__float2half_rn(g / (1.0f + expf(-g))));
   return __float2half_rn(s * __half2float(__float2half_rn(up)));
+}
+
+// out[0..7] += v[0..7] (fp16, each sum rounded to nearest, subnormals kept), one 16-byte reduction in L2.
+__device__ __forceinline__ void red_add_f16x8(__half* out, const uint4& v) {
+  asm volatile("red.global.add.noftz.v4.f16x2 [%0], {%1, %2, %3, %4};" ::"l"(out), "r"(v.x), "r"(v.y), "r"(v.z),
+               "r"(v.w)
+               : "memory");
 }
 
 // The producer (one thread): for each of this CTA's units, every k-block's A tile and four B boxes into the next
@@ -159,6 +173,8 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_kernel(const __grid_
   const int frag_row = warp * 16 + lane / 4;  // accumulator rows frag_row and frag_row + 8 (within 64)
   const int frag_col = 2 * (lane % 4);        // accumulator columns 8c + frag_col + {0, 1}
   uint8_t* my_c = s_c + cw * kCBytes;
+  const bool accumulate = !kGlu && p.out_slot != nullptr;
+  __half* const out = accumulate ? *p.out_slot : p.out;
   int s = 0;
   uint32_t phase = 0;
 
@@ -191,13 +207,23 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_kernel(const __grid_
     // passes (ncu, 2026-11-24: those dependent loads were ~3% of GEMM 2's stall samples).
     const int row_base = w.mt * kBM + cw * 64;  // first row of this warpgroup within the group
     long long out_off[4];                        // element offset of the row's first column, or -1: past the group
+    __half2 scale[4];                            // accumulate: the row's score (1 for the shared expert's rows)
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       const int local = row_base + t / 8 + 16 * i;
       long long out_row = -1;
+      scale[i] = __float2half2_rn(1.0f);
       if (local < w.rows) {
         if constexpr (kGlu) {
           out_row = w.row0 + local;  // H keeps the sorted order (routed rows, then the shared expert's)
+        } else if (accumulate) {  // the token's output row
+          if (w.g == G - 1) {
+            out_row = local;
+          } else {
+            const int pair = p.out_rows[w.row0 + local];
+            out_row = pair / p.K;
+            scale[i] = __half2half2(p.scores[pair]);
+          }
         } else {
           out_row = w.g == G - 1 ? p.shared_out_row0 + local : p.out_rows[w.row0 + local];
         }
@@ -235,9 +261,16 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_kernel(const __grid_
       const int col0 = w.nt * (kGlu ? 128 : 256) + pass * 64;
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
-        if (out_off[i] >= 0)
-          *reinterpret_cast<uint4*>(p.out + out_off[i] + col0) =
-              *reinterpret_cast<const uint4*>(my_c + (t / 8 + 16 * i) * kCPitch + (t % 8) * 16);
+        if (out_off[i] < 0) continue;
+        uint4 v = *reinterpret_cast<const uint4*>(my_c + (t / 8 + 16 * i) * kCPitch + (t % 8) * 16);
+        if (accumulate) {  // the reference's out.mul_(score): the fp16 output times the fp16 score, rounded
+          __half2* h = reinterpret_cast<__half2*>(&v);
+#pragma unroll
+          for (int j = 0; j < 4; ++j) h[j] = __hmul2(h[j], scale[i]);
+          red_add_f16x8(out + out_off[i] + col0, v);
+        } else {
+          *reinterpret_cast<uint4*>(out + out_off[i] + col0) = v;
+        }
       }
     }
   }

@@ -58,7 +58,6 @@ GemmKernel gemm_kernel(bool glu, int stages) {
   if (stages == 3) return glu ? grouped_gemm_kernel<true, 3> : grouped_gemm_kernel<false, 3>;
   return glu ? grouped_gemm_kernel<true, 4> : grouped_gemm_kernel<false, 4>;
 }
-
 struct DeviceInfo {
   int sms = 0;
 };
@@ -95,12 +94,14 @@ const char* moe_supported(int T, int K, int E, int d, int dexp) {
 MoeConfig moe_config(int, int, int) {
   const int stages = kb::env_int("KBENCH_MOE_STAGES", 4) == 3 ? 3 : 4;
   return MoeConfig{kb::env_int("KBENCH_MOE_SKIP_EMPTY_HALVES", 0) != 0,
-                   kb::env_int("KBENCH_MOE_KEEP_WORKSPACES", 0) != 0, stages};
+                   kb::env_int("KBENCH_MOE_KEEP_WORKSPACES", 0) != 0, stages,
+                   kb::env_int("KBENCH_MOE_RED_COMBINE", 1) != 0, kb::env_int("KBENCH_MOE_SPLIT_ROUTE", 1) != 0};
 }
 
 void moe_describe(const MoeConfig& c, char* buf, int size) {
-  snprintf(buf, size, "MoeConfig{skip_empty_halves=%d, keep_workspaces=%d, stages=%d}", c.skip_empty_halves,
-           c.keep_workspaces, c.stages);
+  snprintf(buf, size,
+           "MoeConfig{skip_empty_halves=%d, keep_workspaces=%d, stages=%d, red_combine=%d, split_route=%d}",
+           c.skip_empty_halves, c.keep_workspaces, c.stages, c.red_combine, c.split_route);
 }
 
 const char* moe_run(const MoeArgs& a, cudaStream_t stream, cudaEvent_t* events) {
@@ -112,11 +113,19 @@ const char* moe_run(const MoeArgs& a, cudaStream_t stream, cudaEvent_t* events) 
   };
   // The routing and the gather launch first; the ~100 tensor maps are made (or found in the cache) while they run.
   mark(0);
-  route_kernel<<<1, kRouteThreads, 0, stream>>>(a.experts, a.T, a.K, a.E, a.meta, a.rows_pair, a.pair_row);
+  if (a.split_route) {
+    const int blocks = route_blocks(pairs);
+    route_count_kernel<<<blocks, kRouteThreads, 0, stream>>>(a.experts, pairs, a.E, a.route_hist);
+    route_place_kernel<<<blocks, kRouteThreads, 0, stream>>>(a.experts, a.T, a.K, a.E, a.route_hist, blocks, a.meta,
+                                                             a.rows_pair, a.pair_row);
+  } else {
+    route_kernel<<<1, kRouteThreads, 0, stream>>>(a.experts, a.T, a.K, a.E, a.meta, a.rows_pair, a.pair_row);
+  }
   mark(1);
   GemmParams g1{}, g2{};
+  __half* const* out_slot = reinterpret_cast<__half* const*>(a.out_slot);
   gather_kernel<<<a.T, 256, 0, stream>>>(static_cast<const __half*>(a.x), a.pair_row, static_cast<__half*>(a.xs),
-                                        a.K, a.d);
+                                        a.K, a.d, out_slot);
   mark(2);
   bool ok = map_f16(&g1.a[0], a.xs, a.d, pairs, kBM) && map_f16(&g1.a[1], a.x, a.d, a.T, kBM) &&
             map_f16(&g2.a[0], a.h, a.dexp, pairs + a.T, kBM);
@@ -138,12 +147,15 @@ const char* moe_run(const MoeArgs& a, cudaStream_t stream, cudaEvent_t* events) 
   g2.n_tiles = a.d / 256;
   g2.k = a.dexp;
   g2.shared_out_row0 = pairs;
+  g2.out_slot = out_slot;  // red_combine: GEMM 2 adds into the output the gather zeroed; Y is not used
+  g2.scores = static_cast<const __half*>(a.scores);
+  g2.K = a.K;
   g1.skip_empty_halves = g2.skip_empty_halves = a.skip_empty_halves;
   gemm_kernel(true, a.stages)<<<info.sms, kThreads, smem_bytes(a.stages), stream>>>(g1);
   mark(3);
   gemm_kernel(false, a.stages)<<<info.sms, kThreads, smem_bytes(a.stages), stream>>>(g2);
   mark(4);
-  if (a.out) moe_run_combine(a.y, a.scores, a.out, a.T, a.K, a.d, stream);
+  if (a.out && !out_slot) moe_run_combine(a.y, a.scores, a.out, a.T, a.K, a.d, stream);
   mark(5);
   return kb::launch_error("moe cuda");
 }
@@ -153,4 +165,11 @@ const char* moe_run_combine(const void* y, const void* scores, void* out, int T,
   combine_kernel<<<static_cast<int>((chunks + 255) / 256), 256, 0, stream>>>(
       static_cast<const __half*>(y), static_cast<const __half*>(scores), static_cast<__half*>(out), T, K, d);
   return kb::launch_error("moe cuda combine");
+}
+
+int moe_route_blocks(int pairs) { return route_blocks(pairs); }
+
+const char* moe_publish_output(void** slot, void* out, cudaStream_t stream) {
+  publish_kernel<<<1, 1, 0, stream>>>(slot, out);
+  return kb::launch_error("moe cuda publish");
 }

@@ -20,19 +20,28 @@ struct MoeArgs {
   int* pair_row;      // [T*K] the inverse: the sorted row of pair t*K + k
   void* xs;           // fp16 [T*K][d]: the routed rows gathered in expert order
   void* h;            // fp16 [T*K + T][dexp]: silu(gate) * up, routed rows then the shared expert's
-  void* y;            // fp16 [T*K + T][d]: expert outputs, pair order, then the shared expert's
+  void* y;            // fp16 [T*K + T][d]: expert outputs, pair order, then the shared expert's (unused with
+                      // out_slot)
   void* out;          // fp16 [T][d], written; nullptr: stop after GEMM 2 (Y holds the result, moe_run_combine)
+  // MoeConfig::red_combine: the device address of the output's pointer (moe_publish_output wrote it). The gather
+  // zeroes *out_slot's rows and GEMM 2 adds each expert's scored rows into them (no Y, no combine); out unused.
+  void* const* out_slot;
   int skip_empty_halves;  // MoeConfig::skip_empty_halves
   int stages;             // MoeConfig::stages
+  int split_route;        // MoeConfig::split_route
+  int* route_hist;        // split_route: [moe_route_blocks(T*K)][E] per-block expert counts
 };
 
 // A named configuration (KBENCH_PRINT_CONFIG=1 prints the one picked for each shape). The defaults are the measured
 // build; the knobs KBENCH_MOE_SKIP_EMPTY_HALVES=1, KBENCH_MOE_KEEP_WORKSPACES=1 and KBENCH_MOE_STAGES=3 turn on
-// candidates that benchmarks/moe.py times beside it (docs/moe-notes.md).
+// candidates that benchmarks/moe.py times beside it, KBENCH_MOE_RED_COMBINE=0 and KBENCH_MOE_SPLIT_ROUTE=0 the
+// previous build's combine pass and one-block routing (docs/moe-notes.md).
 struct MoeConfig {
   bool skip_empty_halves;  // GEMM consumers with no rows in the last m-tile of a group issue no MMAs
   bool keep_workspaces;    // the gather, H and Y workspaces stay allocated across calls of one shape
   int stages;              // the GEMMs' shared-memory ring: 4 or 3 stages (KBENCH_MOE_STAGES)
+  bool red_combine;        // GEMM 2's epilogue adds score * expert output into the zeroed output (fp16 red.add)
+  bool split_route;        // the routing sort in two launches of many blocks instead of one block
 };
 MoeConfig moe_config(int T, int K, int E);
 void moe_describe(const MoeConfig& c, char* buf, int size);
@@ -42,5 +51,10 @@ const char* moe_supported(int T, int K, int E, int d, int dexp);
 // Enqueues route -> gather -> GEMM 1 (gate|up, SiLU*up) -> GEMM 2 (down, scatter) -> combine on `stream`.
 // events (optional, for benchmarks): 6 events recorded before, between and after the five stages.
 const char* moe_run(const MoeArgs& args, cudaStream_t stream, cudaEvent_t* events = nullptr);
+// Blocks of the split routing sort for `pairs` (token, slot) pairs (the size of MoeArgs::route_hist's first dim).
+int moe_route_blocks(int pairs);
+// Writes `out`'s address to the device word `slot` on `stream` (the red_combine path reads it there, so one captured
+// graph serves a new output tensor every call).
+const char* moe_publish_output(void** slot, void* out, cudaStream_t stream);
 // The combine alone: out [T][d] = y's shared row T*K + t + sum_k scores[t][k] * y's row t*K + k (fp16 in and out).
 const char* moe_run_combine(const void* y, const void* scores, void* out, int T, int K, int d, cudaStream_t stream);

@@ -1,8 +1,11 @@
 // The MoE layer's data movement around the two grouped GEMMs, all on the device (no host synchronisation):
 //   route_kernel    sort the (token, slot) pairs by expert: counts, offsets, m-tile offsets, the permutation both ways
+//   route_count_kernel, route_place_kernel   the same sort over many blocks (MoeConfig::split_route)
 //   gather_kernel   copy each token's row to its K places in expert order (GEMM 1's A operand, read by TMA; loading
-//                   one row a TMA box inside GEMM 1 instead made it 4.5x slower, docs/moe-notes.md)
+//                   one row a TMA box inside GEMM 1 instead made it 4.5x slower, docs/moe-notes.md); with
+//                   red_combine also zero the token's output row, which GEMM 2 then adds into
 //   combine_kernel  out[t] = shared(t) + sum_k score[t, k] * expert_k(t), summed in fp32 in slot order, rounded once
+//   publish_kernel  the output's address into device memory for red_combine (a graph replays with a new output)
 #pragma once
 #include <cstdint>
 #include <cuda_fp16.h>
@@ -72,22 +75,111 @@ __global__ void __launch_bounds__(kRouteThreads) route_kernel(const int64_t* __r
   });
 }
 
+// The split sort (split_route): pairs in chunks of kRouteChunk, one block a chunk. The one-block route_kernel spends
+// 24 / 52 us at 2048 / 8192 tokens streaming every pair through one SM twice; here each SM sees 2048 pairs.
+constexpr int kRouteChunk = 2048;
+constexpr int kRoutePerThread = kRouteChunk / kRouteThreads;
+
+inline int route_blocks(int pairs) { return (pairs + kRouteChunk - 1) / kRouteChunk; }
+
+// The chunk's expert ids (-1 past the end), all loads in flight before any use.
+__device__ __forceinline__ void load_chunk(const int64_t* __restrict__ experts, int pairs, int (&e)[kRoutePerThread]) {
+#pragma unroll
+  for (int j = 0; j < kRoutePerThread; ++j) {
+    const int i = blockIdx.x * kRouteChunk + j * kRouteThreads + threadIdx.x;
+    e[j] = i < pairs ? static_cast<int>(experts[i]) : -1;
+  }
+}
+
+// hist[b][e] = how many pairs of chunk b chose expert e (hist: [route_blocks(pairs)][E]).
+__global__ void __launch_bounds__(kRouteThreads) route_count_kernel(const int64_t* __restrict__ experts, int pairs,
+                                                                    int E, int* __restrict__ hist) {
+  __shared__ int cnt[kMaxGroups];
+  for (int i = threadIdx.x; i < E; i += blockDim.x) cnt[i] = 0;
+  int e[kRoutePerThread];
+  load_chunk(experts, pairs, e);
+  __syncthreads();
+#pragma unroll
+  for (int j = 0; j < kRoutePerThread; ++j)
+    if (e[j] >= 0 && e[j] < E) atomicAdd(&cnt[e[j]], 1);
+  __syncthreads();
+  for (int i = threadIdx.x; i < E; i += blockDim.x) hist[blockIdx.x * E + i] = cnt[i];
+}
+
+// route_kernel's outputs from the chunks' counts: expert e's rows start at the sum of all smaller experts' counts,
+// and chunk b's rows of e after the earlier chunks' (so every chunk knows its places without the others). Within a
+// chunk, rows of one expert go in arrival order at the shared-memory counter. Block 0 writes meta.
+__global__ void __launch_bounds__(kRouteThreads) route_place_kernel(const int64_t* __restrict__ experts, int T, int K,
+                                                                    int E, const int* __restrict__ hist, int blocks,
+                                                                    int* __restrict__ meta,
+                                                                    int* __restrict__ rows_pair,
+                                                                    int* __restrict__ pair_row) {
+  __shared__ int next[kMaxGroups];   // this chunk's next row of expert e
+  __shared__ int total[kMaxGroups];  // expert e's rows over all chunks
+  const int pairs = T * K, G = E + 1;
+  int e[kRoutePerThread];
+  load_chunk(experts, pairs, e);
+  if (threadIdx.x < E) {
+    int before = 0, all = 0;
+    for (int b = 0; b < blocks; ++b) {
+      const int c = hist[b * E + threadIdx.x];
+      before += b < static_cast<int>(blockIdx.x) ? c : 0;
+      all += c;
+    }
+    next[threadIdx.x] = before;
+    total[threadIdx.x] = all;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    int row = 0, mtile = 0;
+    for (int g = 0; g < G; ++g) {
+      const int rows = g < E ? total[g] : T;  // the shared expert takes every token
+      if (blockIdx.x == 0) {
+        meta[g] = row;
+        meta[G + 1 + g] = mtile;
+      }
+      if (g < E) next[g] += row;
+      row += rows;
+      mtile += (rows + kBM - 1) / kBM;
+    }
+    if (blockIdx.x == 0) {
+      meta[G] = row;
+      meta[2 * G + 1] = mtile;
+    }
+  }
+  __syncthreads();
+#pragma unroll
+  for (int j = 0; j < kRoutePerThread; ++j) {
+    if (e[j] >= 0 && e[j] < E) {
+      const int i = blockIdx.x * kRouteChunk + j * kRouteThreads + threadIdx.x;
+      const int pos = atomicAdd(&next[e[j]], 1);
+      rows_pair[pos] = i;
+      pair_row[i] = pos;
+    }
+  }
+}
+
 // xs[pair_row[t*K + k]] = x[t] for every token t and slot k; one block per token, 16-byte copies, d % 8 == 0.
 // Token order: each row of x is read once (in expert order each is read K times, and x outgrows L2 at 8192
-// tokens: 117 MB).
+// tokens: 117 MB). out_slot (red_combine): also zero row t of the output *out_slot, in stream order before GEMM 2
+// adds into it.
 __global__ void gather_kernel(const __half* __restrict__ x, const int* __restrict__ pair_row, __half* __restrict__ xs,
-                              int K, int d) {
+                              int K, int d, __half* const* __restrict__ out_slot) {
   __shared__ uint4* dst[kMaxGroups];  // the token's K rows of xs (K <= routed experts < kMaxGroups)
   const int t = blockIdx.x;
   if (threadIdx.x < K)
     dst[threadIdx.x] = reinterpret_cast<uint4*>(xs + static_cast<long long>(pair_row[t * K + threadIdx.x]) * d);
   __syncthreads();
   const uint4* src = reinterpret_cast<const uint4*>(x + static_cast<long long>(t) * d);
+  uint4* zero_row = out_slot ? reinterpret_cast<uint4*>(*out_slot + static_cast<long long>(t) * d) : nullptr;
   for (int c = threadIdx.x; c < d / 8; c += blockDim.x) {
     const uint4 v = src[c];
     for (int k = 0; k < K; ++k) dst[k][c] = v;
+    if (zero_row) zero_row[c] = make_uint4(0, 0, 0, 0);
   }
 }
+
+__global__ void publish_kernel(void** slot, void* out) { *slot = out; }
 
 // out[t] = fp16(y_shared[t] + sum_k score[t, k] * y[t*K + k]) in fp32; one thread per 8 columns of a token.
 // y: [T*K + T][d] (pair rows, then the shared expert's rows); scores fp16 [T][K].
