@@ -1,6 +1,7 @@
 // Hopper (sm_90a) PTX the kbench kernels share: mbarriers, TMA tile loads, wgmma fences and shared-memory matrix
-// descriptors, register budgets, named barriers, proxy fences and system-scope flags. No torch, no CUTLASS:
-// compiles standalone with nvcc. Backends include it through kernel.yml `include_dirs: [../../_common]`.
+// descriptors, register budgets, named barriers, proxy fences, the dependent launch's wait and system-scope flags.
+// No torch, no CUTLASS: compiles standalone with nvcc. Backends include it through kernel.yml
+// `include_dirs: [../../_common]`.
 #pragma once
 #include <cstdint>
 #include <cuda.h>  // CUtensorMap (a 128-byte opaque struct); no driver symbols are linked from device code
@@ -160,6 +161,10 @@ __device__ __forceinline__ void named_bar_sync(int id, int count) {
 __device__ __forceinline__ void named_bar_arrive(int id, int count) {
   asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(count) : "memory");
 }
+
+// ---- programmatic dependent launch (a launch with cudaLaunchAttributeProgrammaticStreamSerialization) --------
+// Wait until the grids this one depends on have completed and their writes are visible.
+__device__ __forceinline__ void griddep_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
 
 // ---- flags between GPUs (system scope) ------------------------------------------------------------------
 __device__ __forceinline__ void st_release_sys(uint32_t* p, uint32_t v) {
