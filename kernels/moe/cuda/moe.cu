@@ -1,5 +1,6 @@
 // Host side of the MoE CUDA backend: tensor maps for every expert weight (read in place, no stacking), then
-// route -> gather -> grouped GEMM 1 -> grouped GEMM 2 -> combine, back to back on one stream. No torch here.
+// route -> gather -> grouped GEMM 1 -> grouped GEMM 2 (adding into the output; or writing Y, then the combine: the
+// previous path, red_combine off), back to back on one stream. No torch here.
 #include <cuda.h>
 #include <cuda_runtime.h>
 
@@ -58,6 +59,7 @@ GemmKernel gemm_kernel(bool glu, int stages) {
   if (stages == 3) return glu ? grouped_gemm_kernel<true, 3> : grouped_gemm_kernel<false, 3>;
   return glu ? grouped_gemm_kernel<true, 4> : grouped_gemm_kernel<false, 4>;
 }
+
 struct DeviceInfo {
   int sms = 0;
 };

@@ -48,8 +48,10 @@ void moe_describe(const MoeConfig& c, char* buf, int size);
 
 // Checks the shapes the kernels take; nullptr or a one-line reason.
 const char* moe_supported(int T, int K, int E, int d, int dexp);
-// Enqueues route -> gather -> GEMM 1 (gate|up, SiLU*up) -> GEMM 2 (down, scatter) -> combine on `stream`.
-// events (optional, for benchmarks): 6 events recorded before, between and after the five stages.
+// Enqueues route -> gather -> GEMM 1 (gate|up, SiLU*up) -> GEMM 2 (down; with out_slot it adds score x output into
+// the output, else it scatters to Y and the combine follows when out is set) on `stream`.
+// events (optional, for benchmarks): 6 events recorded before, between and after the five stages (the combine's
+// span is empty with out_slot).
 const char* moe_run(const MoeArgs& args, cudaStream_t stream, cudaEvent_t* events = nullptr);
 // Blocks of the split routing sort for `pairs` (token, slot) pairs (the size of MoeArgs::route_hist's first dim).
 int moe_route_blocks(int pairs);
