@@ -77,10 +77,9 @@ OutputSlot& output_slot(const torch::Tensor& like) {
   return slot;
 }
 
-// A new output [T, d] fp16 whose address is written to the device slot on the current stream.
-torch::Tensor publish_output(const torch::Tensor& x) {
+// A new output [T, d] fp16 whose address is written to x's device's slot on the current stream.
+torch::Tensor publish_output(const torch::Tensor& x, OutputSlot& slot) {
   torch::Tensor out = torch::empty({x.size(0), x.size(1)}, x.options());
-  OutputSlot& slot = output_slot(x);
   const char* err = moe_publish_output(reinterpret_cast<void**>(slot.word.data_ptr()), out.data_ptr(),
                                        c10::cuda::getCurrentCUDAStream().stream());
   TORCH_CHECK(err == nullptr, err ? err : "");
@@ -127,13 +126,13 @@ static torch::Tensor run_moe(torch::Tensor x, torch::Tensor experts, torch::Tens
   });
   const Workspaces ws = workspaces(x, T, K, E, d, dexp, config);
   torch::Tensor out;
-  if (config.red_combine) {
+  OutputSlot* const slot = config.red_combine ? &output_slot(x) : nullptr;
+  if (slot) {
     if (combine) {
-      out = publish_output(x);
+      out = publish_output(x, *slot);
     } else {
       TORCH_CHECK(published.has_value() && published->defined() && published->sizes() == x.sizes() &&
-                      published->scalar_type() == at::kHalf &&
-                      published->data_ptr() == output_slot(x).published,
+                      published->scalar_type() == at::kHalf && published->data_ptr() == slot->published,
                   "moe_experts: with KBENCH_MOE_RED_COMBINE=1 pass the [T, d] tensor moe_output just returned");
     }
   } else if (combine) {
@@ -161,7 +160,7 @@ static torch::Tensor run_moe(torch::Tensor x, torch::Tensor experts, torch::Tens
   a.h = ws.h.data_ptr();
   a.y = ws.y.data_ptr();
   a.out = combine ? out.data_ptr() : nullptr;
-  a.out_slot = config.red_combine ? reinterpret_cast<void* const*>(output_slot(x).word.data_ptr()) : nullptr;
+  a.out_slot = slot ? reinterpret_cast<void* const*>(slot->word.data_ptr()) : nullptr;
   a.skip_empty_halves = config.skip_empty_halves;
   a.stages = config.stages;
   a.split_route = config.split_route;
@@ -199,7 +198,7 @@ c10::optional<torch::Tensor> moe_output(torch::Tensor x, int64_t K, int64_t E) {
   if (!moe_config(static_cast<int>(x.size(0)), static_cast<int>(K), static_cast<int>(E)).red_combine)
     return c10::nullopt;
   const c10::cuda::CUDAGuard guard(x.device());
-  return publish_output(x);
+  return publish_output(x, output_slot(x));
 }
 
 // The layer up to the weighted sum: Y [T*K + T, d] fp16 (pair t*K + k: expert k's output for token t; rows T*K + t:
