@@ -35,6 +35,8 @@ CANDIDATES = {"eager": {"KBENCH_MLA_GRAPH": "0"},
               "two-s": {"KBENCH_MLA_S_ONCE": "0"},
               "two-s-no-prefetch": {"KBENCH_MLA_S_ONCE": "0", "KBENCH_MLA_PREFETCH_TABLES": "0"},
               "seesaw": {"KBENCH_MLA_SEESAW": "1"},
+              "balanced": {"KBENCH_MLA_BALANCED": "1"},
+              "balanced-rows": {"KBENCH_MLA_BALANCED": "2"},
               "cublas-wo": {"KBENCH_MLA_LINEAR": "0"},
               "wo-no-pdl": {"KBENCH_MLA_LINEAR_PDL": "0"}}
 # The step's projections at the official dims (batch 128): name -> (n, k) of W [n, k]; x is [128, k].
@@ -122,6 +124,58 @@ def time_case(case, cuda_mod, torch_mod, ref, runs, candidates, revisions) -> di
     # the shipped attention once more, last: a drift across the run shows as the two figures' difference
     row["attention (again)"] = timer(lambda: attention(cuda_mod), runs)
     return row
+
+
+# --scaling: the attention kernel alone over cache lengths and batch sizes; batch 66 is one wave of 132 CTAs on an
+# H100, batch 128 1.94 waves. A line through time against tiles a CTA walks gives the per-tile period (slope) and
+# the fixed cost of a CTA's start and end (intercept), which a schedule that keeps the SMs busy across work items can
+# remove (docs/mla-decode-notes.md, finding 29).
+SCALING_BATCHES, SCALING_PREFILLS = (128, 66), (1024, 2048, 4096, 6144)
+
+
+def scaling(runs: int, candidates: dict) -> None:
+    """--scaling: attention time (CUDA events, L2 flushed) per (batch, prefill) for the shipped kernel and each
+    candidate's knobs; rows <backend>/attention, metric kernel, case "batchsize: B; prefill: P"."""
+    gpu = torch.cuda.get_device_name()
+    mod = benchlib.build("mla-decode", "cuda")
+    timer = benchlib.Timer()
+    configs = {"cuda": {}} | {f"cuda+{n}": k for n, k in candidates.items()}
+    rows, table = [], []
+    for bs in SCALING_BATCHES:
+        max_seq = (max(SCALING_PREFILLS) + 1 + 63) // 64 * 64
+        cache = torch.randn(bs, max_seq, 576, device="cuda").bfloat16()
+        q = torch.randn(bs, 128, 576, device="cuda").bfloat16()
+        cos, sin = mod._rope_tables(max_seq, 64, q.device)
+        for prefill in SCALING_PREFILLS:
+            kv_len, case = prefill + 1, f"batchsize: {bs}; prefill: {prefill}"
+            line = [case, (kv_len + 63) // 64]
+            want = None
+            for name, knobs in configs.items():
+                with benchlib.knobs(knobs):
+                    out = mod.ext.mla_attention(q, cache, kv_len, cos, sin, None).float()
+                    if want is None:
+                        want = out
+                    elif not torch.allclose(out, want, atol=2e-2, rtol=2e-2):
+                        print(f"{case}: {name} differs from the shipped kernel; not timed", flush=True)
+                        line.append(None)
+                        continue
+                    us = timer(lambda: mod.ext.mla_attention(q, cache, kv_len, cos, sin, None), runs)
+                rows.append(benchlib.Row(gpu, 1, f"{name}/attention", "kernel", case, us))
+                line.append(us)
+            table.append(line)
+        del cache, q
+    benchlib.record("mla-decode", rows)
+    names = list(configs)
+    for i, name in enumerate(names):  # least squares of time against tiles, per batch
+        for bs in SCALING_BATCHES:
+            pts = [(r[1], r[2 + i]) for r in table if r[0].startswith(f"batchsize: {bs};") and r[2 + i]]
+            if len(pts) > 1:
+                n, sx, sy = len(pts), sum(x for x, _ in pts), sum(y for _, y in pts)
+                sxx, sxy = sum(x * x for x, _ in pts), sum(x * y for x, y in pts)
+                slope = (n * sxy - sx * sy) / (n * sxx - sx * sx)
+                print(f"{name} batch {bs}: {slope:.3f} us a tile, intercept {(sy - slope * sx) / n:.1f} us", flush=True)
+    benchlib.table(f"mla-decode attention alone on {gpu} (us; CUDA events, L2 flushed)", ["case", "tiles"] + names,
+                   table)
 
 
 # --projections: linear.cuh's variants timed beside cuBLAS (knobs of LinearConfig, linear_config.h)
@@ -332,6 +386,9 @@ def main():
                     help="instead: each projection GEMM alone, cuBLAS against linear.cuh")
     ap.add_argument("--phase-trace", action="store_true",
                     help="instead: where the attention kernel's tile time goes, from clock64 stamps (a dev build)")
+    ap.add_argument("--scaling", action="store_true",
+                    help="instead: the attention kernel alone over cache lengths and batch sizes (per-tile period, "
+                         "fixed cost), the shipped kernel and the candidates")
     ap.add_argument("--trace-out", metavar="PREFIX", help="with --phase-trace: save the raw stamps too")
     args = ap.parse_args()
     if args.rope_cost:
@@ -342,6 +399,9 @@ def main():
         return
     if args.phase_trace:
         phase_trace(args.trace_out)
+        return
+    if args.scaling:
+        scaling(args.runs, benchlib.selected(CANDIDATES, args.candidates))
         return
     if args.official:
         benchlib.official_figures("mla-decode", "cuda", benchlib.selected(CANDIDATES, args.candidates),
