@@ -369,10 +369,11 @@ README_END = "<!-- results:end -->"
 
 
 def _case_labels(cases: Sequence[str]) -> dict[str, str]:
-    """Short labels: only the keys whose values differ between the cases (the seed only where labels would clash)."""
+    """Short labels: only the keys whose values differ between the cases that have them (the seed only where labels
+    would clash; a case measured outside the official set may lack keys the official ones share)."""
     parsed = {c: dict(kv.split(": ", 1) for kv in c.split("; ")) for c in cases if c != "geomean"}
     keys = [k for c in parsed.values() for k in c]
-    varying = [k for k in dict.fromkeys(keys) if len({c.get(k) for c in parsed.values()}) > 1]
+    varying = [k for k in dict.fromkeys(keys) if len({c[k] for c in parsed.values() if k in c}) > 1]
     labels = {c: "; ".join(f"{k}: {v[k]}" for k in varying if k != "seed" and k in v) for c, v in parsed.items()}
     if len(set(labels.values())) < len(labels):
         labels = {c: "; ".join(f"{k}: {v[k]}" for k in varying if k in v) for c, v in parsed.items()}
@@ -410,8 +411,9 @@ def results_markdown(folder: Path) -> str:
                 return f"{float(r['us']):.1f}" if r else "—"
 
             whole = [b for b in backends if "/" not in b]
-            if whole:
-                out += _markdown(["case"] + whole, [[labels[c]] + [cell(b, c) for b in whole] for c in cases])
+            if whole:  # the cases some whole backend has (a stage may be measured on cases of its own)
+                out += _markdown(["case"] + whole, [[labels[c]] + [cell(b, c) for b in whole] for c in cases
+                                                    if any((b, c) in latest for b in whole)])
             stages = [b for b in backends if "/" in b]
             if stages:
                 owners = list(dict.fromkeys(b.split("/", 1)[0] for b in stages))

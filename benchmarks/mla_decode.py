@@ -35,8 +35,6 @@ CANDIDATES = {"eager": {"KBENCH_MLA_GRAPH": "0"},
               "two-s": {"KBENCH_MLA_S_ONCE": "0"},
               "two-s-no-prefetch": {"KBENCH_MLA_S_ONCE": "0", "KBENCH_MLA_PREFETCH_TABLES": "0"},
               "seesaw": {"KBENCH_MLA_SEESAW": "1"},
-              "balanced": {"KBENCH_MLA_BALANCED": "1"},
-              "balanced-rows": {"KBENCH_MLA_BALANCED": "2"},
               "cublas-wo": {"KBENCH_MLA_LINEAR": "0"},
               "wo-no-pdl": {"KBENCH_MLA_LINEAR_PDL": "0"}}
 # The step's projections at the official dims (batch 128): name -> (n, k) of W [n, k]; x is [128, k].
@@ -127,9 +125,9 @@ def time_case(case, cuda_mod, torch_mod, ref, runs, candidates, revisions) -> di
 
 
 # --scaling: the attention kernel alone over cache lengths and batch sizes; batch 66 is one wave of 132 CTAs on an
-# H100, batch 128 1.94 waves. A line through time against tiles a CTA walks gives the per-tile period (slope) and
-# the fixed cost of a CTA's start and end (intercept), which a schedule that keeps the SMs busy across work items can
-# remove (docs/mla-decode-notes.md, finding 29).
+# H100, batch 128 1.94 waves. A line through time against the tiles of a batch row gives the per-tile period (slope)
+# and what does not grow with the cache (intercept: the launch, the first loads, the last wave's spread, the timer's
+# flushed lines written back); docs/mla-decode-notes.md, finding 29.
 SCALING_BATCHES, SCALING_PREFILLS = (128, 66), (1024, 2048, 4096, 6144)
 
 

@@ -101,31 +101,6 @@ def test_mla_rope_first_is_on_by_default_and_its_knob_flips_it(tmp_path, knobs, 
     assert run.stdout == expected
 
 
-MLA_BALANCED_PROGRAM = r"""
-#include <cstdio>
-#include "mla_config.h"
-int main() {
-  for (const auto& s : {mla_config(128, 4097, 132), mla_config(8, 1000, 132)})
-    printf("%d/%d ", s.balanced, s.splits);
-  return 0;
-}
-"""
-
-
-@pytest.mark.skipif(shutil.which("c++") is None, reason="no host C++ compiler on PATH")
-@pytest.mark.parametrize("knobs,expected", [({}, "0/1 0/4"), ({"KBENCH_MLA_BALANCED": "1"}, "1/1 1/1"),
-                                            ({"KBENCH_MLA_BALANCED": "1", "KBENCH_MLA_SPLITS": "2"}, "1/1 1/1"),
-                                            ({"KBENCH_MLA_BALANCED": "2"}, "2/1 2/1"),
-                                            ({"KBENCH_MLA_BALANCED": "1", "KBENCH_MLA_SEESAW": "1"}, "0/1 0/4"),
-                                            ({"KBENCH_MLA_BALANCED": "1", "KBENCH_MLA_S_ONCE": "0"}, "0/1 0/4")])
-def test_mla_balanced_schedule_replaces_the_split_plan(tmp_path, knobs, expected):
-    """MlaConfig::balanced (the s-once kernel's equal runs of work, one CTA an SM; 2: whole batch rows a run) takes
-    the split plan's place (splits = 1, whatever KBENCH_MLA_SPLITS says); the seesaw and the previous schedule do
-    not have it."""
-    run = _compile_and_run(tmp_path, MLA_BALANCED_PROGRAM, ROOT / "kernels" / "mla-decode" / "cuda", **knobs)
-    assert run.stdout.split() == expected.split()
-
-
 @pytest.mark.skipif(shutil.which("c++") is None, reason="no host C++ compiler on PATH")
 @pytest.mark.parametrize("forced", [None, "2"])
 def test_mla_splits_only_where_the_batch_leaves_waves_empty(tmp_path, forced):

@@ -73,6 +73,25 @@ def test_a_stage_breakdown_shows_only_its_latest_measurement(tmp_path):
     assert "combine" not in text and "4.0" not in text
 
 
+def test_cases_of_a_stage_alone_stay_out_of_the_backends_table(tmp_path):
+    """A stage timed on shapes of its own (benchmarks/mla_decode.py --scaling: the attention alone at other batch
+    sizes, without the official cases' dims and seed) adds no empty rows to the whole backends' table, and a key the
+    other cases lack does not count as varying."""
+    a = "batchsize: 128; dim: 7168; prefill: 4096; seed: 1"
+    b = "batchsize: 128; dim: 7168; prefill: 6144; seed: 2"
+    extra = "batchsize: 66; prefill: 1024"
+    _write(tmp_path, "mla-decode", [
+        ("H100", 1, "cuda", "kernel", a, 10.0, "2026-01-01"),
+        ("H100", 1, "cuda", "kernel", b, 20.0, "2026-01-01"),
+        ("H100", 1, "cuda/attention", "kernel", a, 6.0, "2026-01-01"),
+        ("H100", 1, "cuda/attention", "kernel", extra, 3.0, "2026-01-01"),
+    ])
+    text = benchlib.results_markdown(tmp_path)
+    assert "| batchsize: 128; prefill: 4096 | 10.0 |" in text and "| batchsize: 128; prefill: 6144 | 20.0 |" in text
+    assert "| batchsize: 66; prefill: 1024 | —" not in text and "dim" not in text
+    assert "| cuda | batchsize: 66; prefill: 1024 | 3.0 |" in text
+
+
 def test_update_readme_rewrites_only_between_the_markers(tmp_path):
     _write(tmp_path, "moe", [("H100", 1, "cuda", "official", "geomean", 1.5, "2026-01-01")])
     readme = tmp_path / "README.md"

@@ -41,13 +41,10 @@ struct Params {
   const __nv_bfloat16* cos_tab;  // [max_seq][32]
   const __nv_bfloat16* sin_tab;
   __nv_bfloat16* out;            // [bs][128][512]
-  float* part_o;                 // [splits][bs][128][512] (splits > 1); balanced: [gridDim][2][64][512]
-  float* part_ml;                // [splits][bs][128][2]; balanced: [gridDim][2][64][2]
+  float* part_o;                 // [splits][bs][128][512] (splits > 1)
+  float* part_ml;                // [splits][bs][128][2]
   const int* kv_len;             // [1] in device memory: a captured graph replays for any cache length
-  int* pieces_done;              // balanced schedule: [2 bs] partial pieces of each (row, head group) written;
-                                 // zero between launches (the last writer of an item resets its count)
   int bs, max_seq, splits;
-  int balance_whole_rows;        // balanced schedule: each pair's run a whole number of batch rows
   float scale_log2;              // log2(e) / sqrt(192)
 #ifdef KBENCH_DEV
   int skip_rope;                 // timing only (KBENCH_MLA_DEV_SKIP_ROPE): the keys left un-rotated

@@ -31,15 +31,11 @@ namespace mla {
 constexpr int kRotators = 96;  // producer warps 1..3
 constexpr int kRopeItems = kTile * 4;  // (row, group of 8 frequencies) pairs a tile
 constexpr int kItemsPerRotator = (kRopeItems + kRotators - 1) / kRotators;
-// Shared memory: Q, the ring, P, then s_alpha [64], s_m [2][64], s_l [2][64] (by piece parity), s_rescale [4],
-// s_last (+ padding), and the barriers q_full, q_free, full/roped/empty [kStages].
-constexpr int kSOnceSmemBytes =
-    1024 + kTileBytes * (1 + kStages) + kBlockBytes + 5 * kHG * 4 + 16 + 16 + 8 * (2 + 3 * kStages);
+constexpr int kSOnceSmemBytes = 1024 + kTileBytes * (1 + kStages) + kBlockBytes + 3 * kHG * 4 + 16 + 8 * (1 + 3 * kStages);
 // Named barriers between the consumer warpgroups (256 threads: one side syncs, the other arrives).
 constexpr int kBarPReady = 5;  // P and the rescale factors of the current tile are in shared memory
 constexpr int kBarPFree = 6;   // warpgroup 1 has read them (its P V done): warpgroup 0 may write the next
 constexpr int kBarRows = 7;    // the final row maxima and sums are in shared memory
-constexpr int kBarPart = 8;    // balanced schedule: a partial piece written (then: whether this CTA combines it)
 constexpr float kRescaleSlack = 8.0f;  // P up to 256: exact in bf16's exponent range, fp32 sums far from overflow
 // Registers a thread after setmaxnreg, per warpgroup. The CTA starts with kLaunchRegs a thread (ptxas's count under
 // __launch_bounds__(384, 1)) and setmaxnreg.inc waits until the pool can give what it asks for: if the consumers took
@@ -155,187 +151,29 @@ __device__ __forceinline__ void load_item_tables(int u, int tile, int kv_len, co
   }
 }
 
-// The CTA's tiles as one range of "global tiles" g = b * nt + tile of its head group hg (nt = the tiles of one batch
-// row); an "item" is a (batch row, head group), 2 b + hg. Without kBalanced: the one item (or split of it) cta_work
-// names. With kBalanced (MlaConfig::balanced) the CTAs go in pairs, 2k for head group 0 and 2k + 1 for head group 1,
-// and pair k takes the k-th of gridDim.x / 2 equal runs of the bs nt tiles: a CTA walks several batch rows
-// ("pieces": a row's tiles within the run), a row may be shared by consecutive pairs, whose partial outputs the
-// last CTA to finish combines, and no CTA waits for a second wave. The two CTAs of a pair read the same cache rows
-// at about the same time, so the second finds them in L2 (a first version walked the items 2b, 2b + 1 one after the
-// other in one CTA: the cache was read twice from DRAM, and the kernel took 1.8x as long; finding 29).
-struct TileRange {
-  int kv_len, nt, hg, g0, g1, per;  // per: tiles a pair (kBalanced)
-};
-
-// A walk over a TileRange that divides once, not once a tile (warpgroup 0's softmax path is issue-bound: a division
-// and a remainder a tile in each role cost the shipped kernel ~3%, finding 29): global tile g, its batch row b
-// and its tile within the row. Without kBalanced the range is one piece of one row: no wrap to test.
-template <bool kBalanced>
-struct TileCursor {
-  int g, b, tile;
-  __device__ __forceinline__ explicit TileCursor(const TileRange& r) : g(r.g0), b(r.g0 / r.nt), tile(r.g0 % r.nt) {}
-  __device__ __forceinline__ bool starts(const TileRange& r) const { return g == r.g0 || (kBalanced && tile == 0); }
-  __device__ __forceinline__ bool ends(const TileRange& r) const {
-    return g + 1 == r.g1 || (kBalanced && tile + 1 == r.nt);
-  }
-  __device__ __forceinline__ void next(const TileRange& r) {
-    ++g;
-    if (++tile == r.nt && kBalanced) tile = 0, ++b;
-  }
-};
-
-template <bool kBalanced>
-__device__ __forceinline__ TileRange cta_tiles(const Params& p, const CtaWork& work) {
-  TileRange r;
-  r.kv_len = work.kv_len;
-  r.nt = (work.kv_len + kTile - 1) / kTile;
-  if constexpr (kBalanced) {
-    const int total = p.bs * r.nt, pairs = gridDim.x / 2, k = blockIdx.x / 2;
-    r.hg = blockIdx.x & 1;
-    // whole rows: no row shared between pairs (no partials, no combine), at the cost of the balance
-    r.per = p.balance_whole_rows ? (p.bs + pairs - 1) / pairs * r.nt : (total + pairs - 1) / pairs;
-    r.g0 = k < pairs ? min(total, k * r.per) : total;
-    r.g1 = min(total, r.g0 + r.per);
-  } else {
-    r.hg = work.hg;
-    r.per = 0;
-    r.g0 = work.b * r.nt + work.tile0;
-    r.g1 = work.b * r.nt + work.tile1;
-  }
-  return r;
-}
-
 // The producer warpgroup's warps 1-3 (rotator u of kRotators): each landed tile's rope block (full[s]) rotated in
 // place, then an arrive on roped[s]. Rotator u takes items u, u + 96, u + 192 of a tile; item i = (row i / 4,
 // frequencies 8 (i % 4) ..). The cos/sin of the next tile's items are loaded while this tile waits and rotates.
-template <bool kBalanced>
-__device__ __forceinline__ void rotate_tiles(int u, const TileRange& r, const Params& p, uint8_t* s_kv, uint64_t* full,
+__device__ __forceinline__ void rotate_tiles(int u, const CtaWork& work, const Params& p, uint8_t* s_kv, uint64_t* full,
                                              uint64_t* roped) {
+  const int kv_len = work.kv_len, tile0 = work.tile0, tile1 = work.tile1;
   RopeTables tab[kItemsPerRotator];
+  if (tile0 < tile1) load_item_tables(u, tile0, kv_len, p, tab);
   int s = 0;
   uint32_t phase = 0;
-  TileCursor<kBalanced> c(r);
-  if (r.g0 < r.g1) load_item_tables(u, c.tile, r.kv_len, p, tab);
-  for (; c.g < r.g1; c.next(r)) {
-    const int g = c.g, tile = c.tile;
-    if (u == 0) trace_stamp(p, kTraceRotator, g - r.g0, 0);
+  for (int tile = tile0; tile < tile1; ++tile) {
+    if (u == 0) trace_stamp(p, kTraceRotator, tile - tile0, 0);
     mbar_wait(&full[s], phase);
-    if (u == 0) trace_stamp(p, kTraceRotator, g - r.g0, 1);
-    rotate_items(u, tile, r.kv_len, p, s_kv + s * kTileBytes + 8 * kBlockBytes, tab);
+    if (u == 0) trace_stamp(p, kTraceRotator, tile - tile0, 1);
+    rotate_items(u, tile, kv_len, p, s_kv + s * kTileBytes + 8 * kBlockBytes, tab);
     mbar_arrive(&roped[s]);
-    if (u == 0) trace_stamp(p, kTraceRotator, g - r.g0, 2);
-    if (g + 1 < r.g1) load_item_tables(u, tile + 1 == r.nt ? 0 : tile + 1, r.kv_len, p, tab);
+    if (u == 0) trace_stamp(p, kTraceRotator, tile - tile0, 2);
+    if (tile + 1 < tile1) load_item_tables(u, tile + 1, kv_len, p, tab);
     ring_next(s, phase, kStages);
   }
 }
 
-// The same for one CTA's split of one item (the seesaw kernel).
-__device__ __forceinline__ void rotate_tiles(int u, const CtaWork& work, const Params& p, uint8_t* s_kv,
-                                             uint64_t* full, uint64_t* roped) {
-  rotate_tiles<false>(u, cta_tiles<false>(p, work), p, s_kv, full, roped);
-}
-
-// The producer thread: each piece's Q (64 heads x 576: rows 64 (2 b + hg) of q viewed as [bs 128][576]) and the CTA's
-// cache tiles through the kStages ring (full: bytes landed; empty: the consumers' 8 warps are done with the stage).
-// The first piece's Q loads before its first tile; a later piece's once warpgroup 0 has read the previous Q for the
-// last time (q_free), after the piece's first tile is on its way. With rope_landed, each tile's rope block (block
-// 8) is loaded first, on rope_landed[s], and full[s] counts only the 8 latent blocks.
-template <bool kBalanced>
-__device__ __forceinline__ void load_pieces(const CUtensorMap* tm_q, const CUtensorMap* tm_kv, uint8_t* s_q,
-                                            uint8_t* s_kv, uint64_t* q_full, uint64_t* q_free, uint64_t* full,
-                                            uint64_t* empty, const TileRange& r, int max_seq, uint64_t* rope_landed,
-                                            const Params& p) {
-  tma_prefetch_desc(tm_q);
-  tma_prefetch_desc(tm_kv);
-  auto load_q = [&](int item) {
-    mbar_arrive_expect_tx(q_full, kTileBytes);
-    for (int j = 0; j < kBlocks; ++j) tma_load_2d(s_q + j * kBlockBytes, tm_q, q_full, j * 64, item * kHG);
-  };
-  int s = 0, pieces = 0;
-  uint32_t phase = 0;
-  for (TileCursor<kBalanced> c(r); c.g < r.g1; c.next(r)) {
-    const int g = c.g, b = c.b, tile = c.tile, item = 2 * b + r.hg;
-    const bool starts = c.starts(r);
-    if (starts && pieces == 0) load_q(item);
-    trace_stamp(p, kTraceLoader, g - r.g0, 0);
-    mbar_wait(&empty[s], phase ^ 1);
-    trace_stamp(p, kTraceLoader, g - r.g0, 1);
-    const int row = b * max_seq + tile * kTile;
-    uint8_t* stage = s_kv + s * kTileBytes;
-    if (rope_landed) {
-      mbar_arrive_expect_tx(&full[s], kTileBytes - kBlockBytes);
-      mbar_arrive_expect_tx(&rope_landed[s], kBlockBytes);
-      tma_load_2d(stage + (kBlocks - 1) * kBlockBytes, tm_kv, &rope_landed[s], (kBlocks - 1) * 64, row);
-      for (int j = 0; j < kBlocks - 1; ++j) tma_load_2d(stage + j * kBlockBytes, tm_kv, &full[s], j * 64, row);
-    } else {
-      mbar_arrive_expect_tx(&full[s], kTileBytes);
-      for (int j = 0; j < kBlocks; ++j) tma_load_2d(stage + j * kBlockBytes, tm_kv, &full[s], j * 64, row);
-    }
-    if (starts && pieces > 0) {
-      mbar_wait(q_free, (pieces - 1) & 1);
-      load_q(item);
-    }
-    pieces += starts;
-    ring_next(s, phase, kStages);
-  }
-}
-
-// Balanced schedule, a piece that is not a whole item: O (m64n256 accumulator of warpgroup w) and, from warpgroup 0,
-// the rows' (max, sum) into this CTA's partial slot (0: its first piece, 1: its last), fp32.
-__device__ __forceinline__ void store_partial(const Params& p, int slot, const float* o, int w, int frag_row,
-                                              int frag_col, const float* m, const float* l, bool write_ml) {
-  const long long base = (static_cast<long long>(blockIdx.x) * 2 + slot) * kHG;
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int row = frag_row + 8 * h;
-    float* dst = p.part_o + (base + row) * kLatent + 256 * w;
-#pragma unroll
-    for (int col = 0; col < 32; ++col)
-      __stcg(reinterpret_cast<float2*>(dst + 8 * col + frag_col), make_float2(o[4 * col + 2 * h], o[4 * col + 2 * h + 1]));
-    if (write_ml) __stcg(reinterpret_cast<float2*>(p.part_ml + (base + row) * 2), make_float2(m[h], l[h]));
-  }
-}
-
-// Balanced schedule: the 64 output rows of batch row b, head group r.hg = sum_k 2^(m_k - M) O_k / sum_k 2^(m_k - M)
-// l_k over the row's pieces, in CTA order (deterministic). The pieces are those of pairs k0 .. k1 (CTAs 2k + hg);
-// a CTA's piece sits in its slot 0 when its run starts inside the row, else in slot 1 (its last piece). Run by the
-// 256 consumer threads: thread t takes head t / 4, columns 128 (t % 4) .. + 127 in four chunks of 32.
-__device__ __forceinline__ void combine_row(const Params& p, const TileRange& r, int b) {
-  const int start = b * r.nt, k0 = start / r.per, k1 = (start + r.nt - 1) / r.per;
-  const int row = threadIdx.x >> 2, col0 = 128 * (threadIdx.x & 3);
-  auto slot_row = [&](int k) { return (2LL * (2 * k + r.hg) + (k * r.per >= start ? 0 : 1)) * kHG + row; };
-  float m_max = -INFINITY, l_sum = 0.0f;
-  for (int k = k0; k <= k1; ++k) m_max = fmaxf(m_max, __ldcg(p.part_ml + slot_row(k) * 2));
-  for (int k = k0; k <= k1; ++k) {
-    const float2 ml = __ldcg(reinterpret_cast<const float2*>(p.part_ml + slot_row(k) * 2));
-    l_sum += exp2f(ml.x - m_max) * ml.y;
-  }
-  const float inv = 1.0f / l_sum;
-  __nv_bfloat16* dst = p.out + (static_cast<long long>(2 * b + r.hg) * kHG + row) * kLatent + col0;
-#pragma unroll 1
-  for (int chunk = 0; chunk < 4; ++chunk) {
-    float acc[32];
-#pragma unroll
-    for (int i = 0; i < 32; ++i) acc[i] = 0.0f;
-    for (int k = k0; k <= k1; ++k) {
-      const float f = exp2f(__ldcg(p.part_ml + slot_row(k) * 2) - m_max);
-      const float4* src = reinterpret_cast<const float4*>(p.part_o + slot_row(k) * kLatent + col0 + 32 * chunk);
-#pragma unroll
-      for (int v = 0; v < 8; ++v) {
-        const float4 x = __ldcg(src + v);
-        acc[4 * v] += f * x.x;
-        acc[4 * v + 1] += f * x.y;
-        acc[4 * v + 2] += f * x.z;
-        acc[4 * v + 3] += f * x.w;
-      }
-    }
-#pragma unroll
-    for (int i = 0; i < 32; i += 2)
-      *reinterpret_cast<__nv_bfloat162*>(dst + 32 * chunk + i) = __floats2bfloat162_rn(acc[i] * inv, acc[i + 1] * inv);
-  }
-}
-
-template <bool kRopeFirst, bool kBalanced>
+template <bool kRopeFirst>
 __global__ void __launch_bounds__(kThreads, 1) mla_attention_s_once_kernel(const __grid_constant__ CUtensorMap tm_q,
                                                                            const __grid_constant__ CUtensorMap tm_kv,
                                                                            const Params p) {
@@ -345,22 +183,19 @@ __global__ void __launch_bounds__(kThreads, 1) mla_attention_s_once_kernel(const
   uint8_t* s_kv = s_q + kTileBytes;
   uint8_t* s_p = s_kv + kStages * kTileBytes;                    // P [64 heads][64 positions] bf16, swizzled rows
   float* s_alpha = reinterpret_cast<float*>(s_p + kBlockBytes);  // [64] this tile's rescale factors
-  float* s_m = s_alpha + kHG;                                    // [2][64] a piece's final row maxima (log2 domain)
-  float* s_l = s_m + 2 * kHG;                                    // [2][64] a piece's final row sums
-  int* s_rescale = reinterpret_cast<int*>(s_l + 2 * kHG);        // [4] per warp: this tile moved its rows' maxima
-  int* s_last = s_rescale + 4;                                   // balanced: this CTA combines the piece's item
-  uint64_t* q_full = reinterpret_cast<uint64_t*>(s_last + 4);
-  uint64_t* q_free = q_full + 1;      // warpgroup 0 has read a piece's Q for the last time
-  uint64_t* full = q_free + 1;        // TMA landed (kRopeFirst: the rope block landed)
+  float* s_m = s_alpha + kHG;                                    // [64] final row maxima (log2 domain)
+  float* s_l = s_m + kHG;                                        // [64] final row sums
+  int* s_rescale = reinterpret_cast<int*>(s_l + kHG);            // [4] per warp: this tile moved its rows' maxima
+  uint64_t* q_full = reinterpret_cast<uint64_t*>(s_rescale + 4);
+  uint64_t* full = q_full + 1;        // TMA landed (kRopeFirst: the rope block landed)
   uint64_t* roped = full + kStages;   // ... and the rope columns rotated (kRopeFirst: and the latent blocks landed)
   uint64_t* empty = roped + kStages;  // both consumer warpgroups done with the stage
 
   const CtaWork work = cta_work(p);
-  const TileRange r = cta_tiles<kBalanced>(p, work);
+  const int kv_len = work.kv_len, tile0 = work.tile0, tile1 = work.tile1;
 
   if (threadIdx.x == 0) {
     mbar_init(q_full, 1);
-    mbar_init(q_free, 4);  // one arrive per warp of warpgroup 0
     for (int s = 0; s < kStages; ++s) {
       mbar_init(&full[s], 1);
       mbar_init(&roped[s], kRotators + (kRopeFirst ? 1 : 0));
@@ -374,10 +209,10 @@ __global__ void __launch_bounds__(kThreads, 1) mla_attention_s_once_kernel(const
     setmaxnreg_dec<kProducerRegs>();
     const int pt = threadIdx.x - 256;
     if (pt == 0) {
-      load_pieces<kBalanced>(&tm_q, &tm_kv, s_q, s_kv, q_full, q_free, kRopeFirst ? roped : full, empty, r, p.max_seq,
-                  kRopeFirst ? full : nullptr, p);
+      load_q_and_tiles(&tm_q, &tm_kv, s_q, s_kv, q_full, kRopeFirst ? roped : full, empty, work, p.max_seq,
+                       kRopeFirst ? full : nullptr, &p);
     } else if (pt >= 32) {
-      rotate_tiles<kBalanced>(pt - 32, r, p, s_kv, full, roped);
+      rotate_tiles(pt - 32, work, p, s_kv, full, roped);
     }
     return;
   }
@@ -387,16 +222,17 @@ __global__ void __launch_bounds__(kThreads, 1) mla_attention_s_once_kernel(const
   const int warp = t / 32, lane = t % 32;
   const int frag_row = warp * 16 + lane / 4;  // heads frag_row and frag_row + 8 (within the CTA's 64)
   const int frag_col = 2 * (lane % 4);
+  const int ntiles = tile1 - tile0;
 
   float o[128];
 #pragma unroll
   for (int i = 0; i < 128; ++i) o[i] = 0.0f;
   // Warpgroup 0's softmax state. m_run: the row maxima (log2 domain); l_run: this thread's share of the row sums
-  // (its 16 positions of each tile), summed across the quad at the end of a piece.
+  // (its 16 positions of each tile), summed across the quad once at the end.
   float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
 
   // One loop per warpgroup (their work differs; a shared loop branches around every wgmma).
-  int s = 0, pieces = 0;
+  int s = 0;
   uint32_t phase = 0;
   // After a warpgroup's last read of stage s (its P V waited for): hand the stage back to the producer, go to the next.
   auto release_stage = [&]() {
@@ -405,52 +241,6 @@ __global__ void __launch_bounds__(kThreads, 1) mla_attention_s_once_kernel(const
     __syncwarp();
     if (lane == 0) mbar_arrive(&empty[s]);
     ring_next(s, phase, kStages);
-  };
-  // The end of a piece (of batch row b; whole: all of the row's tiles; first: the CTA's first), both warpgroups: warpgroup 0's final row maxima and sums to
-  // both (shared memory by piece parity: the other warpgroup may still read the previous piece's), then the output:
-  // normalised rows (a whole item, or without kBalanced store_rows' split partials), or (kBalanced) this piece's
-  // partial, and the item's combine by the CTA that writes its last partial. O and the softmax state start over.
-  auto finish_piece = [&](int b, bool whole, bool first) {
-    float* pm = s_m + (pieces & 1) * kHG;
-    float* pl = s_l + (pieces & 1) * kHG;
-    if (w == 0) {
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        l_run[h] += __shfl_xor_sync(0xffffffff, l_run[h], 1);
-        l_run[h] += __shfl_xor_sync(0xffffffff, l_run[h], 2);
-        if ((lane & 3) == 0) {
-          pm[frag_row + 8 * h] = m_run[h];
-          pl[frag_row + 8 * h] = l_run[h];
-        }
-      }
-    }
-    named_bar_sync(kBarRows, 256);
-    const float m_row[2] = {pm[frag_row], pm[frag_row + 8]}, l_row[2] = {pl[frag_row], pl[frag_row + 8]};
-    const int item = 2 * b + r.hg;
-    const bool write_ml = w == 0 && (lane & 3) == 0;
-    if (!kBalanced || whole) {
-      CtaWork c = work;
-      if (kBalanced) c.b = b, c.hg = r.hg, c.split = 0;
-      store_rows(p, c, o, w, frag_row, frag_col, m_row, l_row, write_ml);
-    } else {
-      store_partial(p, first ? 0 : 1, o, w, frag_row, frag_col, m_row, l_row, write_ml);
-      __threadfence();
-      named_bar_sync(kBarPart, 256);
-      if (threadIdx.x == 0) {
-        const int start = b * r.nt, pieces_of_row = (start + r.nt - 1) / r.per - start / r.per + 1;
-        const bool last = atomicAdd(&p.pieces_done[item], 1) == pieces_of_row - 1;
-        if (last) p.pieces_done[item] = 0;  // every other piece has counted: ready for the next launch
-        __threadfence();
-        *s_last = last;
-      }
-      named_bar_sync(kBarPart, 256);
-      if (*s_last) combine_row(p, r, b);
-    }
-#pragma unroll
-    for (int i = 0; i < 128; ++i) o[i] = 0.0f;
-    m_run[0] = m_run[1] = -INFINITY;
-    l_run[0] = l_run[1] = 0.0f;
-    ++pieces;
   };
   if (w == 0) {
     setmaxnreg_inc<kWg0Regs>();
@@ -477,26 +267,17 @@ __global__ void __launch_bounds__(kThreads, 1) mla_attention_s_once_kernel(const
       for (int j = 0; j < 32; ++j) reg_fence(sc[j]);
       if (t == 0) trace_stamp(p, kTraceWg0, i, 2);
     };
-    bool from_zero = false, first = true;  // the current piece starts at the row's tile 0; is the CTA's first
-    for (TileCursor<kBalanced> c(r); c.g < r.g1; c.next(r)) {
-      const int g = c.g, tile = c.tile, i = g - r.g0;
+    mbar_wait(q_full, 0);
+    if (t == 0) trace_clock(p, 0);
+    for (int i = 0; i < ntiles; ++i) {
+      const int tile = tile0 + i;
       uint8_t* kv = s_kv + s * kTileBytes;
-      const bool ends = c.ends(r);
-      if (c.starts(r)) {
-        from_zero = tile == 0, first = g == r.g0;
-        mbar_wait(q_full, pieces & 1);
-        if (t == 0 && g == r.g0) trace_clock(p, 0);
-      }
       issue_s(i, s, phase);
       wgmma_wait<0>();
       s_landed(i);
-      if (kBalanced && ends) {  // Q may be replaced by the next piece's
-        __syncwarp();
-        if (lane == 0) mbar_arrive(q_free);
-      }
 
       float alpha[2];
-      const bool rescale = softmax_tile(sc, tile, r.kv_len, p.scale_log2, frag_col, m_run, l_run, alpha, pa);
+      const bool rescale = softmax_tile(sc, tile, kv_len, p.scale_log2, frag_col, m_run, l_run, alpha, pa);
       // Hand P and the rescale factors to warpgroup 1 once it has read the previous tile's.
       if (t == 0) trace_stamp(p, kTraceWg0, i, 3);
       named_bar_sync(kBarPFree, 256);
@@ -523,17 +304,12 @@ __global__ void __launch_bounds__(kThreads, 1) mla_attention_s_once_kernel(const
       wgmma_wait<0>();
       if (t == 0) trace_stamp(p, kTraceWg0, i, 6);
       release_stage();
-      if (ends) finish_piece(c.b, from_zero && tile + 1 == r.nt, first);
     }
-    if (!kBalanced && r.g0 >= r.g1) finish_piece(0, false, true);  // an empty split still writes its (empty) partial
     if (t == 0) trace_clock(p, 2);
   } else {
     setmaxnreg_inc<kWg1Regs>();
-    if (r.g0 < r.g1) named_bar_arrive(kBarPFree, 256);  // the P buffer starts free
-    bool from_zero = false, first = true;
-    for (TileCursor<kBalanced> c(r); c.g < r.g1; c.next(r)) {
-      const int g = c.g, i = g - r.g0;
-      if (c.starts(r)) from_zero = c.tile == 0, first = g == r.g0;
+    if (ntiles > 0) named_bar_arrive(kBarPFree, 256);  // the P buffer starts free
+    for (int i = 0; i < ntiles; ++i) {
       uint8_t* kv = s_kv + s * kTileBytes;
       if (t == 0) trace_stamp(p, kTraceWg1, i, 0);
       mbar_wait(&roped[s], phase);
@@ -545,7 +321,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_attention_s_once_kernel(const
       load_p(s_p, warp, lane, pb);
       const bool rescale = s_rescale[warp];  // warpgroup 0's warp of the same 16 rows moved their maxima
       const float alpha0 = s_alpha[frag_row], alpha1 = s_alpha[frag_row + 8];
-      if (g + 1 < r.g1) named_bar_arrive(kBarPFree, 256);
+      if (i + 1 < ntiles) named_bar_arrive(kBarPFree, 256);
       if (rescale) {
 #pragma unroll
         for (int j = 0; j < 128; ++j) o[j] *= (j >> 1) & 1 ? alpha1 : alpha0;
@@ -557,12 +333,25 @@ __global__ void __launch_bounds__(kThreads, 1) mla_attention_s_once_kernel(const
       wgmma_commit();
       wgmma_wait<0>();
       if (t == 0) trace_stamp(p, kTraceWg1, i, 3);
-      const bool ends = c.ends(r);
       release_stage();
-      if (ends) finish_piece(c.b, from_zero && c.tile + 1 == r.nt, first);
     }
-    if (!kBalanced && r.g0 >= r.g1) finish_piece(0, false, true);
   }
+
+  // The final row maxima and sums, from warpgroup 0 to both.
+  if (w == 0) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      l_run[h] += __shfl_xor_sync(0xffffffff, l_run[h], 1);
+      l_run[h] += __shfl_xor_sync(0xffffffff, l_run[h], 2);
+      if ((lane & 3) == 0) {
+        s_m[frag_row + 8 * h] = m_run[h];
+        s_l[frag_row + 8 * h] = l_run[h];
+      }
+    }
+  }
+  named_bar_sync(kBarRows, 256);
+  const float m_row[2] = {s_m[frag_row], s_m[frag_row + 8]}, l_row[2] = {s_l[frag_row], s_l[frag_row + 8]};
+  store_rows(p, work, o, w, frag_row, frag_col, m_row, l_row, w == 0 && (lane & 3) == 0);
 }
 
 }  // namespace mla

@@ -1,14 +1,10 @@
 // Torch-facing side of the mla-decode CUDA backend: checks the tensors, takes the output (and, for split plans,
 // the partial buffers) from the caching allocator, hands raw pointers to mla.cu. The only file that sees torch.
-#include <c10/cuda/CUDAGraphsC10Utils.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <torch/extension.h>
 
-#include <algorithm>
 #include <cstdio>
-#include <map>
-#include <mutex>
 
 #include "knobs.h"
 #include "mla_api.h"
@@ -35,23 +31,6 @@ static torch::Tensor device_length(const c10::optional<torch::Tensor>& lens, int
   if (!lens.has_value()) return torch::full({1}, kv_len, q.options().dtype(torch::kInt));
   check_lengths(*lens, q, who);
   return *lens;
-}
-
-// The balanced schedule's piece counts on q's device: int32, at least n, zero between launches (the kernel resets
-// what it counts). Kept for the process (a captured graph holds its address); grown only outside a capture (the
-// eager call a graph's key starts with has the same shape, so a capture finds it large enough).
-static int* pieces_done(const torch::Tensor& q, int64_t n) {
-  static std::map<int, torch::Tensor>* held = new std::map<int, torch::Tensor>();  // never freed: outlives exit order
-  static std::mutex mu;
-  std::lock_guard<std::mutex> lock(mu);
-  torch::Tensor& t = (*held)[q.get_device()];
-  if (!t.defined() || t.numel() < n) {
-    TORCH_CHECK(c10::cuda::currentStreamCaptureStatusMayInitCtx() == c10::cuda::CaptureStatus::None,
-                "mla_attention: the balanced schedule's counts must grow outside a CUDA graph capture (call once "
-                "eagerly with this batch size first)");
-    t = torch::zeros({std::max<int64_t>(n, 1024)}, q.options().dtype(torch::kInt));
-  }
-  return t.data_ptr<int>();
 }
 
 // q [bs, 128, 576] bf16 (absorbed q_nope | roped q_rope); cache [bs, max_seq, 576] bf16 holding kv_len rows;
@@ -95,14 +74,6 @@ torch::Tensor mla_attention(torch::Tensor q, torch::Tensor cache, int64_t kv_len
     part_ml = torch::empty({config.splits, bs, 128, 2}, q.options().dtype(torch::kFloat));
     a.part_o = part_o.data_ptr<float>();
     a.part_ml = part_ml.data_ptr<float>();
-  }
-  if (config.balanced) {
-    const int64_t slots = 2LL * mla_num_sms() * 64;  // [sms][2 pieces][64 heads]
-    part_o = torch::empty({slots, 512}, q.options().dtype(torch::kFloat));
-    part_ml = torch::empty({slots, 2}, q.options().dtype(torch::kFloat));
-    a.part_o = part_o.data_ptr<float>();
-    a.part_ml = part_ml.data_ptr<float>();
-    a.pieces_done = pieces_done(q, 2 * bs);
   }
   const char* err = mla_run(a, c10::cuda::getCurrentCUDAStream().stream());
   TORCH_CHECK(err == nullptr, err ? err : "");

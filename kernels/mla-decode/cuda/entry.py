@@ -31,7 +31,7 @@ _input_key = graph_replay.InputKey()
 # The knobs mla_config (mla_config.h) and linear_config (linear_config.h) read on every call: a captured graph holds
 # the configuration they chose, so they are part of its key.
 _CONFIG_KNOBS = ("KBENCH_MLA_SPLITS", "KBENCH_MLA_PREFETCH_TABLES", "KBENCH_MLA_S_ONCE", "KBENCH_MLA_ROPE_FIRST",
-                 "KBENCH_MLA_SEESAW", "KBENCH_MLA_BALANCED", "KBENCH_MLA_LINEAR", "KBENCH_MLA_LINEAR_BN", "KBENCH_MLA_LINEAR_SPLITS",
+                 "KBENCH_MLA_SEESAW", "KBENCH_MLA_LINEAR", "KBENCH_MLA_LINEAR_BN", "KBENCH_MLA_LINEAR_SPLITS",
                  "KBENCH_MLA_LINEAR_PDL")
 
 

@@ -24,9 +24,8 @@
 using namespace mla;
 
 // The s-once kernel for a configuration's compile-time choice.
-static auto s_once_kernel(bool rope_first, bool balanced) {
-  if (balanced) return rope_first ? mla_attention_s_once_kernel<true, true> : mla_attention_s_once_kernel<false, true>;
-  return rope_first ? mla_attention_s_once_kernel<true, false> : mla_attention_s_once_kernel<false, false>;
+static auto s_once_kernel(bool rope_first) {
+  return rope_first ? mla_attention_s_once_kernel<true> : mla_attention_s_once_kernel<false>;
 }
 
 int mla_num_sms() {
@@ -40,17 +39,15 @@ int mla_num_sms() {
     cudaFuncSetAttribute(mla_attention_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
     cudaFuncSetAttribute(mla_attention_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
     for (const bool rope_first : {false, true})
-      for (const bool balanced : {false, true})
-        cudaFuncSetAttribute(s_once_kernel(rope_first, balanced), cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             kSOnceSmemBytes);
+      cudaFuncSetAttribute(s_once_kernel(rope_first), cudaFuncAttributeMaxDynamicSharedMemorySize, kSOnceSmemBytes);
     cudaFuncSetAttribute(mla_attention_seesaw_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSeesawSmemBytes);
   }
   return sms[dev & 63];
 }
 
 void mla_describe(const MlaConfig& c, char* buf, int size) {
-  snprintf(buf, size, "MlaConfig{splits=%d, prefetch_tables=%d, s_once=%d, rope_first=%d, seesaw=%d, balanced=%d}",
-           c.splits, c.prefetch_tables ? 1 : 0, c.s_once ? 1 : 0, c.rope_first ? 1 : 0, c.seesaw ? 1 : 0, c.balanced);
+  snprintf(buf, size, "MlaConfig{splits=%d, prefetch_tables=%d, s_once=%d, rope_first=%d, seesaw=%d}", c.splits,
+           c.prefetch_tables ? 1 : 0, c.s_once ? 1 : 0, c.rope_first ? 1 : 0, c.seesaw ? 1 : 0);
 }
 
 const char* mla_run(const MlaArgs& a, cudaStream_t stream) {
@@ -71,8 +68,6 @@ const char* mla_run(const MlaArgs& a, cudaStream_t stream) {
   p.bs = a.bs;
   p.max_seq = a.max_seq;
   p.kv_len = a.kv_len_dev;
-  p.pieces_done = a.pieces_done;
-  p.balance_whole_rows = a.config.balanced == 2;
   p.splits = a.config.splits;
   p.scale_log2 = static_cast<float>(1.4426950408889634 / std::sqrt(192.0));
 #ifdef KBENCH_DEV
@@ -84,15 +79,11 @@ const char* mla_run(const MlaArgs& a, cudaStream_t stream) {
     p.trace = reinterpret_cast<long long*>(std::strtoull(at, nullptr, 10));
 #endif
   if (p.splits > 1 && (!a.part_o || !a.part_ml)) return "mla cuda: a split plan needs the partial buffers";
-  if (a.config.balanced && (!a.part_o || !a.part_ml || !a.pieces_done))
-    return "mla cuda: the balanced schedule needs the partial buffers and the zeroed piece counts";
-  // balanced: one CTA per SM, in pairs (each pair takes an equal run of the work, whatever the device-side length
-  // is at replay)
-  const dim3 grid(a.config.balanced ? sms & ~1 : kHeadGroups * a.bs * p.splits);
+  const dim3 grid(kHeadGroups * a.bs * p.splits);
   if (a.config.seesaw) {
     mla_attention_seesaw_kernel<<<grid, kThreads, kSeesawSmemBytes, stream>>>(tm_q, tm_kv, p);
   } else if (a.config.s_once) {
-    s_once_kernel(a.config.rope_first, a.config.balanced != 0)<<<grid, kThreads, kSOnceSmemBytes, stream>>>(tm_q, tm_kv, p);
+    s_once_kernel(a.config.rope_first)<<<grid, kThreads, kSOnceSmemBytes, stream>>>(tm_q, tm_kv, p);
   } else {
     const auto kernel = a.config.prefetch_tables ? mla_attention_kernel<true> : mla_attention_kernel<false>;
     kernel<<<grid, kThreads, kSmemBytes, stream>>>(tm_q, tm_kv, p);

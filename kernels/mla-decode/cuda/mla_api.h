@@ -17,8 +17,6 @@ struct MlaArgs {
   void* out;            // bf16 [bs][128][512]: softmax(q k^T / sqrt(192)) @ latent, written
   float* part_o;        // fp32 [splits][bs][128][512] partial outputs (splits > 1 only)
   float* part_ml;       // fp32 [splits][bs][128][2] running max (log2 domain) and sum (splits > 1 only)
-                        // config.balanced: part_o fp32 [sms][2][64][512], part_ml [sms][2][64][2] (sms = mla_num_sms())
-  int* pieces_done;     // config.balanced: int32 [2 bs], zero (the kernel leaves it zero)
   const int* kv_len_dev;  // int32 [1] in device memory: the rows to read, what the kernels use (a graph replays it)
   int bs, max_seq, kv_len;  // kv_len: the same count on the host, for the checks and the configuration
   MlaConfig config;
