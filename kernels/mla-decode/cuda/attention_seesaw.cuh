@@ -6,18 +6,19 @@
 // chain S -> softmax -> P -> P V is the tile's period (3298 cycles; the tensor cores idle ~800 of them, finding 18).
 // Here the tiles go in pairs (a, b) = (2k, 2k + 1), a in stage 0 and b in stage 1; warpgroup 0 owns a (its S and
 // softmax), warpgroup 1 owns b. O stays split by columns (warpgroup w holds output columns 256w .. 256w + 255 of
-// every tile), so each tile's P goes to the other warpgroup through shared memory, in the tile's rope block (dead
-// once S has read it). The running row maxima are shared: a tile's softmax starts from the previous tile's maxima,
+// every tile), so each tile's P goes to the other warpgroup through shared memory, in one P buffer the two
+// warpgroups write in turn (a first version used the tile's rope block, which then stayed busy until the other
+// warpgroup had read P, and the next rope block landed and was rotated late: finding 20). The running row maxima are shared: a tile's softmax starts from the previous tile's maxima,
 // published with P, and both warpgroups add the tiles to their O in order, rescaling by every tile's factors.
 //   warpgroup 0: S(a); softmax(a), P(a) published; O += P(a) V(a); P(b) read; O += P(b) V(b)
 //   warpgroup 1: S(b); P(a) read; O += P(a) V(a) (running while:) softmax(b), P(b) published; O += P(b) V(b)
 // so S(b) runs under softmax(a), and P(a) V(a) under softmax(b). Each warpgroup reads the other's P into registers
-// (ldmatrix), which frees the rope block early. A stage is released in three parts, each loaded again once free:
-// the rope block, latent blocks 0-3 (warpgroup 0's P V and the owner's S done), 4-7 (warpgroup 1's); S reads the
-// parts as they land, the one released first first (FlashMLA's fine-grained copies).
+// (ldmatrix). A stage is released in three parts, each loaded again once free: the rope block (the owner's S done),
+// latent blocks 0-3 (warpgroup 0's P V and the owner's S done), 4-7 (warpgroup 1's); S reads the parts as they land,
+// the one released first first (FlashMLA's fine-grained copies).
 // Registers: warpgroup 1 holds O (128), S (32), its P (16) and the other's P (16) at once.
-// Status: a candidate (KBENCH_MLA_SEESAW=1), 2-3% slower than s-once on an H100; the clock64 trace says why (the
-// rope block holds P until the other warpgroup has read it, so the next rope block lands and is rotated late).
+// Status: a candidate (KBENCH_MLA_SEESAW=1). With P in the rope block it was 2-4% slower than s-once on an H100
+// (finding 20); with its own P buffer: finding 30.
 #pragma once
 #include <type_traits>
 
@@ -33,7 +34,7 @@ struct SeesawSlot {  // slot s: the tile in stage s
   int rescale[4];
 };
 constexpr int kSeesawBarriers = 1 + 7 * kStages;  // q_full; per stage rope_landed, roped, lo, hi, and three empties
-constexpr int kSeesawSmemBytes = 1024 + kTileBytes * (1 + kStages) + 8 * kSeesawBarriers +
+constexpr int kSeesawSmemBytes = 1024 + kTileBytes * (1 + kStages) + kBlockBytes + 8 * kSeesawBarriers +
                                  2 * static_cast<int>(sizeof(SeesawSlot)) + 2 * kHG * 4;
 static_assert(kSeesawSmemBytes <= 227 * 1024, "the seesaw layout must fit one CTA's shared memory");
 constexpr int kBarPublished = 8;  // + w: warpgroup w's tile: P, maxima and factors are in shared memory
@@ -44,9 +45,11 @@ constexpr int kSeesawWg0Regs = 192, kSeesawWg1Regs = 224, kSeesawProducerRegs = 
 static_assert((kSeesawWg0Regs - kLaunchRegs) + (kSeesawWg1Regs - kLaunchRegs) <= kLaunchRegs - kSeesawProducerRegs,
               "setmaxnreg: the consumer warpgroups would wait forever for registers the producer does not free");
 
-// The loader thread: Q once, then each tile in three parts into stage j % 2, each part after its own release:
-// the rope block (on rope_landed: the rotators wait for it), then the latent halves in the order they are released
-// (the stage owner's own half first).
+// The loader thread: Q once, then each pair of tiles (a in stage 0, b in stage 1) in three parts a tile, each part
+// after its own release: both rope blocks first (free once their owner's S has read them; the rotators wait for
+// them), then each tile's latent halves in the order they are released (the stage owner's own half first). A loop
+// tile by tile issued b's rope block only behind a's latent halves, which wait for both warpgroups' P V of the
+// previous a: warpgroup 1 then waited ~2300 cycles a pair for its rope block (finding 30).
 __device__ __forceinline__ void load_seesaw_tiles(const CUtensorMap* tm_q, const CUtensorMap* tm_kv, uint8_t* s_q,
                                                   uint8_t* s_kv, uint64_t* q_full, uint64_t* rope_landed,
                                                   uint64_t* lo, uint64_t* hi, uint64_t* empty_rope, uint64_t* empty_lo,
@@ -56,23 +59,30 @@ __device__ __forceinline__ void load_seesaw_tiles(const CUtensorMap* tm_q, const
   tma_prefetch_desc(tm_kv);
   mbar_arrive_expect_tx(q_full, kTileBytes);
   for (int j = 0; j < kBlocks; ++j) tma_load_2d(s_q + j * kBlockBytes, tm_q, q_full, j * 64, c.b * kHeads + c.hg * kHG);
-  for (int tile = c.tile0; tile < c.tile1; ++tile) {
-    const int j = tile - c.tile0, s = j % kStages;
-    const uint32_t phase = (j / kStages) & 1;
-    const int row = c.b * max_seq + tile * kTile;
-    uint8_t* stage = s_kv + s * kTileBytes;
-    if (trace) trace_stamp(*trace, kTraceLoader, j, 0);
-    mbar_wait(&empty_rope[s], phase ^ 1);
-    mbar_arrive_expect_tx(&rope_landed[s], kBlockBytes);
-    tma_load_2d(stage + (kBlocks - 1) * kBlockBytes, tm_kv, &rope_landed[s], (kBlocks - 1) * 64, row);
-    if (trace) trace_stamp(*trace, kTraceLoader, j, 1);
-    for (int h = 0; h < 2; ++h) {
-      const int half = s == 0 ? h : 1 - h;  // 0: blocks 0-3, 1: blocks 4-7
-      uint64_t* landed = half == 0 ? &lo[s] : &hi[s];
-      mbar_wait(half == 0 ? &empty_lo[s] : &empty_hi[s], phase ^ 1);
-      mbar_arrive_expect_tx(landed, 4 * kBlockBytes);
-      for (int b = 4 * half; b < 4 * half + 4; ++b) tma_load_2d(stage + b * kBlockBytes, tm_kv, landed, b * 64, row);
-      if (trace) trace_stamp(*trace, kTraceLoader, j, 2 + h);
+  const int ntiles = c.tile1 - c.tile0;
+  for (int j0 = 0; j0 < ntiles; j0 += kStages) {
+    const uint32_t phase = (j0 / kStages) & 1;
+    const int in_pair = min(kStages, ntiles - j0);
+    for (int s = 0; s < in_pair; ++s) {
+      const int j = j0 + s, row = c.b * max_seq + (c.tile0 + j) * kTile;
+      if (trace) trace_stamp(*trace, kTraceLoader, j, 0);
+      mbar_wait(&empty_rope[s], phase ^ 1);
+      mbar_arrive_expect_tx(&rope_landed[s], kBlockBytes);
+      tma_load_2d(s_kv + s * kTileBytes + (kBlocks - 1) * kBlockBytes, tm_kv, &rope_landed[s], (kBlocks - 1) * 64,
+                  row);
+      if (trace) trace_stamp(*trace, kTraceLoader, j, 1);
+    }
+    for (int s = 0; s < in_pair; ++s) {
+      const int j = j0 + s, row = c.b * max_seq + (c.tile0 + j) * kTile;
+      uint8_t* stage = s_kv + s * kTileBytes;
+      for (int h = 0; h < 2; ++h) {
+        const int half = s == 0 ? h : 1 - h;  // 0: blocks 0-3, 1: blocks 4-7
+        uint64_t* landed = half == 0 ? &lo[s] : &hi[s];
+        mbar_wait(half == 0 ? &empty_lo[s] : &empty_hi[s], phase ^ 1);
+        mbar_arrive_expect_tx(landed, 4 * kBlockBytes);
+        for (int b = 4 * half; b < 4 * half + 4; ++b) tma_load_2d(stage + b * kBlockBytes, tm_kv, landed, b * 64, row);
+        if (trace) trace_stamp(*trace, kTraceLoader, j, 2 + h);
+      }
     }
   }
 }
@@ -80,19 +90,21 @@ __device__ __forceinline__ void load_seesaw_tiles(const CUtensorMap* tm_q, const
 // The kernel's shared memory, from its 1024-byte aligned base.
 struct SeesawSmem {
   uint8_t* q;             // Q [64 heads][576], nine 128-byte swizzled blocks
-  uint8_t* kv;            // kStages cache tiles, same layout; a tile's rope block (8) later holds its P
+  uint8_t* kv;            // kStages cache tiles, same layout
+  uint8_t* p;             // P of the latest published tile [64 heads][64 positions] (both warpgroups' in turn)
   uint64_t* q_full;
   uint64_t* rope_landed;  // [kStages] the rope block landed (the rotators wait on it)
   uint64_t* roped;        // ... and rotated
   uint64_t* lo;           // latent blocks 0-3 landed
   uint64_t* hi;           // latent blocks 4-7 landed
-  uint64_t* empty_rope;   // P read by the other warpgroup, and the owner's proxy fence passed (8 warps)
+  uint64_t* empty_rope;   // the owner's S done with the rope block (its 4 warps)
   uint64_t* empty_lo;     // all 8 consumer warps done with blocks 0-3
   uint64_t* empty_hi;     // ... with blocks 4-7
   SeesawSlot* slots;      // [2], slot w for warpgroup w's tiles
   float* l;               // [2][64] each warpgroup's row sums
   __device__ __forceinline__ explicit SeesawSmem(uint8_t* base)
-      : q(base), kv(base + kTileBytes), q_full(reinterpret_cast<uint64_t*>(kv + kStages * kTileBytes)),
+      : q(base), kv(base + kTileBytes), p(kv + kStages * kTileBytes),
+        q_full(reinterpret_cast<uint64_t*>(p + kBlockBytes)),
         rope_landed(q_full + 1), roped(rope_landed + kStages), lo(roped + kStages), hi(lo + kStages),
         empty_rope(hi + kStages), empty_lo(empty_rope + kStages), empty_hi(empty_lo + kStages),
         slots(reinterpret_cast<SeesawSlot*>(empty_hi + kStages)), l(reinterpret_cast<float*>(slots + 2)) {}
@@ -120,7 +132,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_attention_seesaw_kernel(const
       mbar_init(&roped[s], kRotators);
       mbar_init(&lo[s], 1);
       mbar_init(&hi[s], 1);
-      mbar_init(&empty_rope[s], 8);
+      mbar_init(&empty_rope[s], 4);
       mbar_init(&empty_lo[s], 8);
       mbar_init(&empty_hi[s], 8);
     }
@@ -206,7 +218,11 @@ __global__ void __launch_bounds__(kThreads, 1) mla_attention_seesaw_kernel(const
 #pragma unroll
     for (int i = 0; i < 32; ++i) reg_fence(sc[i]);
     const bool rescale = softmax_tile(sc, tile, kv_len, p.scale_log2, frag_col, m_run, l_run, alpha, pa);
-    store_p(sm.kv + st * kTileBytes + 8 * kBlockBytes, warp, lane, pa);  // into the tile's rope block
+    // One P buffer serves both warpgroups in turn: W0(a) -> R1(a) -> W1(b) -> R0(b) -> W0(a') ..., each write after
+    // the writer's own read of the other's P (program order; a warp touches only its own 16 rows) and each read after
+    // the writer's publish barrier. The tile's rope block is thus free once its owner's S has read it.
+    __syncwarp();
+    store_p(sm.p, warp, lane, pa);
     SeesawSlot& slot = sm.slots[st];
     if ((lane & 3) == 0) {
 #pragma unroll
@@ -219,18 +235,11 @@ __global__ void __launch_bounds__(kThreads, 1) mla_attention_seesaw_kernel(const
     named_bar_arrive(kBarPublished + st, 256);  // ldmatrix reads P: the generic proxy, ordered by the barrier
     return rescale;
   };
-  // The owner's P is overwritten by TMA (the async proxy) once both warpgroups release the rope block: the owner
-  // releases it behind a proxy fence, off the publishing path.
-  auto release_own_rope = [&](const SeesawSmem& sm, int st) {
-    fence_proxy_async_smem();
-    release(&sm.empty_rope[st]);
-  };
   // The other warpgroup's tile in stage st: P into pb, its factors applied to the sums (to O by the caller), its
-  // maxima taken. The caller releases the rope block only once a wgmma has consumed pb: an arrive right behind the
-  // ldmatrix could let TMA overwrite P before the load has read it.
+  // maxima taken.
   auto read_published = [&](const SeesawSmem& sm, int st, float* alpha) {
     named_bar_sync(kBarPublished + st, 256);
-    load_p(sm.kv + st * kTileBytes + 8 * kBlockBytes, warp, lane, pb);
+    load_p(sm.p, warp, lane, pb);
     const SeesawSlot& slot = sm.slots[st];
     const bool rescale = slot.rescale[warp];
     alpha[0] = slot.alpha[frag_row];
@@ -272,12 +281,12 @@ __global__ void __launch_bounds__(kThreads, 1) mla_attention_seesaw_kernel(const
     wgmma_wait<0>();
     stamp(k, 4);
     release(&sm.empty_hi[0]);  // S was this warpgroup's only read of a's blocks 4-7
+    release(&sm.empty_rope[0]);  // ... and of its rope block
     float alpha[2];
     const bool rescale = softmax_and_publish(sm, 0, tile0 + 2 * k, alpha);
     stamp(k, 5);
     rescale_o(rescale, alpha);
     issue_pv(sm, 0, pa);
-    release_own_rope(sm, 0);
     if constexpr (kB) {
       mbar_wait(&sm.lo[1], ph);
       wgmma_wait<0>();
@@ -289,7 +298,6 @@ __global__ void __launch_bounds__(kThreads, 1) mla_attention_seesaw_kernel(const
       rescale_o(moved, beta);
       release(&sm.empty_hi[1]);  // b's blocks 4-7 are warpgroup 1's
       issue_pv(sm, 1, pb);
-      release(&sm.empty_rope[1]);  // P read: the wgmma has its registers (see read_published)
       wgmma_wait<0>();
       o_done();
       stamp(k, 7);
@@ -317,10 +325,10 @@ __global__ void __launch_bounds__(kThreads, 1) mla_attention_seesaw_kernel(const
       wgmma_wait<0>();
       stamp(k, 5);
       release(&sm.empty_lo[1]);  // S was this warpgroup's only read of b's blocks 0-3
+      release(&sm.empty_rope[1]);  // ... and of its rope block
     }
     rescale_o(moved, beta);
     issue_pv(sm, 0, pb);
-    release(&sm.empty_rope[0]);  // P read: the wgmma has its registers (see read_published)
     if constexpr (kB) {
       float alpha[2];
       const bool rescale = softmax_and_publish(sm, 1, tile0 + 2 * k + 1, alpha);
@@ -330,7 +338,6 @@ __global__ void __launch_bounds__(kThreads, 1) mla_attention_seesaw_kernel(const
       release(&sm.empty_hi[0]);
       rescale_o(rescale, alpha);
       issue_pv(sm, 1, pa);
-      release_own_rope(sm, 1);
       wgmma_wait<0>();
       o_done();
       stamp(k, 7);

@@ -49,7 +49,7 @@ inline MlaConfig mla_config(int bs, int kv_len, int sms) {
   // rope_first: the keys' rotation off the tile's critical path (docs/mla-decode-notes.md, finding 17: skipping the
   // rotation altogether took the attention kernel 346 -> 279 us at prefill 4096)
   const bool rope_first = kb::env_int("KBENCH_MLA_ROPE_FIRST", 1) != 0;
-  // seesaw: a candidate (docs/mla-decode-notes.md, finding 20)
+  // seesaw: a candidate, as fast as s-once since its own P buffer (docs/mla-decode-notes.md, findings 20 and 30)
   const bool seesaw = kb::env_int("KBENCH_MLA_SEESAW", 0) != 0;
   return MlaConfig{splits, prefetch_tables, s_once, rope_first, seesaw};
 }
