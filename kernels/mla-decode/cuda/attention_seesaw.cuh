@@ -8,8 +8,9 @@
 // softmax), warpgroup 1 owns b. O stays split by columns (warpgroup w holds output columns 256w .. 256w + 255 of
 // every tile), so each tile's P goes to the other warpgroup through shared memory, in one P buffer the two
 // warpgroups write in turn (a first version used the tile's rope block, which then stayed busy until the other
-// warpgroup had read P, and the next rope block landed and was rotated late: finding 20). The running row maxima are shared: a tile's softmax starts from the previous tile's maxima,
-// published with P, and both warpgroups add the tiles to their O in order, rescaling by every tile's factors.
+// warpgroup had read P, and the next rope block landed and was rotated late: finding 20). The running row maxima
+// are shared: a tile's softmax starts from the previous tile's maxima, published with P, and both warpgroups add
+// the tiles to their O in order, rescaling by every tile's factors.
 //   warpgroup 0: S(a); softmax(a), P(a) published; O += P(a) V(a); P(b) read; O += P(b) V(b)
 //   warpgroup 1: S(b); P(a) read; O += P(a) V(a) (running while:) softmax(b), P(b) published; O += P(b) V(b)
 // so S(b) runs under softmax(a), and P(a) V(a) under softmax(b). Each warpgroup reads the other's P into registers
