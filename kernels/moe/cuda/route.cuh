@@ -16,6 +16,29 @@ namespace moe {
 
 constexpr int kRouteThreads = 1024;
 
+// meta (see GemmParams) from the groups' row counts, by one thread: meta[g] = group g's first row, meta[G] = all
+// rows, meta[G + 1 + g] = its first m-tile, meta[2G + 1] = all m-tiles (G = E + 1). Groups: E routed experts, then
+// the shared expert with all T tokens. rows_from(g, row): routed group g's row count, told its first row (from which
+// the caller hands out the group's rows). meta null: only the rows are handed out.
+template <class RowsFrom>
+__device__ __forceinline__ void lay_out_groups(int T, int E, int* meta, RowsFrom&& rows_from) {
+  const int G = E + 1;
+  int row = 0, mtile = 0;
+  for (int g = 0; g < G; ++g) {
+    if (meta) {
+      meta[g] = row;
+      meta[G + 1 + g] = mtile;
+    }
+    const int rows = g < E ? rows_from(g, row) : T;
+    row += rows;
+    mtile += (rows + kBM - 1) / kBM;
+  }
+  if (meta) {
+    meta[G] = row;
+    meta[2 * G + 1] = mtile;
+  }
+}
+
 // One block. experts [T*K] (int64, torch.topk's indices); writes meta (see GemmParams), rows_pair ([T*K]: for each
 // expert-sorted row, its pair index t*K + k) and its inverse pair_row ([T*K]: the sorted row of pair t*K + k).
 // Groups: E routed experts, then the shared expert with all T tokens. Each warp counts its own pairs (pair i belongs
@@ -27,7 +50,7 @@ __global__ void __launch_bounds__(kRouteThreads) route_kernel(const int64_t* __r
                                                               int* __restrict__ pair_row) {
   constexpr int kWarps = kRouteThreads / 32, kBatch = 16;
   __shared__ int cnt[kWarps][kMaxGroups];  // per warp, per expert: count, then the warp's first row of the expert
-  const int pairs = T * K, G = E + 1, warp = threadIdx.x / 32;
+  const int pairs = T * K, warp = threadIdx.x / 32;
   for (int i = threadIdx.x; i < kWarps * kMaxGroups; i += blockDim.x) (&cnt[0][0])[i] = 0;
   __syncthreads();
   // One block streams every pair twice: kBatch independent loads in flight per thread before their atomics, or the
@@ -47,26 +70,16 @@ __global__ void __launch_bounds__(kRouteThreads) route_kernel(const int64_t* __r
   };
   for_pairs([&](int, int e) { atomicAdd(&cnt[warp][e], 1); });
   __syncthreads();
-  if (threadIdx.x == 0) {
-    int row = 0, mtile = 0;
-    for (int g = 0; g < G; ++g) {
-      meta[g] = row;
-      meta[G + 1 + g] = mtile;
-      int rows = T;  // the shared expert takes every token
-      if (g < E) {
-        rows = 0;
-        for (int w = 0; w < kWarps; ++w) {  // counts -> each warp's first row of expert g
-          const int c = cnt[w][g];
-          cnt[w][g] = row + rows;
-          rows += c;
-        }
+  if (threadIdx.x == 0)
+    lay_out_groups(T, E, meta, [&](int g, int row) {
+      int rows = 0;
+      for (int w = 0; w < kWarps; ++w) {  // counts -> each warp's first row of expert g
+        const int c = cnt[w][g];
+        cnt[w][g] = row + rows;
+        rows += c;
       }
-      row += rows;
-      mtile += (rows + kBM - 1) / kBM;
-    }
-    meta[G] = row;
-    meta[2 * G + 1] = mtile;
-  }
+      return rows;
+    });
   __syncthreads();
   for_pairs([&](int i, int e) {
     const int pos = atomicAdd(&cnt[warp][e], 1);
@@ -116,7 +129,7 @@ __global__ void __launch_bounds__(kRouteThreads) route_place_kernel(const int64_
                                                                     int* __restrict__ pair_row) {
   __shared__ int next[kMaxGroups];   // this chunk's next row of expert e
   __shared__ int total[kMaxGroups];  // expert e's rows over all chunks
-  const int pairs = T * K, G = E + 1;
+  const int pairs = T * K;
   int e[kRoutePerThread];
   load_chunk(experts, pairs, e);
   if (threadIdx.x < E) {
@@ -130,23 +143,11 @@ __global__ void __launch_bounds__(kRouteThreads) route_place_kernel(const int64_
     total[threadIdx.x] = all;
   }
   __syncthreads();
-  if (threadIdx.x == 0) {
-    int row = 0, mtile = 0;
-    for (int g = 0; g < G; ++g) {
-      const int rows = g < E ? total[g] : T;  // the shared expert takes every token
-      if (blockIdx.x == 0) {
-        meta[g] = row;
-        meta[G + 1 + g] = mtile;
-      }
-      if (g < E) next[g] += row;
-      row += rows;
-      mtile += (rows + kBM - 1) / kBM;
-    }
-    if (blockIdx.x == 0) {
-      meta[G] = row;
-      meta[2 * G + 1] = mtile;
-    }
-  }
+  if (threadIdx.x == 0)
+    lay_out_groups(T, E, blockIdx.x == 0 ? meta : nullptr, [&](int g, int row) {
+      next[g] += row;
+      return total[g];
+    });
   __syncthreads();
 #pragma unroll
   for (int j = 0; j < kRoutePerThread; ++j) {
