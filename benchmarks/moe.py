@@ -44,6 +44,10 @@ CANDIDATES = {
     "combine-pass": {"KBENCH_MOE_RED_COMBINE": "0"},
     "one-block-route": {"KBENCH_MOE_SPLIT_ROUTE": "0"},
     "previous": {"KBENCH_MOE_RED_COMBINE": "0", "KBENCH_MOE_SPLIT_ROUTE": "0"},
+    # the consumers' own epilogue (4 stages) as before 2026-11-25: in both GEMMs, in GEMM 2 only, in GEMM 1 only
+    "sync-epi": {"KBENCH_MOE_ASYNC_EPILOGUE": "0"},
+    "sync-epi2": {"KBENCH_MOE_ASYNC_EPILOGUE": "1"},
+    "sync-epi1": {"KBENCH_MOE_ASYNC_EPILOGUE": "2"},
 }
 
 

@@ -35,15 +35,19 @@ def definition(x, experts, scores, gate, up, down):
 
 
 # (tokens, experts, slots, skew): skew = every token picks among the first `skew` experts (the others get none)
+# (4096, 8, 4): ~320 units, so each CTA of the persistent GEMMs walks two or three and every ring wraps
 ROUTINGS = [(1, 4, 4, None), (7, 8, 2, None), (300, 8, 4, 4), (1000, 32, 4, None), (513, 4, 1, 1),
-            (2048, 32, 4, 6), (129, 64, 8, None)]
+            (2048, 32, 4, 6), (129, 64, 8, None), (4096, 8, 4, None)]
 
 
-# the shipped configuration, the candidates' knobs (kernels/moe/cuda/moe_api.h: MoeConfig) on together, and the
-# previous build's combine pass and one-block routing
-KNOBS = [{}, {"KBENCH_MOE_SKIP_EMPTY_HALVES": "1", "KBENCH_MOE_KEEP_WORKSPACES": "1", "KBENCH_MOE_STAGES": "3"},
-         {"KBENCH_MOE_RED_COMBINE": "0", "KBENCH_MOE_SPLIT_ROUTE": "0"}]
-KNOB_IDS = ["default", "candidates", "combine-pass"]
+# the shipped configuration (the async epilogue), the candidates' knobs (kernels/moe/cuda/moe_api.h: MoeConfig) on
+# together with the consumers' own epilogue, the previous builds' combine pass and one-block routing, and the
+# consumers' own epilogue alone and with Y written
+KNOBS = [{}, {"KBENCH_MOE_SKIP_EMPTY_HALVES": "1", "KBENCH_MOE_KEEP_WORKSPACES": "1", "KBENCH_MOE_STAGES": "3",
+              "KBENCH_MOE_ASYNC_EPILOGUE": "0"},
+         {"KBENCH_MOE_RED_COMBINE": "0", "KBENCH_MOE_SPLIT_ROUTE": "0"},
+         {"KBENCH_MOE_ASYNC_EPILOGUE": "0"}, {"KBENCH_MOE_ASYNC_EPILOGUE": "0", "KBENCH_MOE_RED_COMBINE": "0"}]
+KNOB_IDS = ["default", "candidates", "combine-pass", "sync-epilogue", "sync-epilogue-y"]
 
 
 @pytest.mark.gpu

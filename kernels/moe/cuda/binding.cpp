@@ -164,6 +164,7 @@ static torch::Tensor run_moe(torch::Tensor x, torch::Tensor experts, torch::Tens
   a.skip_empty_halves = config.skip_empty_halves;
   a.stages = config.stages;
   a.split_route = config.split_route;
+  a.async_epilogue = config.async_epilogue;
   a.route_hist = ws.route_hist.data_ptr<int>();
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
   cudaEvent_t events[6];

@@ -13,6 +13,11 @@
 //                red.add, as the reference's index_add_ accumulates in fp16 (each term rounded: fp16 GEMM output,
 //                fp16 product with the score, fp16 sums in whatever order the units finish).
 // Groups 0..E-1 are the routed experts, group E the shared expert (all T tokens, in token order).
+//
+// kAsync (MoeConfig::async_epilogue, the default since 2026-11-25: -3.5% official): the consumers only round their
+// accumulators to fp16 into a per-warpgroup staging buffer (the whole 64 x 256 tile) and start the next unit's MMAs;
+// the producer warpgroup's three idle warps finish the epilogue (GEMM 1's silu * up, GEMM 2's score and red.add /
+// store) while the tensor cores run. The staging buffer takes a ring stage's room: kAsync builds have 3 stages.
 #pragma once
 #include <cstdint>
 #include <cuda.h>
@@ -37,8 +42,13 @@ constexpr int kBBytes = 4 * kBChunk;            // 32 KB
 constexpr int kStageBytes = kABytes + kBBytes;  // 48 KB
 constexpr int kCPitch = 64 * 2 + 16;            // epilogue staging row: 64 fp16 + 16 bytes (conflict-free writes)
 constexpr int kCBytes = 64 * kCPitch;           // per consumer warpgroup
-constexpr int smem_bytes(int stages) {
-  return 1024 + stages * kStageBytes + 2 * kCBytes + 2 * stages * 8 + 2 * (kMaxGroups + 1) * 4;
+constexpr int kStagePitch = 256 * 2 + 16;       // kAsync staging row: 256 fp16 + 16 bytes (conflict-free writes)
+constexpr int kStageCBytes = 64 * kStagePitch;  // kAsync: per consumer warpgroup, its 64 rows x 256 columns
+constexpr int kEpiThreads = 96;                 // kAsync: the producer warpgroup's warps 1-3
+constexpr int kRowTabBytes = kBM * 16;          // kAsync: per tile row, its output offset (8 bytes) and scale
+constexpr int smem_bytes(int stages, bool async = false) {
+  return 1024 + stages * kStageBytes + (async ? 2 * kStageCBytes + kRowTabBytes + 4 * 8 : 2 * kCBytes) +
+         2 * stages * 8 + 2 * (kMaxGroups + 1) * 4;
 }
 
 // meta (int32, written by route_kernel): [0, G]: first sorted row of group g (G = groups, so [G] = the end),
@@ -92,6 +102,32 @@ __device__ __forceinline__ __half glu(float gate, float up) {
   return __float2half_rn(s * __half2float(__float2half_rn(up)));
 }
 
+// Where row `local` of unit w goes: the element offset of its first column in the output (H, Y or the token's output
+// row), or -1 past the group's end; `scale` the fp16 score it is multiplied by (1 but for GEMM 2's routed rows when
+// accumulating).
+template <bool kGlu>
+__device__ __forceinline__ long long row_target(const GemmParams& p, const Unit& w, int local, bool accumulate,
+                                                __half2& scale) {
+  scale = __float2half2_rn(1.0f);
+  if (local >= w.rows) return -1;
+  const int G = p.groups;
+  long long out_row;
+  if constexpr (kGlu) {
+    out_row = w.row0 + local;  // H keeps the sorted order (routed rows, then the shared expert's)
+  } else if (accumulate) {     // the token's output row
+    if (w.g == G - 1) {
+      out_row = local;
+    } else {
+      const int pair = p.out_rows[w.row0 + local];
+      out_row = pair / p.K;
+      scale = __half2half2(p.scores[pair]);
+    }
+  } else {
+    out_row = w.g == G - 1 ? p.shared_out_row0 + local : p.out_rows[w.row0 + local];
+  }
+  return out_row * p.n_out;
+}
+
 // out[0..7] += v[0..7] (fp16, each sum rounded to nearest, subnormals kept), one 16-byte reduction in L2.
 __device__ __forceinline__ void red_add_f16x8(__half* out, const uint4& v) {
   asm volatile("red.global.add.noftz.v4.f16x2 [%0], {%1, %2, %3, %4};" ::"l"(out), "r"(v.x), "r"(v.y), "r"(v.z),
@@ -133,7 +169,61 @@ __device__ __forceinline__ void produce(const GemmParams& p, const int* s_meta, 
   }
 }
 
-template <bool kGlu, int kStages>
+
+// kAsync: the producer warpgroup's warps 1-3 (e = 0..95) finish every unit's epilogue from the consumers' staging
+// buffers, warpgroup 0's rows then warpgroup 1's, while the consumers run the next unit's MMAs. A warp takes one
+// staged row at a time (512 bytes: 16 bytes a lane), so its global writes are whole row segments.
+template <bool kGlu>
+__device__ __forceinline__ void drain_epilogues(const GemmParams& p, const int* s_meta, const uint8_t* s_stage,
+                                                long long* s_off, __half2* s_scale, uint64_t* stg_full,
+                                                uint64_t* stg_empty, int units, int e) {
+  const bool accumulate = !kGlu && p.out_slot != nullptr;
+  __half* const out = accumulate ? *p.out_slot : p.out;
+  const int warp = e / 32, lane = e % 32;
+  uint32_t phase = 0;
+  for (int u = blockIdx.x; u < units; u += gridDim.x) {
+    const Unit w = decode(s_meta, p.groups, p.n_tiles, u);
+    named_bar_sync(3, kEpiThreads);  // every warp is done with the previous unit's table
+    for (int r = e; r < kBM; r += kEpiThreads)
+      s_off[r] = row_target<kGlu>(p, w, w.mt * kBM + r, accumulate, s_scale[r]);
+    named_bar_sync(3, kEpiThreads);
+    __half* const dst = out + w.nt * (kGlu ? 128 : 256);
+    for (int cw = 0; cw < 2; ++cw) {
+      mbar_wait(&stg_full[cw], phase);
+      for (int r = warp; r < 64; r += kEpiThreads / 32) {
+        const long long off = s_off[cw * 64 + r];
+        if (off < 0) continue;
+        const uint8_t* src = s_stage + cw * kStageCBytes + r * kStagePitch;
+        if constexpr (kGlu) {  // H columns 4 lane .. 4 lane + 3: gate at staged columns 0..127, up at 128..255
+          uint2 gv = *reinterpret_cast<const uint2*>(src + lane * 8);
+          uint2 uv = *reinterpret_cast<const uint2*>(src + 256 + lane * 8);
+          const __half* gh = reinterpret_cast<const __half*>(&gv);
+          const __half* uh = reinterpret_cast<const __half*>(&uv);
+          uint2 hv;
+          __half* hh = reinterpret_cast<__half*>(&hv);
+#pragma unroll
+          for (int j = 0; j < 4; ++j) hh[j] = glu(__half2float(gh[j]), __half2float(uh[j]));
+          *reinterpret_cast<uint2*>(dst + off + lane * 4) = hv;
+        } else {
+          uint4 v = *reinterpret_cast<const uint4*>(src + lane * 16);
+          if (accumulate) {  // the reference's out.mul_(score), then its fp16 index_add_
+            __half2* h = reinterpret_cast<__half2*>(&v);
+            const __half2 sc = s_scale[cw * 64 + r];
+#pragma unroll
+            for (int j = 0; j < 4; ++j) h[j] = __hmul2(h[j], sc);
+            red_add_f16x8(dst + off + lane * 8, v);
+          } else {
+            *reinterpret_cast<uint4*>(dst + off + lane * 8) = v;
+          }
+        }
+      }
+      mbar_arrive(&stg_empty[cw]);  // every thread: its own reads are ordered before the consumers' next writes
+    }
+    phase ^= 1;
+  }
+}
+
+template <bool kGlu, int kStages, bool kAsync = false>
 __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_kernel(const __grid_constant__ GemmParams p) {
   static_assert(kStages >= 2 && kStages <= kMaxStages, "the ring needs two stages and fits four");
   extern __shared__ uint8_t smem_raw[];
@@ -141,10 +231,14 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_kernel(const __grid_
   uint8_t* base = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
   uint8_t* s_a = base;
   uint8_t* s_b = s_a + kStages * kABytes;
-  uint8_t* s_c = s_b + kStages * kBBytes;
-  uint64_t* full = reinterpret_cast<uint64_t*>(s_c + 2 * kCBytes);
+  uint8_t* s_c = s_b + kStages * kBBytes;  // the epilogue's staging (kAsync: 2 x kStageCBytes, then the row table)
+  long long* s_off = reinterpret_cast<long long*>(s_c + 2 * kStageCBytes);  // kAsync only
+  __half2* s_scale = reinterpret_cast<__half2*>(s_off + kBM);
+  uint64_t* full = reinterpret_cast<uint64_t*>(kAsync ? s_c + 2 * kStageCBytes + kRowTabBytes : s_c + 2 * kCBytes);
   uint64_t* empty = full + kStages;
-  int* s_meta = reinterpret_cast<int*>(empty + kStages);
+  uint64_t* stg_full = empty + kStages;  // kAsync: per consumer warpgroup, its staged rows are there
+  uint64_t* stg_empty = stg_full + 2;    // kAsync: the epilogue warps are done with them
+  int* s_meta = reinterpret_cast<int*>(kAsync ? stg_empty + 2 : empty + kStages);
 
   const int G = p.groups;
   for (int i = threadIdx.x; i < 2 * (G + 1); i += blockDim.x) s_meta[i] = p.meta[i];
@@ -152,6 +246,12 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_kernel(const __grid_
     for (int s = 0; s < kStages; ++s) {
       mbar_init(&full[s], 1);  // the producer's arrive_expect_tx (the TMA bytes complete the phase)
       mbar_init(&empty[s], 8);  // one arrive per consumer warp
+    }
+    if constexpr (kAsync) {
+      for (int c = 0; c < 2; ++c) {
+        mbar_init(&stg_full[c], 128);         // one arrive per consumer thread
+        mbar_init(&stg_empty[c], kEpiThreads);  // one arrive per epilogue thread
+      }
     }
     fence_mbar_init();
   }
@@ -163,6 +263,10 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_kernel(const __grid_
   if (wg == 0) {
     setmaxnreg_dec<56>();
     if (threadIdx.x == 0) produce<kGlu, kStages>(p, s_meta, s_a, s_b, full, empty, units, num_kb);
+    if constexpr (kAsync) {
+      if (threadIdx.x >= 32)
+        drain_epilogues<kGlu>(p, s_meta, s_c, s_off, s_scale, stg_full, stg_empty, units, threadIdx.x - 32);
+    }
     return;
   }
 
@@ -177,6 +281,7 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_kernel(const __grid_
   __half* const out = accumulate ? *p.out_slot : p.out;
   int s = 0;
   uint32_t phase = 0;
+  uint32_t stg_phase = 0;  // kAsync
 
   for (int u = blockIdx.x; u < units; u += gridDim.x) {
     const Unit w = decode(s_meta, G, p.n_tiles, u);
@@ -209,32 +314,30 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_kernel(const __grid_
     long long out_off[4];                        // element offset of the row's first column, or -1: past the group
     __half2 scale[4];                            // accumulate: the row's score (1 for the shared expert's rows)
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const int local = row_base + t / 8 + 16 * i;
-      long long out_row = -1;
-      scale[i] = __float2half2_rn(1.0f);
-      if (local < w.rows) {
-        if constexpr (kGlu) {
-          out_row = w.row0 + local;  // H keeps the sorted order (routed rows, then the shared expert's)
-        } else if (accumulate) {  // the token's output row
-          if (w.g == G - 1) {
-            out_row = local;
-          } else {
-            const int pair = p.out_rows[w.row0 + local];
-            out_row = pair / p.K;
-            scale[i] = __half2half2(p.scores[pair]);
-          }
-        } else {
-          out_row = w.g == G - 1 ? p.shared_out_row0 + local : p.out_rows[w.row0 + local];
-        }
-      }
-      out_off[i] = out_row < 0 ? -1 : out_row * p.n_out + (t % 8) * 8;
+    for (int i = 0; i < 4 && !kAsync; ++i) {  // (kAsync: the epilogue warps find the rows)
+      out_off[i] = row_target<kGlu>(p, w, row_base + t / 8 + 16 * i, accumulate, scale[i]);
+      if (out_off[i] >= 0) out_off[i] += (t % 8) * 8;
     }
     wgmma_wait<0>();
 #pragma unroll
     for (int i = 0; i < 128; ++i) reg_fence(acc[i]);
     __syncwarp();
     if (lane == 0 && prev >= 0) mbar_arrive(&empty[prev]);
+    if constexpr (kAsync) {  // fp16 into the staging buffer once the epilogue warps have drained the last unit's
+      mbar_wait(&stg_empty[cw], stg_phase ^ 1);
+      if (!idle) {
+        uint8_t* rows = s_c + cw * kStageCBytes;
+#pragma unroll
+        for (int c = 0; c < 32; ++c)
+#pragma unroll
+          for (int h = 0; h < 2; ++h)
+            *reinterpret_cast<__half2*>(rows + (frag_row + 8 * h) * kStagePitch + (8 * c + frag_col) * 2) =
+                __floats2half2_rn(acc[4 * c + 2 * h], acc[4 * c + 2 * h + 1]);
+      }
+      mbar_arrive(&stg_full[cw]);  // every thread: its own writes are released to the epilogue warps
+      stg_phase ^= 1;
+      continue;
+    }
     if (idle) continue;  // no rows of this warpgroup to store
 
     // Epilogue: 64-column passes through shared memory, so global stores are 128-byte row segments.

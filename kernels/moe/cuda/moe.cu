@@ -54,11 +54,14 @@ bool map_f16(CUtensorMap* map, const void* ptr, uint64_t cols, uint64_t rows, ui
 
 // The grouped GEMM for one use (glu: GEMM 1, else GEMM 2) and ring depth (MoeConfig::stages, 3 or 4): the one
 // place that picks an instantiation, for the launches and the shared-memory attribute alike.
+// async (MoeConfig::async_epilogue) builds have 3 stages: the staging buffer takes the fourth's room.
 using GemmKernel = void (*)(GemmParams);
-GemmKernel gemm_kernel(bool glu, int stages) {
+GemmKernel gemm_kernel(bool glu, int stages, bool async) {
+  if (async) return glu ? grouped_gemm_kernel<true, 3, true> : grouped_gemm_kernel<false, 3, true>;
   if (stages == 3) return glu ? grouped_gemm_kernel<true, 3> : grouped_gemm_kernel<false, 3>;
   return glu ? grouped_gemm_kernel<true, 4> : grouped_gemm_kernel<false, 4>;
 }
+int gemm_smem_bytes(int stages, bool async) { return async ? smem_bytes(3, true) : smem_bytes(stages); }
 
 struct DeviceInfo {
   int sms = 0;
@@ -75,7 +78,9 @@ const DeviceInfo& device_info() {
     cudaDeviceGetAttribute(&d.sms, cudaDevAttrMultiProcessorCount, dev);
     for (const int stages : {3, 4})
       for (const bool glu : {false, true})
-        cudaFuncSetAttribute(gemm_kernel(glu, stages), cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes(stages));
+        for (const bool async : {false, true})
+          cudaFuncSetAttribute(gemm_kernel(glu, stages, async), cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               gemm_smem_bytes(stages, async));
   }
   return d;
 }
@@ -97,13 +102,15 @@ MoeConfig moe_config(int, int, int) {
   const int stages = kb::env_int("KBENCH_MOE_STAGES", 4) == 3 ? 3 : 4;
   return MoeConfig{kb::env_int("KBENCH_MOE_SKIP_EMPTY_HALVES", 0) != 0,
                    kb::env_int("KBENCH_MOE_KEEP_WORKSPACES", 0) != 0, stages,
-                   kb::env_int("KBENCH_MOE_RED_COMBINE", 1) != 0, kb::env_int("KBENCH_MOE_SPLIT_ROUTE", 1) != 0};
+                   kb::env_int("KBENCH_MOE_RED_COMBINE", 1) != 0, kb::env_int("KBENCH_MOE_SPLIT_ROUTE", 1) != 0,
+                   kb::env_int("KBENCH_MOE_ASYNC_EPILOGUE", 3) & 3};
 }
 
 void moe_describe(const MoeConfig& c, char* buf, int size) {
   snprintf(buf, size,
-           "MoeConfig{skip_empty_halves=%d, keep_workspaces=%d, stages=%d, red_combine=%d, split_route=%d}",
-           c.skip_empty_halves, c.keep_workspaces, c.stages, c.red_combine, c.split_route);
+           "MoeConfig{skip_empty_halves=%d, keep_workspaces=%d, stages=%d, red_combine=%d, split_route=%d, "
+           "async_epilogue=%d}",
+           c.skip_empty_halves, c.keep_workspaces, c.stages, c.red_combine, c.split_route, c.async_epilogue);
 }
 
 const char* moe_run(const MoeArgs& a, cudaStream_t stream, cudaEvent_t* events) {
@@ -153,9 +160,10 @@ const char* moe_run(const MoeArgs& a, cudaStream_t stream, cudaEvent_t* events) 
   g2.scores = static_cast<const __half*>(a.scores);
   g2.K = a.K;
   g1.skip_empty_halves = g2.skip_empty_halves = a.skip_empty_halves;
-  gemm_kernel(true, a.stages)<<<info.sms, kThreads, smem_bytes(a.stages), stream>>>(g1);
+  const bool async1 = a.async_epilogue & 1, async2 = a.async_epilogue & 2;
+  gemm_kernel(true, a.stages, async1)<<<info.sms, kThreads, gemm_smem_bytes(a.stages, async1), stream>>>(g1);
   mark(3);
-  gemm_kernel(false, a.stages)<<<info.sms, kThreads, smem_bytes(a.stages), stream>>>(g2);
+  gemm_kernel(false, a.stages, async2)<<<info.sms, kThreads, gemm_smem_bytes(a.stages, async2), stream>>>(g2);
   mark(4);
   if (a.out && !out_slot) moe_run_combine(a.y, a.scores, a.out, a.T, a.K, a.d, stream);
   mark(5);

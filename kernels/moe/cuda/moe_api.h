@@ -29,19 +29,23 @@ struct MoeArgs {
   int skip_empty_halves;  // MoeConfig::skip_empty_halves
   int stages;             // MoeConfig::stages
   int split_route;        // MoeConfig::split_route
+  int async_epilogue;     // MoeConfig::async_epilogue
   int* route_hist;        // split_route: [moe_route_blocks(T*K)][E] per-block expert counts
 };
 
 // A named configuration (KBENCH_PRINT_CONFIG=1 prints the one picked for each shape). The defaults are the measured
 // build; the knobs KBENCH_MOE_SKIP_EMPTY_HALVES=1, KBENCH_MOE_KEEP_WORKSPACES=1 and KBENCH_MOE_STAGES=3 turn on
-// candidates that benchmarks/moe.py times beside it, KBENCH_MOE_RED_COMBINE=0 and KBENCH_MOE_SPLIT_ROUTE=0 the
-// previous build's combine pass and one-block routing (docs/moe-notes.md).
+// candidates that benchmarks/moe.py times beside it; KBENCH_MOE_ASYNC_EPILOGUE=0/1/2 (the consumers' own epilogue in
+// both GEMMs, in GEMM 2, in GEMM 1), KBENCH_MOE_RED_COMBINE=0 and KBENCH_MOE_SPLIT_ROUTE=0 bring back earlier builds'
+// epilogue, combine pass and one-block routing (docs/moe-notes.md).
 struct MoeConfig {
   bool skip_empty_halves;  // GEMM consumers with no rows in the last m-tile of a group issue no MMAs
   bool keep_workspaces;    // the gather, H and Y workspaces stay allocated across calls of one shape
-  int stages;              // the GEMMs' shared-memory ring: 4 or 3 stages (KBENCH_MOE_STAGES)
+  int stages;              // the synchronous-epilogue GEMMs' shared-memory ring: 4 or 3 stages (KBENCH_MOE_STAGES)
   bool red_combine;        // GEMM 2's epilogue adds score * expert output into the zeroed output (fp16 red.add)
   bool split_route;        // the routing sort in two launches of many blocks instead of one block
+  int async_epilogue;      // bit 0: GEMM 1, bit 1: GEMM 2 hand their epilogue to the producer warpgroup's idle warps
+                           // (3 stages; KBENCH_MOE_ASYNC_EPILOGUE)
 };
 MoeConfig moe_config(int T, int K, int E);
 void moe_describe(const MoeConfig& c, char* buf, int size);
