@@ -18,6 +18,9 @@ with a pair of CUDA events recorded around the same call. Then --runs more calls
 Rows: metric host-loop, backend "<backend>/host", "<backend>/device", "<backend>/flushed", "<backend>/issue"
 (<backend>: --label where given).
 --cprofile: the Python profile (cProfile, top 15 by cumulative time) of the timed runs of each case.
+--leaderboard: the inputs of every run regenerated as leaderboard mode does (the case seed + 13 (i + 1), generated
+while the previous run's inputs are still held, then cloned where the protocol clones), so they move between runs;
+rows under "<backend>[leaderboard]/..." (the flushed column then regenerates too).
 --profile N: then N more runs of the official window under the torch profiler, and per kernel (CUPTI's trace: the
 kernels inside a replayed graph count) the launches a run and the mean / min / max duration: which kernel varies.
 """
@@ -71,6 +74,20 @@ def timed_runs(call, given_for_run, runs: int, flush=None, clock=lambda: None):
     return out
 
 
+def reseeded_inputs(ref, case, data, clone_inputs: bool, step: int):
+    """A given_for_run for timed_runs that regenerates the inputs as leaderboard mode does: run i's seed is the
+    case's + step * (i + 1), generated while the previous run's inputs are still held (the harness rebinds its
+    `data` after generating), then cloned where the protocol clones."""
+    held = {"data": data, "i": 0}
+
+    def given():
+        held["i"] += 1
+        seeded = dict(problems.official_case(case), seed=problems.official_case(case)["seed"] + step * held["i"])
+        held["data"] = ref.generate_input(**seeded)
+        return guards.clone(held["data"]) if clone_inputs else held["data"]
+    return given
+
+
 def kernel_spread(call, given_for_run, runs: int) -> list[list[str]]:
     """runs calls in the official window under the torch profiler: per kernel name, [name, launches a run, mean,
     min, max us], the longest total first."""
@@ -97,6 +114,8 @@ def main():
     ap.add_argument("--rev", metavar="REV", help="the backend as it was at this git revision (or a carried kernels "
                     "folder, benchlib.kernels_at); rows under benchlib.revision_label")
     ap.add_argument("--label", help="the rows' backend name (a build run with a knob set, e.g. cuda[full-key])")
+    ap.add_argument("--leaderboard", action="store_true",
+                    help="regenerate the inputs every run as leaderboard mode does (they move between runs)")
     args = ap.parse_args()
     spec = problems.load_spec(args.problem)
     if spec.distributed:
@@ -104,6 +123,8 @@ def main():
                          "(benchmarks/distributed.py)")
     mod = benchlib.build(args.problem, args.backend, rev=args.rev)
     label_backend = args.label or (benchlib.revision_label(args.backend, args.rev) if args.rev else args.backend)
+    if args.leaderboard:
+        label_backend += "[leaderboard]"
     ref = problems.load_modules(args.problem).reference
     clone_inputs = spec.protocol.clone_inputs
     flush_buf = torch.empty(64 * 1024 * 1024, dtype=torch.int32, device="cuda")
@@ -120,6 +141,8 @@ def main():
         if not ok:
             raise SystemExit(f"{label_backend} fails {line}: fix it before timing")
         next_given = (lambda: guards.clone(data)) if clone_inputs else (lambda: data)
+        if args.leaderboard:
+            next_given = reseeded_inputs(ref, case, data, clone_inputs, spec.protocol.reseed_step)
         if label:
             timed_runs(mod.custom_kernel, next_given, 3)
             continue
