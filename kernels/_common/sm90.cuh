@@ -68,29 +68,6 @@ __device__ __forceinline__ void tma_load_2d(void* dst, const CUtensorMap* map, u
       : "memory");
 }
 
-// ---- tensor maps written on the device (the host encodes one template per shape, not one map per tensor) ------
-// The global address in the map at `smem_map` (shared memory, 128-byte aligned) replaced by `addr`.
-__device__ __forceinline__ void tensormap_replace_address(void* smem_map, const void* addr) {
-  asm volatile("tensormap.replace.tile.global_address.shared::cta.b1024.b64 [%0], %1;" ::"r"(smem_u32(smem_map)),
-               "l"(reinterpret_cast<uint64_t>(addr))
-               : "memory");
-}
-
-// Warp-collective: the map at `smem_map` copied to `gmem_map` and released to the tensor-map proxy (gpu scope).
-__device__ __forceinline__ void tensormap_store_release(CUtensorMap* gmem_map, const void* smem_map) {
-  asm volatile(
-      "tensormap.cp_fenceproxy.global.shared::cta.tensormap::generic.release.gpu.sync.aligned [%0], [%1], 128;" ::"l"(
-          reinterpret_cast<uint64_t>(gmem_map)),
-      "r"(smem_u32(smem_map))
-      : "memory");
-}
-
-// Before a thread's TMA reads a map that an earlier kernel wrote with tensormap_store_release.
-__device__ __forceinline__ void tensormap_acquire(const CUtensorMap* gmem_map) {
-  asm volatile("fence.proxy.tensormap::generic.acquire.gpu [%0], 128;" ::"l"(reinterpret_cast<uint64_t>(gmem_map))
-               : "memory");
-}
-
 // ---- wgmma bookkeeping ----------------------------------------------------------------------------------
 // Orders prior register/shared accesses before the next wgmma reads them.
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }

@@ -27,7 +27,7 @@ void check_weights(const std::vector<torch::Tensor>& ws, int64_t rows, int64_t c
 }
 
 struct Workspaces {
-  torch::Tensor meta, rows_pair, pair_row, route_hist, xs, h, y, weight_maps;
+  torch::Tensor meta, rows_pair, pair_row, route_hist, xs, h, y;
 };
 
 // y only without red_combine (GEMM 2 then adds into the output instead: 587 MB less at 8192 tokens).
@@ -38,8 +38,7 @@ Workspaces make_workspaces(const torch::Tensor& x, int64_t T, int64_t K, int64_t
   return Workspaces{torch::empty({2 * (E + 2)}, i32), torch::empty({T * K}, i32), torch::empty({T * K}, i32),
                     torch::empty({moe_route_blocks(static_cast<int>(T * K)) * E}, i32),
                     torch::empty({T * K, d}, x.options()),
-                    torch::empty({T * K + T, dexp}, x.options()), torch::empty({y_rows, d}, x.options()),
-                    torch::empty({kMoeWeightMapBytes}, x.options().dtype(torch::kByte))};
+                    torch::empty({T * K + T, dexp}, x.options()), torch::empty({y_rows, d}, x.options())};
 }
 
 // The call's workspaces. keep: the last shape's stay allocated per device and are reused by the next call of the
@@ -167,7 +166,6 @@ static torch::Tensor run_moe(torch::Tensor x, torch::Tensor experts, torch::Tens
   a.split_route = config.split_route;
   a.async_epilogue = config.async_epilogue;
   a.route_hist = ws.route_hist.data_ptr<int>();
-  a.weight_maps = ws.weight_maps.data_ptr();  // the caching allocator's blocks are 512-byte aligned
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
   cudaEvent_t events[6];
   if (stage_ms)

@@ -55,8 +55,7 @@ constexpr int smem_bytes(int stages, bool async = false) {
 // then [G+1, 2G+1]: first m-tile of group g (prefix of ceil(rows_g / 128)).
 struct GemmParams {
   CUtensorMap a[2];               // kGlu: [0] the gathered routed rows, [1] x (the shared group); else [0] H
-  const CUtensorMap* b;            // device memory (write_weight_maps_kernel): kGlu: gate of group g at [g], up at
-                                  // [kMaxGroups + g]; else down at [g]
+  CUtensorMap b[2 * kMaxGroups];  // kGlu: gate of group g at [g], up at [kMaxGroups + g]; else down at [g]
   const int* meta;
   const int* out_rows;            // !kGlu: Y row of each sorted routed row (its pair index)
   __half* out;                    // kGlu: H; else Y (unless out_slot)
@@ -136,27 +135,6 @@ __device__ __forceinline__ void red_add_f16x8(__half* out, const uint4& v) {
                : "memory");
 }
 
-// The expert weights' tensor maps, written on the device: the host encodes one template per weight shape instead of
-// one map per weight (cuTensorMapEncodeTiled: ~3 us a map on the H100 machines' host, ~300 us a call for 99 weights
-// at new addresses, as every leaderboard-mode run brings). Block g, warp j: maps[j * kMaxGroups + g] = templ[j]
-// pointing at weight[j][g] (j: 0 gate, 1 up, 2 down).
-struct WeightMaps {
-  CUtensorMap templ[3];
-  const void* weight[3][kMaxGroups];
-};
-
-__global__ void __launch_bounds__(96) write_weight_maps_kernel(const __grid_constant__ WeightMaps m,
-                                                                CUtensorMap* maps) {
-  __shared__ alignas(128) CUtensorMap s_map[3];
-  const int j = threadIdx.x / 32, g = blockIdx.x;
-  if (threadIdx.x % 32 == 0) {
-    s_map[j] = m.templ[j];
-    tensormap_replace_address(&s_map[j], m.weight[j][g]);
-  }
-  __syncwarp();
-  tensormap_store_release(&maps[j * kMaxGroups + g], &s_map[j]);
-}
-
 // The producer (one thread): for each of this CTA's units, every k-block's A tile and four B boxes into the next
 // free stage.
 template <bool kGlu, int kStages>
@@ -165,14 +143,8 @@ __device__ __forceinline__ void produce(const GemmParams& p, const int* s_meta, 
   const int G = p.groups;
   int s = 0;
   uint32_t phase = 0;
-  int acquired_g = -1;
   for (int u = blockIdx.x; u < units; u += gridDim.x) {
     const Unit w = decode(s_meta, G, p.n_tiles, u);
-    if (w.g != acquired_g) {  // this group's B maps, as write_weight_maps_kernel released them
-      tensormap_acquire(&p.b[w.g]);
-      if constexpr (kGlu) tensormap_acquire(&p.b[kMaxGroups + w.g]);
-      acquired_g = w.g;
-    }
     const bool shared_x = kGlu && w.g == G - 1;  // GEMM 1 reads the shared expert's rows from x itself
     const CUtensorMap* amap = &p.a[shared_x ? 1 : 0];
     // A group's last m-tile reads on into the next group's rows (its results there are never stored). Keep it so:

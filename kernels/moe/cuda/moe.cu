@@ -1,7 +1,6 @@
-// Host side of the MoE CUDA backend: tensor maps for every expert weight (read in place, no stacking; written on the
-// device from one template per shape), then route -> gather -> grouped GEMM 1 -> grouped GEMM 2 (adding into the
-// output; or writing Y, then the combine: the previous path, red_combine off), back to back on one stream. No torch
-// here.
+// Host side of the MoE CUDA backend: tensor maps for every expert weight (read in place, no stacking), then
+// route -> gather -> grouped GEMM 1 -> grouped GEMM 2 (adding into the output; or writing Y, then the combine: the
+// previous path, red_combine off), back to back on one stream. No torch here.
 #include <cuda.h>
 #include <cuda_runtime.h>
 
@@ -17,8 +16,6 @@
 #include "tma_host.h"
 
 namespace moe {
-static_assert(kMaxGroups == kMoeMaxRouted + 1 && kMoeWeightMapBytes == 3 * kMaxGroups * sizeof(CUtensorMap),
-              "MoeArgs::weight_maps holds write_weight_maps_kernel's three maps a group");
 namespace {
 
 // 2-D fp16 map over a row-major [rows][cols] array, 64 x box_rows boxes (128 bytes of a row: one swizzle span).
@@ -52,28 +49,6 @@ bool map_f16(CUtensorMap* map, const void* ptr, uint64_t cols, uint64_t rows, ui
     return false;
   if (cache.size() > 4096) cache.clear();  // bounded: addresses of freed tensors accumulate otherwise
   cache.emplace(key, *map);
-  return true;
-}
-
-// The template maps of the weights (gate, up: [d][dexp]; down: [dexp][d]) for write_weight_maps_kernel, encoded
-// once per shape (any weight's address serves: the kernel replaces it).
-bool weight_templates(CUtensorMap templ[3], const MoeArgs& a) {
-  static std::mutex mu;
-  static int cached_d = 0, cached_dexp = 0;
-  static CUtensorMap cached[3];
-  std::lock_guard<std::mutex> lock(mu);
-  if (cached_d != a.d || cached_dexp != a.dexp) {
-    cached_d = 0;
-    if (!kb::make_map_2d(&cached[0], CU_TENSOR_MAP_DATA_TYPE_FLOAT16, a.w_gate[0], a.dexp, a.d, a.dexp * 2ull, 64,
-                         kBK, CU_TENSOR_MAP_SWIZZLE_128B) ||
-        !kb::make_map_2d(&cached[2], CU_TENSOR_MAP_DATA_TYPE_FLOAT16, a.w_down[0], a.d, a.dexp, a.d * 2ull, 64, kBK,
-                         CU_TENSOR_MAP_SWIZZLE_128B))
-      return false;
-    cached[1] = cached[0];  // up has gate's shape
-    cached_d = a.d;
-    cached_dexp = a.dexp;
-  }
-  for (int j = 0; j < 3; ++j) templ[j] = cached[j];
   return true;
 }
 
@@ -145,20 +120,8 @@ const char* moe_run(const MoeArgs& a, cudaStream_t stream, cudaEvent_t* events) 
   auto mark = [&](int i) {
     if (events) cudaEventRecord(events[i], stream);
   };
-  // The weights' tensor maps are written on the device first (no encoding on the host: leaderboard mode brings
-  // new weights every call); the routing and the gather launch next, and the A maps are made (or found in the
-  // cache) while they run.
-  WeightMaps wm{};
-  if (!weight_templates(wm.templ, a))
-    return "moe cuda: cuTensorMapEncodeTiled failed (driver entry point missing or misaligned weights)";
-  for (int g = 0; g < G; ++g) {
-    wm.weight[0][g] = a.w_gate[g];
-    wm.weight[1][g] = a.w_up[g];
-    wm.weight[2][g] = a.w_down[g];
-  }
-  CUtensorMap* const maps = static_cast<CUtensorMap*>(a.weight_maps);
+  // The routing and the gather launch first; the ~100 tensor maps are made (or found in the cache) while they run.
   mark(0);
-  write_weight_maps_kernel<<<G, 96, 0, stream>>>(wm, maps);
   if (a.split_route) {
     const int blocks = route_blocks(pairs);
     route_count_kernel<<<blocks, kRouteThreads, 0, stream>>>(a.experts, pairs, a.E, a.route_hist);
@@ -173,10 +136,13 @@ const char* moe_run(const MoeArgs& a, cudaStream_t stream, cudaEvent_t* events) 
   gather_kernel<<<a.T, 256, 0, stream>>>(static_cast<const __half*>(a.x), a.pair_row, static_cast<__half*>(a.xs),
                                         a.K, a.d, out_slot);
   mark(2);
-  const bool ok = map_f16(&g1.a[0], a.xs, a.d, pairs, kBM) && map_f16(&g1.a[1], a.x, a.d, a.T, kBM) &&
-                  map_f16(&g2.a[0], a.h, a.dexp, pairs + a.T, kBM);
-  g1.b = maps;
-  g2.b = maps + 2 * kMaxGroups;
+  bool ok = map_f16(&g1.a[0], a.xs, a.d, pairs, kBM) && map_f16(&g1.a[1], a.x, a.d, a.T, kBM) &&
+            map_f16(&g2.a[0], a.h, a.dexp, pairs + a.T, kBM);
+  for (int g = 0; ok && g < G; ++g) {
+    ok = map_f16(&g1.b[g], a.w_gate[g], a.dexp, a.d, kBK) &&
+         map_f16(&g1.b[kMaxGroups + g], a.w_up[g], a.dexp, a.d, kBK) &&
+         map_f16(&g2.b[g], a.w_down[g], a.d, a.dexp, kBK);
+  }
   if (!ok) return "moe cuda: cuTensorMapEncodeTiled failed (driver entry point missing or misaligned weights)";
   g1.meta = g2.meta = a.meta;
   g1.groups = g2.groups = G;

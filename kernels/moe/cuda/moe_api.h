@@ -31,9 +31,7 @@ struct MoeArgs {
   int split_route;        // MoeConfig::split_route
   int async_epilogue;     // MoeConfig::async_epilogue
   int* route_hist;        // split_route: [moe_route_blocks(T*K)][E] per-block expert counts
-  void* weight_maps;      // kMoeWeightMapBytes, 128-byte aligned: the weights' tensor maps, written by the call
 };
-constexpr int kMoeWeightMapBytes = 3 * (kMoeMaxRouted + 1) * 128;
 
 // A named configuration (KBENCH_PRINT_CONFIG=1 prints the one picked for each shape). The defaults are the measured
 // build; the knobs KBENCH_MOE_SKIP_EMPTY_HALVES=1, KBENCH_MOE_KEEP_WORKSPACES=1 and KBENCH_MOE_STAGES=3 turn on
