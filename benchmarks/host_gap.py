@@ -78,12 +78,12 @@ def reseeded_inputs(ref, case, data, clone_inputs: bool, step: int):
     """A given_for_run for timed_runs that regenerates the inputs as leaderboard mode does: run i's seed is the
     case's + step * (i + 1), generated while the previous run's inputs are still held (the harness rebinds its
     `data` after generating), then cloned where the protocol clones."""
+    base = problems.official_case(case)
     held = {"data": data, "i": 0}
 
     def given():
         held["i"] += 1
-        seeded = dict(problems.official_case(case), seed=problems.official_case(case)["seed"] + step * held["i"])
-        held["data"] = ref.generate_input(**seeded)
+        held["data"] = ref.generate_input(**dict(base, seed=base["seed"] + step * held["i"]))
         return guards.clone(held["data"]) if clone_inputs else held["data"]
     return given
 

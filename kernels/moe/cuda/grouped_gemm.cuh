@@ -169,7 +169,6 @@ __device__ __forceinline__ void produce(const GemmParams& p, const int* s_meta, 
   }
 }
 
-
 // kAsync: the producer warpgroup's warps 1-3 (e = 0..95) finish every unit's epilogue from the consumers' staging
 // buffers, warpgroup 0's rows then warpgroup 1's, while the consumers run the next unit's MMAs. A warp takes one
 // staged row at a time (512 bytes: 16 bytes a lane), so its global writes are whole row segments.
@@ -313,10 +312,12 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_kernel(const __grid_
     const int row_base = w.mt * kBM + cw * 64;  // first row of this warpgroup within the group
     long long out_off[4];                        // element offset of the row's first column, or -1: past the group
     __half2 scale[4];                            // accumulate: the row's score (1 for the shared expert's rows)
+    if constexpr (!kAsync) {  // (kAsync: the epilogue warps find the rows)
 #pragma unroll
-    for (int i = 0; i < 4 && !kAsync; ++i) {  // (kAsync: the epilogue warps find the rows)
-      out_off[i] = row_target<kGlu>(p, w, row_base + t / 8 + 16 * i, accumulate, scale[i]);
-      if (out_off[i] >= 0) out_off[i] += (t % 8) * 8;
+      for (int i = 0; i < 4; ++i) {
+        out_off[i] = row_target<kGlu>(p, w, row_base + t / 8 + 16 * i, accumulate, scale[i]);
+        if (out_off[i] >= 0) out_off[i] += (t % 8) * 8;
+      }
     }
     wgmma_wait<0>();
 #pragma unroll
