@@ -20,17 +20,25 @@ Rows: metric host-loop, backend "<backend>/host", "<backend>/device", "<backend>
 --cprofile: the Python profile (cProfile, top 15 by cumulative time) of the timed runs of each case.
 --leaderboard: the inputs of every run regenerated as leaderboard mode does (the case seed + 13 (i + 1), generated
 while the previous run's inputs are still held, then cloned where the protocol clones), so they move between runs;
-rows under "<backend>[leaderboard]/..." (the flushed column then regenerates too).
+rows under "<backend>[leaderboard]/..." (the flushed column then regenerates too). --check-each: every run's output
+checked after its window too, as leaderboard mode does (rows "<backend>[leaderboard+check]/...").
 --profile N: then N more runs of the official window under the torch profiler, and per kernel (CUPTI's trace: the
 kernels inside a replayed graph count) the launches a run and the mean / min / max duration: which kernel varies.
+--host-trace N: then N more runs under the profiler with the host's side recorded too: per top-level torch op and
+CUDA runtime call inside the window, the calls a run and the mean host time, longest total first (a call that blocks
+the host, an allocation that reaches cudaMalloc, a slow launch), and the last window's timeline (host events and
+kernels, us from the window's start).
 """
 from __future__ import annotations
 
 import argparse
 import collections
 import cProfile
+import json
+import os
 import pstats
 import statistics
+import tempfile
 import time
 
 import torch
@@ -70,21 +78,35 @@ def timed_runs(call, given_for_run, runs: int, flush=None, clock=lambda: None):
         torch.cuda.synchronize()
         host = (time.perf_counter_ns() - t0) / 1e3
         out.append((host, start.elapsed_time(end) * 1e3, clock(), issue))
+        if getattr(given_for_run, "check", None):  # leaderboard mode checks every run, after its window
+            given_for_run.check(result)
         del result, given
     return out
 
 
-def reseeded_inputs(ref, case, data, clone_inputs: bool, step: int):
+def reseeded_inputs(ref, case, data, clone_inputs: bool, step: int, check_each: bool = False):
     """A given_for_run for timed_runs that regenerates the inputs as leaderboard mode does: run i's seed is the
     case's + step * (i + 1), generated while the previous run's inputs are still held (the harness rebinds its
-    `data` after generating), then cloned where the protocol clones."""
+    `data` after generating), then cloned where the protocol clones. check_each: its `check(result)` checks each
+    run's output as leaderboard mode does (against the original where the submission got a clone, else against a
+    deep copy made before the call), so that the reference's work between the windows is there too."""
     base = problems.official_case(case)
     held = {"data": data, "i": 0}
 
     def given():
         held["i"] += 1
         held["data"] = ref.generate_input(**dict(base, seed=base["seed"] + step * held["i"]))
-        return guards.clone(held["data"]) if clone_inputs else held["data"]
+        if clone_inputs:
+            return guards.clone(held["data"])
+        if check_each:
+            held["copy"] = guards.clone(held["data"], deep=True)
+        return held["data"]
+
+    def check(result):
+        ok, msg = ref.check_implementation(held["data"] if clone_inputs else held.pop("copy"), result)
+        if not ok:
+            raise SystemExit(f"leaderboard run {held['i']} fails: {msg}")
+    given.check = check if check_each else None
     return given
 
 
@@ -104,6 +126,53 @@ def kernel_spread(call, given_for_run, runs: int) -> list[list[str]]:
          for name, d in ordered[:14]]
 
 
+WINDOW = "kbench.window"
+
+
+def windowed_call(call):
+    """call, each run inside a profiler annotation marking the official window."""
+    def run(given):
+        with torch.profiler.record_function(WINDOW):
+            return call(given)
+    return run
+
+
+def host_events(call, given_for_run, runs: int):
+    """runs calls under the profiler (host and device): (per-name rows, last window's timeline). A row: [kind, name,
+    calls a run, mean us, total us a run]; kinds: op (a top-level torch op), rt (a CUDA runtime or driver call)."""
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        timed_runs(windowed_call(call), given_for_run, runs)
+    with tempfile.TemporaryDirectory() as folder:
+        path = os.path.join(folder, "trace.json")
+        prof.export_chrome_trace(path)
+        with open(path, encoding="utf-8") as f:
+            events = [e for e in json.load(f).get("traceEvents", []) if "dur" in e and "ts" in e]
+    windows = sorted((e["ts"], e["ts"] + e["dur"]) for e in events
+                     if e.get("name") == WINDOW and e.get("cat") == "user_annotation")
+    kinds = {"cpu_op": "op", "cuda_runtime": "rt", "cuda_driver": "rt", "kernel": "gpu", "gpu_memcpy": "gpu",
+             "gpu_memset": "gpu"}
+    per_name = collections.defaultdict(list)
+    timeline = []
+    for w0, w1 in windows:
+        inside = sorted((e for e in events if e.get("cat") in kinds and w0 <= e["ts"] < w1), key=lambda e: e["ts"])
+        covered = -1.0  # the end of the current top-level op: ops inside it are its callees
+        for e in inside:
+            kind = kinds[e["cat"]]
+            if kind == "op":
+                if e["ts"] < covered:
+                    continue
+                covered = e["ts"] + e["dur"]
+            if kind != "gpu":
+                per_name[(kind, e["name"][:70])].append(e["dur"])
+            if (w0, w1) == windows[-1]:
+                timeline.append([kind, e["name"][:70], f"{e['ts'] - w0:.1f}", f"{e['dur']:.1f}"])
+    n = max(len(windows), 1)
+    rows = sorted(([kind, name, f"{len(d) / n:.1f}", f"{statistics.mean(d):.1f}", f"{sum(d) / n:.1f}"]
+                   for (kind, name), d in per_name.items()), key=lambda r: -float(r[4]))
+    return rows, timeline
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("problem")
@@ -111,6 +180,10 @@ def main():
     ap.add_argument("--runs", type=int, default=40)
     ap.add_argument("--cprofile", action="store_true", help="cProfile the timed runs (top 15 functions a case)")
     ap.add_argument("--profile", type=int, default=0, metavar="N", help="N more runs under the profiler per case")
+    ap.add_argument("--check-each", action="store_true",
+                    help="with --leaderboard: check every run's output after its window, as leaderboard mode does")
+    ap.add_argument("--host-trace", type=int, default=0, metavar="N",
+                    help="N more runs under the profiler with host events: what the host spends the window on")
     ap.add_argument("--rev", metavar="REV", help="the backend as it was at this git revision (or a carried kernels "
                     "folder, benchlib.kernels_at); rows under benchlib.revision_label")
     ap.add_argument("--label", help="the rows' backend name (a build run with a knob set, e.g. cuda[full-key])")
@@ -123,8 +196,10 @@ def main():
                          "(benchmarks/distributed.py)")
     mod = benchlib.build(args.problem, args.backend, rev=args.rev)
     label_backend = args.label or (benchlib.revision_label(args.backend, args.rev) if args.rev else args.backend)
+    if args.check_each and not args.leaderboard:
+        raise SystemExit("--check-each goes with --leaderboard (benchmark mode checks only the first call)")
     if args.leaderboard:
-        label_backend += "[leaderboard]"
+        label_backend += "[leaderboard+check]" if args.check_each else "[leaderboard]"
     ref = problems.load_modules(args.problem).reference
     clone_inputs = spec.protocol.clone_inputs
     flush_buf = torch.empty(64 * 1024 * 1024, dtype=torch.int32, device="cuda")
@@ -142,7 +217,7 @@ def main():
             raise SystemExit(f"{label_backend} fails {line}: fix it before timing")
         next_given = (lambda: guards.clone(data)) if clone_inputs else (lambda: data)
         if args.leaderboard:
-            next_given = reseeded_inputs(ref, case, data, clone_inputs, spec.protocol.reseed_step)
+            next_given = reseeded_inputs(ref, case, data, clone_inputs, spec.protocol.reseed_step, args.check_each)
         if label:
             timed_runs(mod.custom_kernel, next_given, 3)
             continue
@@ -169,6 +244,11 @@ def main():
                       f"{min(mhz)}/{statistics.median(mhz):.0f}" if mhz else "—"])
         if args.profile:
             spreads.append((line, kernel_spread(mod.custom_kernel, next_given, args.profile)))
+        if args.host_trace:
+            per_name, timeline = host_events(mod.custom_kernel, next_given, args.host_trace)
+            benchlib.table(f"host time in the window, {args.host_trace} runs: {line}",
+                           ["kind", "name", "a run", "mean", "total a run"], per_name[:25])
+            benchlib.table(f"the last window's timeline: {line}", ["kind", "name", "start", "dur"], timeline[:120])
         del data, given
     for line, spread in spreads:
         benchlib.table(f"kernels over {args.profile} runs of the official window: {line}",

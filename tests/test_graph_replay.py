@@ -68,6 +68,7 @@ def _run(replay, keys):
         replay.replay(key, lambda: ran.append("captured" if any(g.capturing for g in FakeGraph.made) else "eager")
                       or torch.ones(1))
         log.append("+".join(ran) or "-")
+        assert replay.replayed == (log[-1] == "-"), "replayed tells a graph's buffers from step()'s own output"
     return log
 
 

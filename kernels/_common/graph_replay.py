@@ -77,8 +77,8 @@ class GraphReplay:
     """`replay(key, step)` returns step()'s output (a tensor or a tuple of tensors), from a replayed graph of step when
     it has one for key. step must launch on the current stream (or on side streams that wait for it and that it
     waits for before returning), never synchronise, and read nothing the key leaves out. The output of a replay is
-    the graph's own buffers, overwritten by the next replay: callers that hand it out clone it, or read it on the
-    current stream before the next replay.
+    the graph's own buffers, overwritten by the next replay: callers that hand it out clone it (`replayed` says
+    whether it came from a graph), or read it on the current stream before the next replay.
 
     `replay(key, step, verify)` for inputs that are new objects every call (a harness that clones them) with many
     tensors: key may then be what can be read quickly (their addresses, `addresses`) and verify() returns the rest
@@ -94,15 +94,18 @@ class GraphReplay:
         self._unreplayed: Hashable = None  # the newest capture, until it is replayed
         self._trusted = True               # captures have paid off (or none has failed to yet)
         self._stream = None                # capture needs a stream other than the legacy default
+        self.replayed = False              # whether the last replay() returned a graph's buffers (else step()'s)
 
     def replay(self, key: Hashable, step: Callable[[], torch.Tensor],
                verify: Callable[[], Hashable] | None = None) -> torch.Tensor:
         held = self._graphs.get(key)
+        self.replayed = False
         if held is not None:
             self._graphs.move_to_end(key)
             held[0].replay()
             if verify is None or verify() == held[2]:
                 self._unreplayed, self._trusted = None, True
+                self.replayed = True
                 return held[1]
             # same addresses, other tensors: this graph's output is not the answer. Its pool may be freed only once
             # the launch has finished (the eager step's allocations could land there).

@@ -63,4 +63,15 @@ __global__ void __launch_bounds__(kAssembleThreads) assemble_q_kernel(const __nv
   *dst = ov;
 }
 
+// KVCache.forward's append: cache[b][kv_len - 1][:] = row[b][:] (576 bf16 each), kv_len read from device memory so
+// that a captured graph appends at each call's row. One thread per 16 bytes: 72 a batch row.
+__global__ void __launch_bounds__(kAssembleThreads) append_row_kernel(const uint4* __restrict__ row,
+                                                                      uint4* __restrict__ cache, int bs, int max_seq,
+                                                                      const int* __restrict__ kv_len) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= bs * 72) return;
+  const int b = i / 72, chunk = i % 72;
+  cache[(static_cast<long long>(b) * max_seq + (kv_len[0] - 1)) * 72 + chunk] = row[i];
+}
+
 }  // namespace mla

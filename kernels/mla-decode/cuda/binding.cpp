@@ -155,3 +155,75 @@ std::vector<int64_t> mla_linear_plan(int64_t m, int64_t n, int64_t k) {
   const LinearConfig c = mla_linear_config(static_cast<int>(m), static_cast<int>(n), static_cast<int>(k));
   return {c.bn, c.splits, c.pdl ? 1 : 0};
 }
+
+// One decode step, the whole of it (entry.py's docstring has the maths): x [bs, 1, dim] bf16; cache [bs, max_seq,
+// 576] bf16 holding kv_len - 1 rows (row kv_len - 1 is written here); the config's weights as it holds them
+// (w_kv_down [576, dim], w_q_down [dq, dim], w_q_up [128 * 192, dq], w_kv_up [128 * 256, 512], w_o [dim, 128 * 128],
+// bf16); cos/sin the RoPE tables; lens int32 [1] holding kv_len on the device (the caller fills it). Returns out
+// [bs, 1, dim] bf16.
+// Why one C++ call: leaderboard mode hands new inputs every run, so no graph replays and the step runs eagerly; from
+// Python its ~12 launches cost the host ~1 ms while the GPU waited (docs/mla-decode-notes.md, finding 31). The
+// projections go through mla_linear (linear.cuh) rather than cuBLAS for the same reason: cuBLAS spends 50-160 us of
+// host time a call before its launch. The graph captures this same call; inside a capture the append runs on a side
+// stream beside the q projections, which leave most SMs idle at 128 rows.
+torch::Tensor mla_step(torch::Tensor x, torch::Tensor cache, torch::Tensor w_kv_down, torch::Tensor w_q_down,
+                       torch::Tensor w_q_up, torch::Tensor w_kv_up, torch::Tensor w_o, int64_t kv_len,
+                       torch::Tensor cos, torch::Tensor sin, torch::Tensor lens) {
+  constexpr int64_t kH = 128, kNope = 128, kRope = 64, kV = 128, kLora = 512;
+  TORCH_CHECK(x.is_cuda() && x.scalar_type() == at::kBFloat16 && x.is_contiguous() && x.dim() == 3 && x.size(1) == 1,
+              "mla_step: x must be a contiguous bf16 CUDA tensor [bs, 1, dim]");
+  TORCH_CHECK(cache.scalar_type() == at::kBFloat16 && cache.is_contiguous() && cache.dim() == 3 &&
+                  cache.size(0) == x.size(0) && cache.size(2) == kLora + kRope && cache.device() == x.device() &&
+                  reinterpret_cast<uintptr_t>(cache.data_ptr()) % 16 == 0,
+              "mla_step: cache must be a contiguous bf16 tensor [bs, max_seq, 576] on x's device");
+  TORCH_CHECK(kv_len >= 1 && kv_len <= cache.size(1), "mla_step: kv_len must lie in [1, max_seq]");
+  TORCH_CHECK(w_kv_up.numel() == kH * (kNope + kV) * kLora && w_q_up.size(0) == kH * (kNope + kRope),
+              "mla_step: built for 128 heads, nope 128, rope 64, v 128, latent 512");
+  check_rope_inputs(cos, sin, lens, x, "mla_step");
+  const c10::cuda::CUDAGuard guard(x.device());
+  const int64_t bs = x.size(0);
+  const torch::Tensor x2 = x.view({bs, x.size(2)});
+  auto append = [&] {
+    const torch::Tensor row = mla_linear(x2, w_kv_down);  // [bs, 576]
+    const char* err = launch_mla_append_row(row.data_ptr(), cache.data_ptr(), static_cast<int>(bs),
+                                            static_cast<int>(cache.size(1)), lens.data_ptr<int>(),
+                                            c10::cuda::getCurrentCUDAStream().stream());
+    TORCH_CHECK(err == nullptr, err ? err : "");
+  };
+  const c10::cuda::CUDAStream main = c10::cuda::getCurrentCUDAStream();
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  C10_CUDA_CHECK(cudaStreamIsCapturing(main.stream(), &capture));
+  // events for the fork and the join (a capture turns them into the graph's edges; destroyed once recorded)
+  cudaEvent_t forked = nullptr, appended = nullptr;
+  if (capture == cudaStreamCaptureStatusActive) {
+    const c10::cuda::CUDAStream side = c10::cuda::getStreamFromPool(false, x.get_device());
+    C10_CUDA_CHECK(cudaEventCreateWithFlags(&forked, cudaEventDisableTiming));
+    C10_CUDA_CHECK(cudaEventCreateWithFlags(&appended, cudaEventDisableTiming));
+    C10_CUDA_CHECK(cudaEventRecord(forked, main.stream()));
+    C10_CUDA_CHECK(cudaStreamWaitEvent(side.stream(), forked, 0));
+    const c10::cuda::CUDAStreamGuard on_side(side);
+    append();
+    C10_CUDA_CHECK(cudaEventRecord(appended, side.stream()));
+  } else {
+    append();
+  }
+  const torch::Tensor q = mla_linear(mla_linear(x2, w_q_down), w_q_up).view({bs, kH, kNope + kRope});
+  const torch::Tensor w_kvu = w_kv_up.view({kH, kNope + kV, kLora});
+  // q_full [bs, H, 576] = (q_nope W_UK) | roped q_rope: the per-head bmm writes its [H, bs, 512] result straight into
+  // the latent columns (cuBLAS takes the strided output: ldc = H * 576), mla_rope_q the rope columns
+  torch::Tensor q_full = torch::empty({bs, kH, kLora + kRope}, x.options());
+  torch::Tensor q_latent = q_full.narrow(2, 0, kLora).transpose(0, 1);
+  at::bmm_out(q_latent, q.narrow(2, 0, kNope).transpose(0, 1), w_kvu.narrow(1, 0, kNope));
+  mla_rope_q(q_full, q, cos, sin, lens);
+  if (appended) {  // the attention reads the new row
+    C10_CUDA_CHECK(cudaStreamWaitEvent(main.stream(), appended, 0));
+    C10_CUDA_CHECK(cudaEventDestroy(forked));
+    C10_CUDA_CHECK(cudaEventDestroy(appended));
+  }
+  const torch::Tensor o_latent = mla_attention(q_full, cache, kv_len, cos, sin, lens);  // [bs, H, 512]
+  // y [bs, H, v] written by the per-head bmm through a transposed view: wo reads it as [bs, H * v] in place
+  torch::Tensor y = torch::empty({bs, kH, kV}, x.options());
+  torch::Tensor y_heads = y.transpose(0, 1);
+  at::bmm_out(y_heads, o_latent.transpose(0, 1), w_kvu.narrow(1, kNope, kV).transpose(1, 2));
+  return mla_linear(y.view({bs, 1, kH * kV}), w_o);
+}

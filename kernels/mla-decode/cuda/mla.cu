@@ -105,6 +105,13 @@ const char* launch_mla_assemble_q(const void* qn, const void* q, const void* cos
   return kb::launch_error("mla_assemble_q");
 }
 
+const char* launch_mla_append_row(const void* row, void* cache, int bs, int max_seq, const int* kv_len_dev,
+                                  cudaStream_t stream) {
+  append_row_kernel<<<(bs * 72 + kAssembleThreads - 1) / kAssembleThreads, kAssembleThreads, 0, stream>>>(
+      static_cast<const uint4*>(row), static_cast<uint4*>(cache), bs, max_seq, kv_len_dev);
+  return kb::launch_error("mla_append_row");
+}
+
 // ---- the projections (linear.cuh) ------------------------------------------------------------------------------
 
 template <int V>

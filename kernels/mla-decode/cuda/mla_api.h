@@ -34,6 +34,11 @@ const char* mla_run(const MlaArgs& args, cudaStream_t stream);
 const char* launch_mla_assemble_q(const void* qn, const void* q, const void* cos_tab, const void* sin_tab, void* q_full,
                                   int bs, int heads, const int* kv_len_dev, int max_seq, cudaStream_t stream);
 
+// The cache append: cache bf16 [bs][max_seq][576] (16-byte aligned) gets row bf16 [bs][576] at row kv_len - 1 of
+// every batch row, kv_len read from device memory (kv_len_dev, int32 [1], 1 <= kv_len <= max_seq: the caller checks).
+const char* launch_mla_append_row(const void* row, void* cache, int bs, int max_seq, const int* kv_len_dev,
+                                  cudaStream_t stream);
+
 // The projections: y bf16 [m][n] = x bf16 [m][k] w bf16 [n][k]^T (row-major, 16-byte aligned), m <= 128.
 // mla_linear_config picks the configuration (bn == 0: none fits this shape or GPU; use cuBLAS).
 LinearConfig mla_linear_config(int m, int n, int k);
