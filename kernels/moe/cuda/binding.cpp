@@ -214,6 +214,27 @@ c10::optional<torch::Tensor> moe_experts(torch::Tensor x, torch::Tensor experts,
   return y;
 }
 
+// The router and then moe_experts in one call: x [..., d] fp16 (the layer's input as it comes), router_w [E, d] fp16;
+// scores = softmax(x router_w^T) and their top K unsorted, through the same ATen ops as the reference's
+// F.linear / softmax / topk, so the same experts win every tie. Returns (moe_experts' result, top scores [T, K]).
+// Why in C++: leaderboard mode's inputs move every run, so the call runs eagerly, and Python between these ops kept
+// the GPU waiting (docs/moe-notes.md, fifteenth session); the graph captures the same call.
+std::tuple<c10::optional<torch::Tensor>, torch::Tensor> moe_layer(torch::Tensor x, torch::Tensor router_w, int64_t K,
+                                                                  std::vector<torch::Tensor> gate,
+                                                                  std::vector<torch::Tensor> up,
+                                                                  std::vector<torch::Tensor> down,
+                                                                  c10::optional<torch::Tensor> out) {
+  TORCH_CHECK(x.is_cuda() && x.scalar_type() == at::kHalf && x.dim() >= 2 && router_w.dim() == 2 &&
+                  router_w.size(1) == x.size(-1),
+              "moe_layer: x [..., d] and router_w [E, d] must be fp16 CUDA tensors");
+  const c10::cuda::CUDAGuard guard(x.device());
+  const auto [top_scores, top_experts] = at::topk(at::linear(x, router_w).softmax(-1), K, -1, true, false);
+  const int64_t d = x.size(-1);
+  const torch::Tensor scores = top_scores.view({-1, K});
+  torch::Tensor y = run_moe(x.view({-1, d}), top_experts.view({-1, K}), scores, gate, up, down, nullptr, false, out);
+  return {y.defined() ? c10::optional<torch::Tensor>(y) : c10::nullopt, scores};
+}
+
 // out [T, d] fp16 = Y's shared row + sum_k scores[t, k] * Y's pair row (fp32, slot order, rounded once), into a new
 // tensor. y [T*K + T, d] fp16 from moe_experts, scores [T, K] fp16.
 torch::Tensor moe_combine(torch::Tensor y, torch::Tensor scores) {

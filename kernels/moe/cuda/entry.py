@@ -1,6 +1,6 @@
-"""moe CUDA backend entry: the router in torch (the reference's own fp16 ops, so the same experts win), then one
-extension call that sorts, gathers and runs the two grouped wgmma GEMMs (kernels/moe/cuda/*.cuh), the second adding
-each expert's scored output into the output tensor.
+"""moe CUDA backend entry: one extension call (moe_layer) runs the router through the reference's own ATen ops (so the
+same experts win every tie), then sorts, gathers and runs the two grouped wgmma GEMMs (kernels/moe/cuda/*.cuh), the
+second adding each expert's scored output into the output tensor.
 
 data = (x [bs, seqlen, d] fp16, weights dict, config); output [bs, seqlen, d] fp16. `ext` is the load_inline
 module the template defines above this code. The expert weights are read in place (a tensor map per weight).
@@ -15,7 +15,6 @@ import functools
 import os
 
 import torch
-import torch.nn.functional as F
 
 import graph_replay
 from task import input_t, output_t
@@ -35,17 +34,13 @@ def _weight_names(n_experts: int) -> tuple:
 
 
 def _experts(x: torch.Tensor, weights: dict, n_experts: int, k: int, out: torch.Tensor | None):
-    """Router, routing sort, gather, both grouped GEMMs. x [bs, seqlen, d] fp16 -> (Y [T*K + T, d] fp16: each
-    (token, slot) pair's expert output, then the shared expert's rows; top scores [T, K] fp16), T = bs * seqlen.
+    """Router, routing sort, gather, both grouped GEMMs, in one extension call (moe_layer: the router through the
+    reference's own ATen ops). x [bs, seqlen, d] fp16 -> (Y [T*K + T, d] fp16: each (token, slot) pair's expert
+    output, then the shared expert's rows; top scores [T, K] fp16), T = bs * seqlen.
     out: moe_output's tensor when GEMM 2 adds into it (then Y is None), else None."""
-    d = x.shape[-1]
-    scores = F.linear(x, weights["router.weight"]).softmax(dim=-1)
-    top_scores, top_experts = torch.topk(scores, k=k, dim=-1, sorted=False)
     gate, up, down = _weight_names(n_experts)
-    top_scores = top_scores.view(-1, k)
-    y = ext.moe_experts(x.view(-1, d), top_experts.view(-1, k), top_scores,  # noqa: F821 (ext: template)
-                        [weights[n] for n in gate], [weights[n] for n in up], [weights[n] for n in down], out)
-    return y, top_scores
+    return ext.moe_layer(x, weights["router.weight"], k, [weights[n] for n in gate],  # noqa: F821 (ext: template)
+                         [weights[n] for n in up], [weights[n] for n in down], out)
 
 
 def custom_kernel(data: input_t) -> output_t:
