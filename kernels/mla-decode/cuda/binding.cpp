@@ -177,7 +177,8 @@ torch::Tensor mla_step(torch::Tensor x, torch::Tensor cache, torch::Tensor w_kv_
                   reinterpret_cast<uintptr_t>(cache.data_ptr()) % 16 == 0,
               "mla_step: cache must be a contiguous bf16 tensor [bs, max_seq, 576] on x's device");
   TORCH_CHECK(kv_len >= 1 && kv_len <= cache.size(1), "mla_step: kv_len must lie in [1, max_seq]");
-  TORCH_CHECK(w_kv_up.numel() == kH * (kNope + kV) * kLora && w_q_up.size(0) == kH * (kNope + kRope),
+  TORCH_CHECK(w_kv_up.numel() == kH * (kNope + kV) * kLora && w_q_up.size(0) == kH * (kNope + kRope) &&
+                  w_kv_down.dim() == 2 && w_kv_down.size(0) == kLora + kRope,
               "mla_step: built for 128 heads, nope 128, rope 64, v 128, latent 512");
   check_rope_inputs(cos, sin, lens, x, "mla_step");
   const c10::cuda::CUDAGuard guard(x.device());
