@@ -34,11 +34,8 @@ from __future__ import annotations
 import argparse
 import collections
 import cProfile
-import json
-import os
 import pstats
 import statistics
-import tempfile
 import time
 
 import torch
@@ -143,11 +140,7 @@ def host_events(call, given_for_run, runs: int):
     from torch.profiler import ProfilerActivity, profile
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         timed_runs(windowed_call(call), given_for_run, runs)
-    with tempfile.TemporaryDirectory() as folder:
-        path = os.path.join(folder, "trace.json")
-        prof.export_chrome_trace(path)
-        with open(path, encoding="utf-8") as f:
-            events = [e for e in json.load(f).get("traceEvents", []) if "dur" in e and "ts" in e]
+    events = [e for e in timing.trace_events(prof) if "dur" in e and "ts" in e]
     windows = sorted((e["ts"], e["ts"] + e["dur"]) for e in events
                      if e.get("name") == WINDOW and e.get("cat") == "user_annotation")
     kinds = {"cpu_op": "op", "cuda_runtime": "rt", "cuda_driver": "rt", "kernel": "gpu", "gpu_memcpy": "gpu",

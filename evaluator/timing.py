@@ -109,15 +109,20 @@ def should_stop(durations_ns: list[float], elapsed_ns: float, *, rel_err_stop: f
             or elapsed_ns > max_wall_s * 1e9)
 
 
-def device_work(prof: Any) -> list[tuple[str, float, float]]:
-    """The kernels and copies of a finished torch profiler run (``prof``: what ``torch.profiler.profile`` yields),
-    as (name, start, duration) in us, read from its Chrome trace."""
+def trace_events(prof: Any) -> list[dict]:
+    """Every event of a finished torch profiler run (``prof``: what ``torch.profiler.profile`` yields), as its Chrome
+    trace holds them (dicts with cat, name, ts and dur in us, ...)."""
     with tempfile.TemporaryDirectory() as folder:
         path = os.path.join(folder, "trace.json")
         prof.export_chrome_trace(path)
         with open(path, encoding="utf-8") as f:
-            events = json.load(f).get("traceEvents", [])
-    return [(e.get("name", ""), e["ts"], e["dur"]) for e in events
+            return json.load(f).get("traceEvents", [])
+
+
+def device_work(prof: Any) -> list[tuple[str, float, float]]:
+    """The kernels and copies of a finished torch profiler run, as (name, start, duration) in us, read from its
+    Chrome trace."""
+    return [(e.get("name", ""), e["ts"], e["dur"]) for e in trace_events(prof)
             if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset") and "dur" in e]
 
 

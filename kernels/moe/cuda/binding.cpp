@@ -229,10 +229,8 @@ std::tuple<c10::optional<torch::Tensor>, torch::Tensor> moe_layer(torch::Tensor 
               "moe_layer: x [..., d] and router_w [E, d] must be fp16 CUDA tensors");
   const c10::cuda::CUDAGuard guard(x.device());
   const auto [top_scores, top_experts] = at::topk(at::linear(x, router_w).softmax(-1), K, -1, true, false);
-  const int64_t d = x.size(-1);
   const torch::Tensor scores = top_scores.view({-1, K});
-  torch::Tensor y = run_moe(x.view({-1, d}), top_experts.view({-1, K}), scores, gate, up, down, nullptr, false, out);
-  return {y.defined() ? c10::optional<torch::Tensor>(y) : c10::nullopt, scores};
+  return {moe_experts(x.view({-1, x.size(-1)}), top_experts.view({-1, K}), scores, gate, up, down, out), scores};
 }
 
 // out [T, d] fp16 = Y's shared row + sum_k scores[t, k] * Y's pair row (fp32, slot order, rounded once), into a new
