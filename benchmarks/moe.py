@@ -48,6 +48,7 @@ CANDIDATES = {
     "sync-epi": {"KBENCH_MOE_ASYNC_EPILOGUE": "0"},
     "sync-epi2": {"KBENCH_MOE_ASYNC_EPILOGUE": "1"},
     "sync-epi1": {"KBENCH_MOE_ASYNC_EPILOGUE": "2"},
+    "shared-last": {"KBENCH_MOE_SHARED_FIRST": "0"},
 }
 
 

@@ -36,8 +36,9 @@ def definition(x, experts, scores, gate, up, down):
 
 # (tokens, experts, slots, skew): skew = every token picks among the first `skew` experts (the others get none)
 # (4096, 8, 4): ~320 units, so each CTA of the persistent GEMMs walks two or three and every ring wraps
+# (192 / 193, 4, 1, 1): one expert and the shared one get 192 / 193 rows: a last m-tile of exactly 64 rows and of 65
 ROUTINGS = [(1, 4, 4, None), (7, 8, 2, None), (300, 8, 4, 4), (1000, 32, 4, None), (513, 4, 1, 1),
-            (2048, 32, 4, 6), (129, 64, 8, None), (4096, 8, 4, None)]
+            (2048, 32, 4, 6), (129, 64, 8, None), (4096, 8, 4, None), (192, 4, 1, 1), (193, 4, 1, 1)]
 
 
 # the shipped configuration (the async epilogue), the candidates' knobs (kernels/moe/cuda/moe_api.h: MoeConfig) on
@@ -77,6 +78,44 @@ def test_synthetic_routings_match_the_definition(moe, tokens, n_experts, k, skew
         out = moe.ext.moe_forward(x, experts, scores, gate, up, down)
         torch.cuda.synchronize()
         ratio = benchlib.tolerance_ratio(out, definition(x, experts, scores, gate, up, down), 1e-2, 1e-2)
+        assert ratio <= 1, f"call {attempt + 1}: worst error {ratio:.3f}x the tolerance"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shared_first", ["1", "0"])
+@pytest.mark.parametrize("tokens,n_experts,k", [(300, 8, 4), (129, 4, 2), (1000, 32, 4)])
+def test_layer_with_its_router_matches_the_definition(moe, tokens, n_experts, k, shared_first, monkeypatch):
+    """moe_layer: the router's ops, then the experts; with KBENCH_MOE_SHARED_FIRST=1 (the default) the shared
+    expert's GEMM 1 is its own launch before the router, writing H rows the routed GEMM 1 then leaves alone. The
+    experts the reference's ops pick (F.linear, softmax, topk unsorted) must be the kernel's: its returned scores are
+    compared exactly, the output against the fp32 definition on those experts."""
+    import torch
+    import torch.nn.functional as F
+
+    monkeypatch.setenv("KBENCH_MOE_SHARED_FIRST", shared_first)
+    gen = torch.Generator(device="cuda")
+    gen.manual_seed(tokens * 7 + n_experts)
+    d, dexp = 512, 256
+
+    def w(r, c):
+        return (torch.randn(r, c, generator=gen, device="cuda") / math.sqrt(c)).half()
+
+    x = torch.randn(1, tokens, d, generator=gen, device="cuda").half()
+    router = w(n_experts, d)
+    gate, up = [w(d, dexp) for _ in range(n_experts + 1)], [w(d, dexp) for _ in range(n_experts + 1)]
+    down = [w(dexp, d) for _ in range(n_experts + 1)]
+    scores, experts = torch.topk(F.linear(x, router).softmax(-1), k, dim=-1, sorted=False)
+    scores, experts = scores.view(-1, k), experts.view(-1, k)
+    want = definition(x.view(-1, d), experts, scores, gate, up, down)
+    for attempt in range(2):
+        benchlib.poison_allocator()
+        out = moe.ext.moe_output(x.view(-1, d), k, n_experts)
+        y, got_scores = moe.ext.moe_layer(x, router, k, gate, up, down, out)
+        if out is None:
+            out = moe.ext.moe_combine(y, got_scores)
+        torch.cuda.synchronize()
+        assert torch.equal(got_scores, scores), "the router's scores differ from the reference ops'"
+        ratio = benchlib.tolerance_ratio(out, want, 1e-2, 1e-2)
         assert ratio <= 1, f"call {attempt + 1}: worst error {ratio:.3f}x the tolerance"
 
 

@@ -94,18 +94,13 @@ torch::Tensor publish_output(const torch::Tensor& x, OutputSlot& slot) {
 // (combine false) Y [T*K + T, d] fp16, the experts' outputs before the weighted sum (moe_combine makes out from it).
 // With red_combine there is no Y: moe_experts (combine false) adds into `published`, the tensor moe_output returned
 // (checked against the slot), and returns an undefined tensor.
-// stage_ms (dev builds): filled with the five stages' times (route, gather, GEMM 1, GEMM 2, combine) when given.
-static torch::Tensor run_moe(torch::Tensor x, torch::Tensor experts, torch::Tensor scores,
-                             std::vector<torch::Tensor> gate, std::vector<torch::Tensor> up,
-                             std::vector<torch::Tensor> down, std::vector<double>* stage_ms, bool combine,
-                             const c10::optional<torch::Tensor>& published = c10::nullopt) {
+// x [T, d] fp16 and every expert's weights, for K experts a token.
+static void check_layer(const torch::Tensor& x, int64_t K, const std::vector<torch::Tensor>& gate,
+                        const std::vector<torch::Tensor>& up, const std::vector<torch::Tensor>& down) {
   TORCH_CHECK(x.is_cuda() && x.scalar_type() == at::kHalf && x.dim() == 2, "moe_forward: x must be fp16 [T, d]");
-  TORCH_CHECK(experts.scalar_type() == at::kLong && scores.scalar_type() == at::kHalf && experts.dim() == 2 &&
-                  scores.sizes() == experts.sizes() && experts.size(0) == x.size(0),
-              "moe_forward: experts (int64) and scores (fp16) must both be [T, K]");
   TORCH_CHECK(gate.size() == up.size() && up.size() == down.size() && gate.size() >= 2,
               "moe_forward: pass gate, up and down of every routed expert, then of the shared expert");
-  const int64_t T = x.size(0), d = x.size(1), K = experts.size(1);
+  const int64_t T = x.size(0), d = x.size(1);
   const int64_t E = static_cast<int64_t>(gate.size()) - 1, dexp = gate[0].size(1);
   const char* why = moe_supported(static_cast<int>(T), static_cast<int>(K), static_cast<int>(E),
                                   static_cast<int>(d), static_cast<int>(dexp));
@@ -113,6 +108,21 @@ static torch::Tensor run_moe(torch::Tensor x, torch::Tensor experts, torch::Tens
   check_weights(gate, d, dexp, "gate");
   check_weights(up, d, dexp, "up");
   check_weights(down, dexp, d, "down");
+}
+
+// stage_ms (dev builds): filled with the five stages' times (route, gather, GEMM 1, GEMM 2, combine) when given.
+// pre / shared_done (moe_layer): the workspaces whose H rows of the shared expert moe_run_shared_gemm1 already wrote.
+static torch::Tensor run_moe(torch::Tensor x, torch::Tensor experts, torch::Tensor scores,
+                             std::vector<torch::Tensor> gate, std::vector<torch::Tensor> up,
+                             std::vector<torch::Tensor> down, std::vector<double>* stage_ms, bool combine,
+                             const c10::optional<torch::Tensor>& published = c10::nullopt,
+                             const Workspaces* pre = nullptr) {
+  TORCH_CHECK(experts.scalar_type() == at::kLong && scores.scalar_type() == at::kHalf && experts.dim() == 2 &&
+                  scores.sizes() == experts.sizes() && experts.size(0) == x.size(0),
+              "moe_forward: experts (int64) and scores (fp16) must both be [T, K]");
+  check_layer(x, experts.size(1), gate, up, down);
+  const int64_t T = x.size(0), d = x.size(1), K = experts.size(1);
+  const int64_t E = static_cast<int64_t>(gate.size()) - 1, dexp = gate[0].size(1);
   const c10::cuda::CUDAGuard guard(x.device());
   x = x.contiguous();
   experts = experts.contiguous();
@@ -124,7 +134,7 @@ static torch::Tensor run_moe(torch::Tensor x, torch::Tensor experts, torch::Tens
                              (long long)E);
     moe_describe(config, buf + len, size - len);
   });
-  const Workspaces ws = workspaces(x, T, K, E, d, dexp, config);
+  const Workspaces ws = pre ? *pre : workspaces(x, T, K, E, d, dexp, config);
   torch::Tensor out;
   OutputSlot* const slot = config.red_combine ? &output_slot(x) : nullptr;
   if (slot) {
@@ -165,6 +175,7 @@ static torch::Tensor run_moe(torch::Tensor x, torch::Tensor experts, torch::Tens
   a.stages = config.stages;
   a.split_route = config.split_route;
   a.async_epilogue = config.async_epilogue;
+  a.shared_done = pre != nullptr;
   a.route_hist = ws.route_hist.data_ptr<int>();
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
   cudaEvent_t events[6];
@@ -219,6 +230,8 @@ c10::optional<torch::Tensor> moe_experts(torch::Tensor x, torch::Tensor experts,
 // F.linear / softmax / topk, so the same experts win every tie. Returns (moe_experts' result, top scores [T, K]).
 // Why in C++: leaderboard mode's inputs move every run, so the call runs eagerly, and Python between these ops kept
 // the GPU waiting (docs/moe-notes.md, fifteenth session); the graph captures the same call.
+// MoeConfig::shared_first: the shared expert's GEMM 1 (it needs only x) is launched before the router, so the GPU
+// has work while the host runs the router's ops (cuBLAS's host time, ~150 us, in leaderboard mode's eager calls).
 std::tuple<c10::optional<torch::Tensor>, torch::Tensor> moe_layer(torch::Tensor x, torch::Tensor router_w, int64_t K,
                                                                   std::vector<torch::Tensor> gate,
                                                                   std::vector<torch::Tensor> up,
@@ -228,9 +241,37 @@ std::tuple<c10::optional<torch::Tensor>, torch::Tensor> moe_layer(torch::Tensor 
                   router_w.size(1) == x.size(-1),
               "moe_layer: x [..., d] and router_w [E, d] must be fp16 CUDA tensors");
   const c10::cuda::CUDAGuard guard(x.device());
+  const torch::Tensor x2 = x.view({-1, x.size(-1)});
+  const int64_t T = x2.size(0), d = x2.size(1), E = static_cast<int64_t>(gate.size()) - 1;
+  const MoeConfig config = moe_config(static_cast<int>(T), static_cast<int>(K), static_cast<int>(E));
+  Workspaces ws;
+  if (config.shared_first) {  // the shared expert's GEMM 1 needs only x: launched before the router
+    check_layer(x2, K, gate, up, down);
+    TORCH_CHECK(x2.is_contiguous(), "moe_layer: x must be contiguous");
+    const int64_t dexp = gate[0].size(1);
+    ws = workspaces(x2, T, K, E, d, dexp, config);
+    MoeArgs a{};
+    a.x = x2.data_ptr();
+    a.w_gate[E] = gate[E].data_ptr();
+    a.w_up[E] = up[E].data_ptr();
+    a.T = static_cast<int>(T);
+    a.K = static_cast<int>(K);
+    a.E = static_cast<int>(E);
+    a.d = static_cast<int>(d);
+    a.dexp = static_cast<int>(dexp);
+    a.h = ws.h.data_ptr();
+    a.skip_empty_halves = config.skip_empty_halves;
+    a.stages = config.stages;
+    a.async_epilogue = config.async_epilogue;
+    const char* err = moe_run_shared_gemm1(a, c10::cuda::getCurrentCUDAStream().stream());
+    TORCH_CHECK(err == nullptr, err ? err : "");
+  }
   const auto [top_scores, top_experts] = at::topk(at::linear(x, router_w).softmax(-1), K, -1, true, false);
   const torch::Tensor scores = top_scores.view({-1, K});
-  return {moe_experts(x.view({-1, x.size(-1)}), top_experts.view({-1, K}), scores, gate, up, down, out), scores};
+  torch::Tensor y = run_moe(x2, top_experts.view({-1, K}), scores, gate, up, down, nullptr, false, out,
+                            config.shared_first ? &ws : nullptr);
+  if (!y.defined()) return {c10::nullopt, scores};
+  return {y, scores};
 }
 
 // out [T, d] fp16 = Y's shared row + sum_k scores[t, k] * Y's pair row (fp32, slot order, rounded once), into a new

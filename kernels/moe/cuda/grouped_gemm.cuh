@@ -52,11 +52,16 @@ constexpr int smem_bytes(int stages, bool async = false) {
 }
 
 // meta (int32, written by route_kernel): [0, G]: first sorted row of group g (G = groups, so [G] = the end),
-// then [G+1, 2G+1]: first m-tile of group g (prefix of ceil(rows_g / 128)).
+// then [G+1, 2G+1]: first m-tile of group g (prefix of ceil(rows_g / 128)). A launch may take the first `groups` of
+// the meta_groups groups route_kernel wrote (GEMM 1 of the routed experts alone), or, with meta null, its one
+// group's four numbers from fixed_meta (GEMM 1 of the shared expert alone, launched before the routing).
 struct GemmParams {
   CUtensorMap a[2];               // kGlu: [0] the gathered routed rows, [1] x (the shared group); else [0] H
   CUtensorMap b[2 * kMaxGroups];  // kGlu: gate of group g at [g], up at [kMaxGroups + g]; else down at [g]
   const int* meta;
+  int meta_groups;                // the group count meta was written for (>= groups)
+  int fixed_meta[4];              // meta null: groups = 1 and these are its meta
+  int shared_group;               // the shared expert's group index, -1 if this launch has none
   const int* out_rows;            // !kGlu: Y row of each sorted routed row (its pair index)
   __half* out;                    // kGlu: H; else Y (unless out_slot)
   __half* const* out_slot;        // !kGlu, red_combine: the zeroed output [T][d] lives at *out_slot; nullptr: Y
@@ -110,12 +115,11 @@ __device__ __forceinline__ long long row_target(const GemmParams& p, const Unit&
                                                 __half2& scale) {
   scale = __float2half2_rn(1.0f);
   if (local >= w.rows) return -1;
-  const int G = p.groups;
   long long out_row;
   if constexpr (kGlu) {
     out_row = w.row0 + local;  // H keeps the sorted order (routed rows, then the shared expert's)
   } else if (accumulate) {     // the token's output row
-    if (w.g == G - 1) {
+    if (w.g == p.shared_group) {
       out_row = local;
     } else {
       const int pair = p.out_rows[w.row0 + local];
@@ -123,7 +127,7 @@ __device__ __forceinline__ long long row_target(const GemmParams& p, const Unit&
       scale = __half2half2(p.scores[pair]);
     }
   } else {
-    out_row = w.g == G - 1 ? p.shared_out_row0 + local : p.out_rows[w.row0 + local];
+    out_row = w.g == p.shared_group ? p.shared_out_row0 + local : p.out_rows[w.row0 + local];
   }
   return out_row * p.n_out;
 }
@@ -145,7 +149,7 @@ __device__ __forceinline__ void produce(const GemmParams& p, const int* s_meta, 
   uint32_t phase = 0;
   for (int u = blockIdx.x; u < units; u += gridDim.x) {
     const Unit w = decode(s_meta, G, p.n_tiles, u);
-    const bool shared_x = kGlu && w.g == G - 1;  // GEMM 1 reads the shared expert's rows from x itself
+    const bool shared_x = kGlu && w.g == p.shared_group;  // GEMM 1 reads the shared expert's rows from x itself
     const CUtensorMap* amap = &p.a[shared_x ? 1 : 0];
     // A group's last m-tile reads on into the next group's rows (its results there are never stored). Keep it so:
     // the same rows as zeros made GEMM 1 ~35% slower on an H100 (docs/moe-notes.md, eighth session).
@@ -240,7 +244,8 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_kernel(const __grid_
   int* s_meta = reinterpret_cast<int*>(kAsync ? stg_empty + 2 : empty + kStages);
 
   const int G = p.groups;
-  for (int i = threadIdx.x; i < 2 * (G + 1); i += blockDim.x) s_meta[i] = p.meta[i];
+  for (int i = threadIdx.x; i < 2 * (G + 1); i += blockDim.x)
+    s_meta[i] = p.meta ? p.meta[i <= G ? i : i + p.meta_groups - G] : p.fixed_meta[i];
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) {
       mbar_init(&full[s], 1);  // the producer's arrive_expect_tx (the TMA bytes complete the phase)

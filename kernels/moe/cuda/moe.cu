@@ -85,6 +85,22 @@ const DeviceInfo& device_info() {
   return d;
 }
 
+// GEMM 1's parameters that do not depend on which groups a launch takes.
+GemmParams gemm1_params(const MoeArgs& a) {
+  GemmParams g{};
+  g.out = static_cast<__half*>(a.h);
+  g.n_out = a.dexp;
+  g.n_tiles = a.dexp / 128;
+  g.k = a.d;
+  g.skip_empty_halves = a.skip_empty_halves;
+  return g;
+}
+
+void launch_gemm(const GemmParams& g, bool glu, const MoeArgs& a, cudaStream_t stream) {
+  const bool async = a.async_epilogue & (glu ? 1 : 2);
+  gemm_kernel(glu, a.stages, async)<<<device_info().sms, kThreads, gemm_smem_bytes(a.stages, async), stream>>>(g);
+}
+
 }  // namespace
 }  // namespace moe
 
@@ -103,19 +119,20 @@ MoeConfig moe_config(int, int, int) {
   return MoeConfig{kb::env_int("KBENCH_MOE_SKIP_EMPTY_HALVES", 0) != 0,
                    kb::env_int("KBENCH_MOE_KEEP_WORKSPACES", 0) != 0, stages,
                    kb::env_int("KBENCH_MOE_RED_COMBINE", 1) != 0, kb::env_int("KBENCH_MOE_SPLIT_ROUTE", 1) != 0,
-                   kb::env_int("KBENCH_MOE_ASYNC_EPILOGUE", 3) & 3};
+                   kb::env_int("KBENCH_MOE_ASYNC_EPILOGUE", 3) & 3, kb::env_int("KBENCH_MOE_SHARED_FIRST", 1) != 0};
 }
 
 void moe_describe(const MoeConfig& c, char* buf, int size) {
   snprintf(buf, size,
            "MoeConfig{skip_empty_halves=%d, keep_workspaces=%d, stages=%d, red_combine=%d, split_route=%d, "
-           "async_epilogue=%d}",
-           c.skip_empty_halves, c.keep_workspaces, c.stages, c.red_combine, c.split_route, c.async_epilogue);
+           "async_epilogue=%d, shared_first=%d}",
+           c.skip_empty_halves, c.keep_workspaces, c.stages, c.red_combine, c.split_route, c.async_epilogue,
+           c.shared_first);
 }
 
 const char* moe_run(const MoeArgs& a, cudaStream_t stream, cudaEvent_t* events) {
   if (const char* why = moe_supported(a.T, a.K, a.E, a.d, a.dexp)) return why;
-  const DeviceInfo& info = device_info();
+  device_info();
   const int G = a.E + 1, pairs = a.T * a.K;
   auto mark = [&](int i) {
     if (events) cudaEventRecord(events[i], stream);
@@ -131,25 +148,28 @@ const char* moe_run(const MoeArgs& a, cudaStream_t stream, cudaEvent_t* events) 
     route_kernel<<<1, kRouteThreads, 0, stream>>>(a.experts, a.T, a.K, a.E, a.meta, a.rows_pair, a.pair_row);
   }
   mark(1);
-  GemmParams g1{}, g2{};
   __half* const* out_slot = reinterpret_cast<__half* const*>(a.out_slot);
   gather_kernel<<<a.T, 256, 0, stream>>>(static_cast<const __half*>(a.x), a.pair_row, static_cast<__half*>(a.xs),
                                         a.K, a.d, out_slot);
   mark(2);
+  // shared_done: GEMM 1 of the shared expert already ran (moe_run_shared_gemm1); this GEMM 1 takes the routed
+  // groups of the meta only
+  const int G1 = a.shared_done ? a.E : G;
+  GemmParams g1 = gemm1_params(a), g2{};
   bool ok = map_f16(&g1.a[0], a.xs, a.d, pairs, kBM) && map_f16(&g1.a[1], a.x, a.d, a.T, kBM) &&
             map_f16(&g2.a[0], a.h, a.dexp, pairs + a.T, kBM);
   for (int g = 0; ok && g < G; ++g) {
-    ok = map_f16(&g1.b[g], a.w_gate[g], a.dexp, a.d, kBK) &&
-         map_f16(&g1.b[kMaxGroups + g], a.w_up[g], a.dexp, a.d, kBK) &&
+    ok = (g >= G1 || (map_f16(&g1.b[g], a.w_gate[g], a.dexp, a.d, kBK) &&
+                      map_f16(&g1.b[kMaxGroups + g], a.w_up[g], a.dexp, a.d, kBK))) &&
          map_f16(&g2.b[g], a.w_down[g], a.d, a.dexp, kBK);
   }
   if (!ok) return "moe cuda: cuTensorMapEncodeTiled failed (driver entry point missing or misaligned weights)";
   g1.meta = g2.meta = a.meta;
-  g1.groups = g2.groups = G;
-  g1.out = static_cast<__half*>(a.h);
-  g1.n_out = a.dexp;
-  g1.n_tiles = a.dexp / 128;
-  g1.k = a.d;
+  g1.meta_groups = g2.meta_groups = G;
+  g1.groups = G1;
+  g2.groups = G;
+  g1.shared_group = a.shared_done ? -1 : a.E;
+  g2.shared_group = a.E;
   g2.out = static_cast<__half*>(a.y);
   g2.out_rows = a.rows_pair;
   g2.n_out = a.d;
@@ -159,15 +179,32 @@ const char* moe_run(const MoeArgs& a, cudaStream_t stream, cudaEvent_t* events) 
   g2.out_slot = out_slot;  // red_combine: GEMM 2 adds into the output the gather zeroed; Y is not used
   g2.scores = static_cast<const __half*>(a.scores);
   g2.K = a.K;
-  g1.skip_empty_halves = g2.skip_empty_halves = a.skip_empty_halves;
-  const bool async1 = a.async_epilogue & 1, async2 = a.async_epilogue & 2;
-  gemm_kernel(true, a.stages, async1)<<<info.sms, kThreads, gemm_smem_bytes(a.stages, async1), stream>>>(g1);
+  g2.skip_empty_halves = a.skip_empty_halves;
+  launch_gemm(g1, true, a, stream);
   mark(3);
-  gemm_kernel(false, a.stages, async2)<<<info.sms, kThreads, gemm_smem_bytes(a.stages, async2), stream>>>(g2);
+  launch_gemm(g2, false, a, stream);
   mark(4);
   if (a.out && !out_slot) moe_run_combine(a.y, a.scores, a.out, a.T, a.K, a.d, stream);
   mark(5);
   return kb::launch_error("moe cuda");
+}
+
+const char* moe_run_shared_gemm1(const MoeArgs& a, cudaStream_t stream) {
+  if (const char* why = moe_supported(a.T, a.K, a.E, a.d, a.dexp)) return why;
+  device_info();
+  GemmParams g = gemm1_params(a);
+  if (!map_f16(&g.a[1], a.x, a.d, a.T, kBM) || !map_f16(&g.b[0], a.w_gate[a.E], a.dexp, a.d, kBK) ||
+      !map_f16(&g.b[kMaxGroups], a.w_up[a.E], a.dexp, a.d, kBK))
+    return "moe cuda: cuTensorMapEncodeTiled failed (driver entry point missing or misaligned weights)";
+  const int routed_rows = a.T * a.K;  // H keeps the routed rows first, then the shared expert's
+  g.groups = g.meta_groups = 1;
+  g.shared_group = 0;
+  g.fixed_meta[0] = routed_rows;
+  g.fixed_meta[1] = routed_rows + a.T;
+  g.fixed_meta[2] = 0;
+  g.fixed_meta[3] = (a.T + kBM - 1) / kBM;
+  launch_gemm(g, true, a, stream);
+  return kb::launch_error("moe cuda shared GEMM 1");
 }
 
 const char* moe_run_combine(const void* y, const void* scores, void* out, int T, int K, int d, cudaStream_t stream) {

@@ -30,6 +30,8 @@ struct MoeArgs {
   int stages;             // MoeConfig::stages
   int split_route;        // MoeConfig::split_route
   int async_epilogue;     // MoeConfig::async_epilogue
+  int shared_done;        // moe_run_shared_gemm1 already wrote the shared expert's H rows: GEMM 1 takes the routed
+                          // experts only
   int* route_hist;        // split_route: [moe_route_blocks(T*K)][E] per-block expert counts
 };
 
@@ -37,7 +39,8 @@ struct MoeArgs {
 // build; the knobs KBENCH_MOE_SKIP_EMPTY_HALVES=1, KBENCH_MOE_KEEP_WORKSPACES=1 and KBENCH_MOE_STAGES=3 turn on
 // candidates that benchmarks/moe.py times beside it; KBENCH_MOE_ASYNC_EPILOGUE=0/1/2 (the consumers' own epilogue in
 // both GEMMs, in GEMM 2, in GEMM 1), KBENCH_MOE_RED_COMBINE=0 and KBENCH_MOE_SPLIT_ROUTE=0 bring back earlier builds'
-// epilogue, combine pass and one-block routing (docs/moe-notes.md).
+// epilogue, combine pass and one-block routing; KBENCH_MOE_SHARED_FIRST=0 moe_layer's GEMM 1 in one launch after the
+// router, as before (docs/moe-notes.md).
 struct MoeConfig {
   bool skip_empty_halves;  // GEMM consumers with no rows in the last m-tile of a group issue no MMAs
   bool keep_workspaces;    // the gather, H and Y workspaces stay allocated across calls of one shape
@@ -46,6 +49,8 @@ struct MoeConfig {
   bool split_route;        // the routing sort in two launches of many blocks instead of one block
   int async_epilogue;      // bit 0: GEMM 1, bit 1: GEMM 2 hand their epilogue to the producer warpgroup's idle warps
                            // (3 stages; KBENCH_MOE_ASYNC_EPILOGUE)
+  bool shared_first;       // moe_layer launches the shared expert's GEMM 1 before the router (it needs only x), so
+                           // the GPU works while the host routes (KBENCH_MOE_SHARED_FIRST)
 };
 MoeConfig moe_config(int T, int K, int E);
 void moe_describe(const MoeConfig& c, char* buf, int size);
@@ -57,6 +62,9 @@ const char* moe_supported(int T, int K, int E, int d, int dexp);
 // events (optional, for benchmarks): 6 events recorded before, between and after the five stages (the combine's
 // span is empty with out_slot).
 const char* moe_run(const MoeArgs& args, cudaStream_t stream, cudaEvent_t* events = nullptr);
+// GEMM 1 of the shared expert alone (its H rows T*K .. T*K + T - 1), from x, w_gate[E], w_up[E] and h; the other
+// fields as moe_run takes them. moe_run with shared_done then skips that group.
+const char* moe_run_shared_gemm1(const MoeArgs& args, cudaStream_t stream);
 // Blocks of the split routing sort for `pairs` (token, slot) pairs (the size of MoeArgs::route_hist's first dim).
 int moe_route_blocks(int pairs);
 // Writes `out`'s address to the device word `slot` on `stream` (the red_combine path reads it there, so one captured
