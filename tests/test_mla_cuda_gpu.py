@@ -140,7 +140,7 @@ def _judge(tmp_path, cases, mode="test", **kw):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("knobs", ["", "LINEAR=0"])
+@pytest.mark.parametrize("knobs", ["", "LINEAR=0,HEAD_GEMM=0"])
 def test_every_official_case(mla, tmp_path, knobs, monkeypatch):
     _set_knobs(monkeypatch, None, knobs)
     spec = problems.load_spec("mla-decode")
@@ -185,6 +185,37 @@ def test_fused_q_assembly_is_bitwise_the_torch_path(mla, bs, pos):
     assert torch.equal(q_full, expected)
     lens.fill_(8193)  # past the tables: NaN rather than a read out of bounds
     assert mla.ext.mla_assemble_q(qn, q, cos, sin, lens)[..., 512:].isnan().all()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("bs", [1, 77, 128])
+@pytest.mark.parametrize("which", ["w_uk", "w_uv"])
+def test_head_gemm_matches_fp32(mla, bs, which):
+    """head_gemm.cuh through ext.mla_bmm_out on the step's own strided views: W_UK into the query (b [H, 128, 512] with
+    n contiguous, c the latent columns of q_full [bs, H, 576]) and W_UV out of the attention (b a transposed view, k
+    contiguous), against fp32 per-head products of the same bf16 operands; outputs poisoned first, rows past bs
+    untouched."""
+    import torch
+
+    gen = torch.Generator(device="cuda")
+    gen.manual_seed(bs + len(which))
+    w_kvu = (torch.randn(128, 256, 512, generator=gen, device="cuda") / 16).bfloat16()
+    if which == "w_uk":
+        q = torch.randn(bs, 128, 192, generator=gen, device="cuda").bfloat16()
+        a, b = q.narrow(2, 0, 128).transpose(0, 1), w_kvu.narrow(1, 0, 128)
+        full = torch.full((bs, 128, 576), float("nan"), device="cuda", dtype=torch.bfloat16)
+        c = full.narrow(2, 0, 512).transpose(0, 1)
+    else:
+        o = torch.randn(bs, 128, 512, generator=gen, device="cuda").bfloat16()
+        a, b = o.transpose(0, 1), w_kvu.narrow(1, 128, 128).transpose(1, 2)
+        full = torch.full((bs, 128, 128), float("nan"), device="cuda", dtype=torch.bfloat16)
+        c = full.transpose(0, 1)
+    mla.ext.mla_bmm_out(c, a, b)
+    torch.cuda.synchronize()
+    want = torch.bmm(a.float(), b.float())
+    assert benchlib.tolerance_ratio(c, want, 8e-3, 1e-2) <= 1
+    if which == "w_uk":
+        assert full[..., 512:].isnan().all(), "wrote past the latent columns"
 
 
 @pytest.mark.gpu

@@ -1,5 +1,5 @@
 """mla-decode CUDA backend entry: the whole decode step in one extension call (ext.mla_step, binding.cpp): the
-projections through linear.cuh, the per-head bmm through cuBLAS, absorbed attention in one kernel.
+projections through linear.cuh, the per-head GEMMs through head_gemm.cuh, absorbed attention in one kernel.
 
 data = (config, x [bs, 1, dim] bf16, kv_cache); output (out [bs, 1, dim] bf16, kv_cache.data with the new row).
 Per head h, Wkvu holds W_UK[h] [128, 512] and W_UV[h] [128, 512], so q_nope . (W_UK latent) = (q_nope W_UK) . latent
@@ -32,7 +32,7 @@ _input_key = graph_replay.InputKey()
 # the configuration they chose, so they are part of its key.
 _CONFIG_KNOBS = ("KBENCH_MLA_SPLITS", "KBENCH_MLA_PREFETCH_TABLES", "KBENCH_MLA_S_ONCE", "KBENCH_MLA_ROPE_FIRST",
                  "KBENCH_MLA_SEESAW", "KBENCH_MLA_LINEAR", "KBENCH_MLA_LINEAR_BN", "KBENCH_MLA_LINEAR_SPLITS",
-                 "KBENCH_MLA_LINEAR_PDL")
+                 "KBENCH_MLA_LINEAR_PDL", "KBENCH_MLA_HEAD_GEMM")
 
 
 def _rope_tables(max_seq: int, rope: int, device: torch.device):

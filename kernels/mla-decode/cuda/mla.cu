@@ -15,6 +15,7 @@
 #include "attention.cuh"
 #include "attention_s_once.cuh"
 #include "attention_seesaw.cuh"
+#include "head_gemm.cuh"
 #include "knobs.h"
 #include "launch_error.h"
 #include "linear.cuh"
@@ -110,6 +111,21 @@ const char* launch_mla_append_row(const void* row, void* cache, int bs, int max_
   append_row_kernel<<<(bs * 72 + kAssembleThreads - 1) / kAssembleThreads, kAssembleThreads, 0, stream>>>(
       static_cast<const uint4*>(row), static_cast<uint4*>(cache), bs, max_seq, kv_len_dev);
   return kb::launch_error("mla_append_row");
+}
+
+const char* launch_mla_head_gemm(const void* a, long long a_row, long long a_head, const void* b, long long b_row,
+                                 long long b_head, bool b_k_major, void* c, long long c_row, long long c_head,
+                                 int heads, int m, int n, int k, cudaStream_t stream) {
+  if (m < 1 || m > kHgBM || n % kHgBN || k % kHgBK || heads < 1)
+    return "mla_head_gemm: needs 1 <= m <= 128, n a multiple of 128, k a multiple of 32";
+  const HeadGemmArgs p{static_cast<const __nv_bfloat16*>(a), a_row, a_head, static_cast<const __nv_bfloat16*>(b),
+                       b_row, b_head, static_cast<__nv_bfloat16*>(c), c_row, c_head, m, n, k};
+  const dim3 grid(n / kHgBN, heads);
+  if (b_k_major)
+    head_gemm_kernel<true><<<grid, kHgThreads, 0, stream>>>(p);
+  else
+    head_gemm_kernel<false><<<grid, kHgThreads, 0, stream>>>(p);
+  return kb::launch_error("mla_head_gemm");
 }
 
 // ---- the projections (linear.cuh) ------------------------------------------------------------------------------
