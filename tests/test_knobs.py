@@ -202,7 +202,7 @@ def test_a_carried_kernels_folder_stands_for_a_revision(tmp_path):
 
 
 @pytest.mark.parametrize("problem,config_sources,key_tuple,prefix", [
-    ("mla-decode", ("mla_config.h", "linear_config.h"), "_CONFIG_KNOBS", "KBENCH_MLA_"),
+    ("mla-decode", ("mla_config.h", "linear_config.h", "binding.cpp"), "_CONFIG_KNOBS", "KBENCH_MLA_"),
     ("moe", ("moe.cu",), "_KNOBS", "KBENCH_MOE_")])
 def test_every_config_knob_keys_the_captured_graph(problem, config_sources, key_tuple, prefix):
     """A knob the backend's config reads but the graph key leaves out would replay the configuration captured first:
