@@ -87,16 +87,9 @@ torch::Tensor publish_output(const torch::Tensor& x, OutputSlot& slot) {
   return out;
 }
 
-}  // namespace
-
-// x [T, d] fp16; experts [T, K] int64 and scores [T, K] fp16 (torch.topk of the router's softmax); gate, up
-// [d, dexp] and down [dexp, d] fp16 per routed expert, then the shared expert's three. Returns out [T, d] fp16, or
-// (combine false) Y [T*K + T, d] fp16, the experts' outputs before the weighted sum (moe_combine makes out from it).
-// With red_combine there is no Y: moe_experts (combine false) adds into `published`, the tensor moe_output returned
-// (checked against the slot), and returns an undefined tensor.
 // x [T, d] fp16 and every expert's weights, for K experts a token.
-static void check_layer(const torch::Tensor& x, int64_t K, const std::vector<torch::Tensor>& gate,
-                        const std::vector<torch::Tensor>& up, const std::vector<torch::Tensor>& down) {
+void check_layer(const torch::Tensor& x, int64_t K, const std::vector<torch::Tensor>& gate,
+                 const std::vector<torch::Tensor>& up, const std::vector<torch::Tensor>& down) {
   TORCH_CHECK(x.is_cuda() && x.scalar_type() == at::kHalf && x.dim() == 2, "moe_forward: x must be fp16 [T, d]");
   TORCH_CHECK(gate.size() == up.size() && up.size() == down.size() && gate.size() >= 2,
               "moe_forward: pass gate, up and down of every routed expert, then of the shared expert");
@@ -110,8 +103,48 @@ static void check_layer(const torch::Tensor& x, int64_t K, const std::vector<tor
   check_weights(down, dexp, d, "down");
 }
 
+// MoeArgs' fields that follow from x (contiguous [T, d]), the weights, K, the workspaces and the configuration: what
+// moe_run and moe_run_shared_gemm1 both read. The routing inputs and the output are the caller's.
+MoeArgs layer_args(const torch::Tensor& x, const std::vector<torch::Tensor>& gate,
+                   const std::vector<torch::Tensor>& up, const std::vector<torch::Tensor>& down, int64_t K,
+                   const Workspaces& ws, const MoeConfig& config) {
+  const int64_t E = static_cast<int64_t>(gate.size()) - 1;
+  MoeArgs a{};
+  a.x = x.data_ptr();
+  for (int64_t g = 0; g <= E; ++g) {
+    a.w_gate[g] = gate[g].data_ptr();
+    a.w_up[g] = up[g].data_ptr();
+    a.w_down[g] = down[g].data_ptr();
+  }
+  a.T = static_cast<int>(x.size(0));
+  a.K = static_cast<int>(K);
+  a.E = static_cast<int>(E);
+  a.d = static_cast<int>(x.size(1));
+  a.dexp = static_cast<int>(gate[0].size(1));
+  a.meta = ws.meta.data_ptr<int>();
+  a.rows_pair = ws.rows_pair.data_ptr<int>();
+  a.pair_row = ws.pair_row.data_ptr<int>();
+  a.xs = ws.xs.data_ptr();
+  a.h = ws.h.data_ptr();
+  a.y = ws.y.data_ptr();
+  a.route_hist = ws.route_hist.data_ptr<int>();
+  a.skip_empty_halves = config.skip_empty_halves;
+  a.stages = config.stages;
+  a.split_route = config.split_route;
+  a.async_epilogue = config.async_epilogue;
+  return a;
+}
+
+}  // namespace
+
+// x [T, d] fp16; experts [T, K] int64 and scores [T, K] fp16 (torch.topk of the router's softmax); gate, up
+// [d, dexp] and down [dexp, d] fp16 per routed expert, then the shared expert's three. Returns out [T, d] fp16, or
+// (combine false) Y [T*K + T, d] fp16, the experts' outputs before the weighted sum (moe_combine makes out from it).
+// With red_combine there is no Y: moe_experts (combine false) adds into `published`, the tensor moe_output returned
+// (checked against the slot), and returns an undefined tensor.
 // stage_ms (dev builds): filled with the five stages' times (route, gather, GEMM 1, GEMM 2, combine) when given.
-// pre / shared_done (moe_layer): the workspaces whose H rows of the shared expert moe_run_shared_gemm1 already wrote.
+// pre (moe_layer): the workspaces whose H rows of the shared expert moe_run_shared_gemm1 already wrote; the caller
+// has checked x and the weights then.
 static torch::Tensor run_moe(torch::Tensor x, torch::Tensor experts, torch::Tensor scores,
                              std::vector<torch::Tensor> gate, std::vector<torch::Tensor> up,
                              std::vector<torch::Tensor> down, std::vector<double>* stage_ms, bool combine,
@@ -120,7 +153,7 @@ static torch::Tensor run_moe(torch::Tensor x, torch::Tensor experts, torch::Tens
   TORCH_CHECK(experts.scalar_type() == at::kLong && scores.scalar_type() == at::kHalf && experts.dim() == 2 &&
                   scores.sizes() == experts.sizes() && experts.size(0) == x.size(0),
               "moe_forward: experts (int64) and scores (fp16) must both be [T, K]");
-  check_layer(x, experts.size(1), gate, up, down);
+  if (!pre) check_layer(x, experts.size(1), gate, up, down);
   const int64_t T = x.size(0), d = x.size(1), K = experts.size(1);
   const int64_t E = static_cast<int64_t>(gate.size()) - 1, dexp = gate[0].size(1);
   const c10::cuda::CUDAGuard guard(x.device());
@@ -149,34 +182,12 @@ static torch::Tensor run_moe(torch::Tensor x, torch::Tensor experts, torch::Tens
     out = torch::empty({T, d}, x.options());
   }
 
-  MoeArgs a{};
-  a.x = x.data_ptr();
+  MoeArgs a = layer_args(x, gate, up, down, K, ws, config);
   a.experts = experts.data_ptr<int64_t>();
   a.scores = scores.data_ptr();
-  for (int64_t g = 0; g <= E; ++g) {
-    a.w_gate[g] = gate[g].data_ptr();
-    a.w_up[g] = up[g].data_ptr();
-    a.w_down[g] = down[g].data_ptr();
-  }
-  a.T = static_cast<int>(T);
-  a.K = static_cast<int>(K);
-  a.E = static_cast<int>(E);
-  a.d = static_cast<int>(d);
-  a.dexp = static_cast<int>(dexp);
-  a.meta = ws.meta.data_ptr<int>();
-  a.rows_pair = ws.rows_pair.data_ptr<int>();
-  a.pair_row = ws.pair_row.data_ptr<int>();
-  a.xs = ws.xs.data_ptr();
-  a.h = ws.h.data_ptr();
-  a.y = ws.y.data_ptr();
   a.out = combine ? out.data_ptr() : nullptr;
   a.out_slot = slot ? reinterpret_cast<void* const*>(slot->word.data_ptr()) : nullptr;
-  a.skip_empty_halves = config.skip_empty_halves;
-  a.stages = config.stages;
-  a.split_route = config.split_route;
-  a.async_epilogue = config.async_epilogue;
   a.shared_done = pre != nullptr;
-  a.route_hist = ws.route_hist.data_ptr<int>();
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
   cudaEvent_t events[6];
   if (stage_ms)
@@ -248,22 +259,9 @@ std::tuple<c10::optional<torch::Tensor>, torch::Tensor> moe_layer(torch::Tensor 
   if (config.shared_first) {  // the shared expert's GEMM 1 needs only x: launched before the router
     check_layer(x2, K, gate, up, down);
     TORCH_CHECK(x2.is_contiguous(), "moe_layer: x must be contiguous");
-    const int64_t dexp = gate[0].size(1);
-    ws = workspaces(x2, T, K, E, d, dexp, config);
-    MoeArgs a{};
-    a.x = x2.data_ptr();
-    a.w_gate[E] = gate[E].data_ptr();
-    a.w_up[E] = up[E].data_ptr();
-    a.T = static_cast<int>(T);
-    a.K = static_cast<int>(K);
-    a.E = static_cast<int>(E);
-    a.d = static_cast<int>(d);
-    a.dexp = static_cast<int>(dexp);
-    a.h = ws.h.data_ptr();
-    a.skip_empty_halves = config.skip_empty_halves;
-    a.stages = config.stages;
-    a.async_epilogue = config.async_epilogue;
-    const char* err = moe_run_shared_gemm1(a, c10::cuda::getCurrentCUDAStream().stream());
+    ws = workspaces(x2, T, K, E, d, gate[0].size(1), config);
+    const char* err = moe_run_shared_gemm1(layer_args(x2, gate, up, down, K, ws, config),
+                                           c10::cuda::getCurrentCUDAStream().stream());
     TORCH_CHECK(err == nullptr, err ? err : "");
   }
   const auto [top_scores, top_experts] = at::topk(at::linear(x, router_w).softmax(-1), K, -1, true, false);
