@@ -109,6 +109,9 @@ def time_case(case, cuda_mod, torch_mod, ref, runs, candidates, revisions) -> di
 
     row["attention"] = timer(lambda: attention(cuda_mod), runs)
     row["attention_GBps"] = bs * kv_len * 576 * 2 / (row["attention"] * 1e-6) / 1e9
+    # the official timer flushes nothing and the step's attention follows read-mostly GEMMs: a clean L2 is its setting
+    row["attention[clean-L2]"] = benchlib.Timer(clean=True)(lambda: attention(cuda_mod), runs)
+    row["attention[clean-L2]_GBps"] = bs * kv_len * 576 * 2 / (row["attention[clean-L2]"] * 1e-6) / 1e9
     peer = flashinfer_attention(q, cache.data, kv_len, cos, sin)
     if peer is not None:
         ratio = benchlib.tolerance_ratio(peer(), attention(cuda_mod), 2e-2, 8e-3)
@@ -134,12 +137,14 @@ def time_case(case, cuda_mod, torch_mod, ref, runs, candidates, revisions) -> di
 SCALING_BATCHES, SCALING_PREFILLS = (128, 66), (1024, 2048, 4096, 6144)
 
 
-def scaling(runs: int, candidates: dict) -> None:
+def scaling(runs: int, candidates: dict, clean: bool = False) -> None:
     """--scaling: attention time (CUDA events, L2 flushed) per (batch, prefill) for the shipped kernel and each
-    candidate's knobs; rows <backend>/attention, metric kernel, case "batchsize: B; prefill: P"."""
+    candidate's knobs; rows <backend>/attention, metric kernel, case "batchsize: B; prefill: P". clean: the L2
+    flushed by reading (no write-backs inside the timed kernel; rows <backend>/attention[clean-L2])."""
     gpu = torch.cuda.get_device_name()
     mod = benchlib.build("mla-decode", "cuda")
-    timer = benchlib.Timer()
+    timer = benchlib.Timer(clean=clean)
+    suffix = "[clean-L2]" if clean else ""
     configs = {"cuda": {}} | {f"cuda+{n}": k for n, k in candidates.items()}
     rows, table = [], []
     for bs in SCALING_BATCHES:
@@ -161,7 +166,7 @@ def scaling(runs: int, candidates: dict) -> None:
                         line.append(None)
                         continue
                     us = timer(lambda: mod.ext.mla_attention(q, cache, kv_len, cos, sin, None), runs)
-                rows.append(benchlib.Row(gpu, 1, f"{name}/attention", "kernel", case, us))
+                rows.append(benchlib.Row(gpu, 1, f"{name}/attention{suffix}", "kernel", case, us))
                 line.append(us)
             table.append(line)
         del cache, q
@@ -175,8 +180,8 @@ def scaling(runs: int, candidates: dict) -> None:
                 sxx, sxy = sum(x * x for x, _ in pts), sum(x * y for x, y in pts)
                 slope = (n * sxy - sx * sy) / (n * sxx - sx * sx)
                 print(f"{name} batch {bs}: {slope:.3f} us a tile, intercept {(sy - slope * sx) / n:.1f} us", flush=True)
-    benchlib.table(f"mla-decode attention alone on {gpu} (us; CUDA events, L2 flushed)", ["case", "tiles"] + names,
-                   table)
+    benchlib.table(f"mla-decode attention alone on {gpu} (us; CUDA events, L2 flushed{' clean' if clean else ''})",
+                   ["case", "tiles"] + names, table)
 
 
 # --projections: linear.cuh's variants timed beside cuBLAS (knobs of LinearConfig, linear_config.h)
@@ -223,6 +228,47 @@ def projections(runs: int) -> None:
     benchlib.record("mla-decode", results)
     benchlib.table(f"mla-decode projections on {gpu}, x [128, k] (us, CUDA events, L2 flushed clean; plan = "
                    f"bn/splits/pdl); failures: {len(failures)}", ["W", "n x k", "kernel", "us", "W GB/s"], rows)
+    for msg in failures:
+        print("  FAIL " + msg)
+    if failures:
+        sys.exit(1)
+
+
+def head_gemm(runs: int) -> None:
+    """--head-gemm: the step's two per-head GEMMs at batch 128 on its own strided views (W_UK into the query's latent
+    columns; W_UV out of the attention, b a transposed view), head_gemm.cuh (ext.mla_bmm_out) against cuBLAS
+    (torch.bmm(out=)), CUDA events with the L2 flushed clean, each checked against fp32 first. GB/s counts the
+    weights' bytes (the step reads each once: 16 MB a GEMM)."""
+    gpu = torch.cuda.get_device_name()
+    mod = benchlib.build("mla-decode", "cuda")
+    case = problems.format_case(problems.load_spec("mla-decode").benchmarks[0])
+    timer, bs = benchlib.Timer(clean=True), 128
+    w_kvu = (torch.randn(128, 256, 512, device="cuda") / 16).bfloat16()
+    q = torch.randn(bs, 128, 192, device="cuda").bfloat16()
+    o = torch.randn(bs, 128, 512, device="cuda").bfloat16()
+    q_full, y = torch.empty(bs, 128, 576, device="cuda").bfloat16(), torch.empty(bs, 128, 128, device="cuda").bfloat16()
+    gemms = {"w_uk": (q_full.narrow(2, 0, 512).transpose(0, 1), q.narrow(2, 0, 128).transpose(0, 1),
+                      w_kvu.narrow(1, 0, 128)),
+             "w_uv": (y.transpose(0, 1), o.transpose(0, 1), w_kvu.narrow(1, 128, 128).transpose(1, 2))}
+    rows, table, failures = [], [], []
+    for name, (c, a, b) in gemms.items():
+        want = torch.bmm(a.float(), b.float())
+        times = {}
+        for label, fn in (("head_gemm", lambda: mod.ext.mla_bmm_out(c, a, b)),
+                          ("cublas", lambda: torch.bmm(a, b, out=c))):
+            c.fill_(float("nan"))
+            fn()
+            ratio = benchlib.tolerance_ratio(c, want, 8e-3, 1e-2)
+            if ratio > 1:
+                failures.append(f"{name}, {label}: {ratio:.2f}x the tolerance from fp32")
+                continue
+            times[label] = timer(fn, runs)
+            backend = "cuda+head-gemm" if label == "head_gemm" else "cublas"
+            rows.append(benchlib.Row(gpu, 1, f"{backend}/{name}[clean-L2]", "kernel", case, times[label]))
+            table.append([name, label, times[label], 128 * 128 * 512 * 2 / (times[label] * 1e-6) / 1e9])
+    benchlib.record("mla-decode", rows)
+    benchlib.table(f"mla-decode per-head GEMMs on {gpu}, batch 128 (us, CUDA events, L2 flushed clean); "
+                   f"failures: {len(failures)}", ["GEMM", "kernel", "us", "W GB/s"], table)
     for msg in failures:
         print("  FAIL " + msg)
     if failures:
@@ -390,6 +436,10 @@ def main():
     ap.add_argument("--scaling", action="store_true",
                     help="instead: the attention kernel alone over cache lengths and batch sizes (per-tile period, "
                          "fixed cost), the shipped kernel and the candidates")
+    ap.add_argument("--clean-l2", action="store_true",
+                    help="with --scaling: flush the L2 by reading, so the timed kernel writes back no dirty lines")
+    ap.add_argument("--head-gemm", action="store_true",
+                    help="instead: the step's two per-head GEMMs alone, head_gemm.cuh against cuBLAS")
     ap.add_argument("--trace-out", metavar="PREFIX", help="with --phase-trace: save the raw stamps too")
     args = ap.parse_args()
     if args.rope_cost:
@@ -402,7 +452,10 @@ def main():
         phase_trace(args.trace_out)
         return
     if args.scaling:
-        scaling(args.runs, benchlib.selected(CANDIDATES, args.candidates))
+        scaling(args.runs, benchlib.selected(CANDIDATES, args.candidates), args.clean_l2)
+        return
+    if args.head_gemm:
+        head_gemm(args.runs)
         return
     if args.official:
         benchlib.official_figures("mla-decode", "cuda", benchlib.selected(CANDIDATES, args.candidates),
@@ -420,7 +473,7 @@ def main():
     rows = [time_case(c, cuda_mod, torch_mod, ref, args.runs, candidates, revisions)
             for c in problems.load_spec("mla-decode").benchmarks]
     names = [("cuda", "cuda"), ("torch", "torch"), ("attention", "cuda/attention"),
-             ("projections", "cuda/projections")] + \
+             ("attention[clean-L2]", "cuda/attention[clean-L2]"), ("projections", "cuda/projections")] + \
         [(f"cuda+{n}{part}", f"cuda+{n}{part}") for n in candidates for part in ("", "/attention")] + \
         [(n + part, n + part) for n in revisions for part in ("", "/attention")] + \
         [("flashinfer/attention", "flashinfer/attention")]
@@ -431,7 +484,7 @@ def main():
     benchlib.record("mla-decode", results)
     cols = ["floor", "cuda", *(f"cuda+{n}" for n in candidates), *revisions, "cuda_host", "torch", "attention",
             "attention (again)", *(f"cuda+{n}/attention" for n in candidates), *(f"{n}/attention" for n in revisions),
-            "flashinfer/attention", "attention_GBps", "projections"]
+            "flashinfer/attention", "attention_GBps", "attention[clean-L2]", "attention[clean-L2]_GBps", "projections"]
     benchlib.table(f"mla-decode on {gpu} (us; kernel = CUDA events, L2 flushed; cuda_host = host clock); "
                    f"failures: {len(failures)}", ["case"] + cols,
                    [[r["case"]] + [r.get(c) for c in cols] for r in rows] +

@@ -151,7 +151,7 @@ torch::Tensor mla_linear(torch::Tensor x, torch::Tensor w) {
 
 // c [H, m, n] = a [H, m, k] . b [H, k, n] per head (bf16), at::bmm_out's contract for the step's two per-head GEMMs,
 // through head_gemm.cuh (KBENCH_MLA_HEAD_GEMM=0: at::bmm_out, cuBLAS). a and c: the last dim contiguous, any row and
-// head strides; b: n contiguous (rows of k) or k contiguous (a transposed view); m <= 128, n % 128 == 0, k % 32 == 0,
+// head strides; b: n contiguous (rows of k) or k contiguous (a transposed view); m <= 128, n % 128 == 0, k % 64 == 0,
 // a's and b's strides multiples of 8 elements. Returns c.
 torch::Tensor mla_bmm_out(torch::Tensor c, torch::Tensor a, torch::Tensor b) {
   TORCH_CHECK(a.dim() == 3 && b.dim() == 3 && c.dim() == 3 && a.size(0) == b.size(0) && c.size(0) == a.size(0) &&
@@ -169,9 +169,9 @@ torch::Tensor mla_bmm_out(torch::Tensor c, torch::Tensor a, torch::Tensor b) {
   TORCH_CHECK(a.stride(2) == 1 && c.stride(2) == 1 && (b.stride(2) == 1 || b.stride(1) == 1) &&
                   aligned(a, a.stride(1), a.stride(0)) &&
                   aligned(b, b_k_major ? b.stride(2) : b.stride(1), b.stride(0)) && m >= 1 && m <= 128 &&
-                  n % 128 == 0 && k % 32 == 0,
+                  n % 128 == 0 && k % 64 == 0 && k > 0,
               "mla_bmm_out: needs contiguous last dims of a and c, b with n or k contiguous, 16-byte aligned rows, "
-              "m <= 128, n a multiple of 128 and k of 32 (KBENCH_MLA_HEAD_GEMM=0 takes any shape through cuBLAS)");
+              "m <= 128, n a multiple of 128 and k of 64 (KBENCH_MLA_HEAD_GEMM=0 takes any shape through cuBLAS)");
   const c10::cuda::CUDAGuard guard(a.device());
   const char* err = launch_mla_head_gemm(a.data_ptr(), a.stride(1), a.stride(0), b.data_ptr(),
                                          b_k_major ? b.stride(2) : b.stride(1), b.stride(0), b_k_major, c.data_ptr(),
@@ -196,9 +196,8 @@ std::vector<int64_t> mla_linear_plan(int64_t m, int64_t n, int64_t k) {
 // [bs, 1, dim] bf16.
 // Why one C++ call: leaderboard mode hands new inputs every run, so no graph replays and the step runs eagerly; from
 // Python its ~12 launches cost the host ~1 ms while the GPU waited (docs/mla-decode-notes.md, finding 31). The
-// projections go through mla_linear (linear.cuh) and, when eager, the per-head GEMMs through mla_bmm_out
-// (head_gemm.cuh) rather than cuBLAS for the same reason: cuBLAS spent 50-190 us of host time a call before its launch
-// (finding 32). The graph captures this same call; inside a capture the append runs on a side stream beside the q
+// projections go through mla_linear (linear.cuh) and the per-head GEMMs through mla_bmm_out (head_gemm.cuh) rather
+// than cuBLAS for the same reason: cuBLAS spent 50-190 us of host time a call before its launch (finding 32). The graph captures this same call; inside a capture the append runs on a side stream beside the q
 // projections, which leave most SMs idle at 128 rows.
 torch::Tensor mla_step(torch::Tensor x, torch::Tensor cache, torch::Tensor w_kv_down, torch::Tensor w_q_down,
                        torch::Tensor w_q_up, torch::Tensor w_kv_up, torch::Tensor w_o, int64_t kv_len,
@@ -242,20 +241,16 @@ torch::Tensor mla_step(torch::Tensor x, torch::Tensor cache, torch::Tensor w_kv_
   } else {
     append();
   }
-  // The per-head GEMMs: head_gemm.cuh where the step runs eagerly (cuBLAS's host time before its launch kept the GPU
-  // waiting ~190 us), cuBLAS inside a capture, where host time is paid once and its kernels read as a little faster
-  // (benchmark mode 539.4 against 558.9 us with head_gemm.cuh in the graph, one run each; finding 32).
-  auto bmm = [&](torch::Tensor c, const torch::Tensor& a, const torch::Tensor& b) {
-    if (capture == cudaStreamCaptureStatusActive) at::bmm_out(c, a, b);
-    else mla_bmm_out(c, a, b);
-  };
+  // The per-head GEMMs through head_gemm.cuh, eager or captured: cuBLAS spent ~190 us of host time before its first
+  // launch in an eager window (finding 32), and inside a capture it would be the process's first cuBLAS call (the
+  // projections run on linear.cuh), which fails there: its set-up is not capturable (finding 33).
   const torch::Tensor q = mla_linear(mla_linear(x2, w_q_down), w_q_up).view({bs, kH, kNope + kRope});
   const torch::Tensor w_kvu = w_kv_up.view({kH, kNope + kV, kLora});
   // q_full [bs, H, 576] = (q_nope W_UK) | roped q_rope: the per-head bmm writes its [H, bs, 512] result straight into
   // the latent columns (a strided output: rows H * 576 apart), mla_rope_q the rope columns
   torch::Tensor q_full = torch::empty({bs, kH, kLora + kRope}, x.options());
   torch::Tensor q_latent = q_full.narrow(2, 0, kLora).transpose(0, 1);
-  bmm(q_latent, q.narrow(2, 0, kNope).transpose(0, 1), w_kvu.narrow(1, 0, kNope));
+  mla_bmm_out(q_latent, q.narrow(2, 0, kNope).transpose(0, 1), w_kvu.narrow(1, 0, kNope));
   mla_rope_q(q_full, q, cos, sin, lens);
   if (appended) {  // the attention reads the new row
     C10_CUDA_CHECK(cudaStreamWaitEvent(main.stream(), appended, 0));
@@ -266,6 +261,6 @@ torch::Tensor mla_step(torch::Tensor x, torch::Tensor cache, torch::Tensor w_kv_
   // y [bs, H, v] written by the per-head bmm through a transposed view: wo reads it as [bs, H * v] in place
   torch::Tensor y = torch::empty({bs, kH, kV}, x.options());
   torch::Tensor y_heads = y.transpose(0, 1);
-  bmm(y_heads, o_latent.transpose(0, 1), w_kvu.narrow(1, kNope, kV).transpose(1, 2));
+  mla_bmm_out(y_heads, o_latent.transpose(0, 1), w_kvu.narrow(1, kNope, kV).transpose(1, 2));
   return mla_linear(y.view({bs, 1, kH * kV}), w_o);
 }

@@ -6,8 +6,12 @@
 // For every head h: C[h] [m, n] = A[h] [m, k] . B[h] [k, n], bf16 operands, fp32 sums, bf16 results (as cuBLAS's bf16
 // GEMM rounds). A and C rows are strided (the heads interleave within a token's row); B[h] is either [k][n] row-major
 // (kBKMajor = false: W_UK[h], n contiguous) or [n][k] row-major (kBKMajor = true: W_UV[h] read as its transpose).
-// CTA = (128 columns of n, head h), 8 warps as 4 (m) x 2 (n), each 32 x 64 of C through m16n8k16; k in chunks of 32,
-// double-buffered by cp.async; rows past m are read from row m - 1 and not stored.
+// CTA = (128 columns of n, head h), 8 warps as 4 (m) x 2 (n), each 32 x 64 of C through m16n8k16; k in chunks of 64
+// through a ring of kStages cp.async stages (every chunk of W_UK's k = 128 in flight at once, three of W_UV's 512);
+// rows past m are read from row m - 1 and not stored. The tile leaves through shared memory as 256-byte row segments.
+// Why these choices (docs/mla-decode-notes.md, finding 33): the first version (k chunks of 32, two stages, 4-byte
+// stores of C) read 573 / 689 GB/s of weights against cuBLAS's 1104 / 978; both GEMMs move ~36 MB (W 16.8 MB, the
+// other operand and C), ~12 us at 3 TB/s, so the bytes in flight a SM and C's write pattern set their time.
 #pragma once
 #include <cuda_bf16.h>
 
@@ -16,10 +20,15 @@
 namespace mla {
 
 constexpr int kHgThreads = 256;
-constexpr int kHgBM = 128, kHgBN = 128, kHgBK = 32;
-constexpr int kHgAPitch = kHgBK + 8;   // bf16: 80-byte rows, conflict-free ldmatrix
-constexpr int kHgBnPitch = kHgBN + 8;  // kBKMajor = false: [32 k][136]
-constexpr int kHgBkPitch = kHgBK + 8;  // kBKMajor = true: [128 n][40]
+constexpr int kHgBM = 128, kHgBN = 128, kHgBK = 64;
+constexpr int kHgAPitch = kHgBK + 8;   // bf16: 144-byte rows, conflict-free ldmatrix
+constexpr int kHgBnPitch = kHgBN + 8;  // kBKMajor = false: [64 k][136]
+constexpr int kHgBkPitch = kHgBK + 8;  // kBKMajor = true: [128 n][72]
+constexpr int kHgCPitch = kHgBN + 8;   // the epilogue's staged tile: [128 m][136]
+constexpr int kHgStageElems = kHgBM * kHgAPitch + (kHgBK * kHgBnPitch > kHgBN * kHgBkPitch ? kHgBK * kHgBnPitch
+                                                                                            : kHgBN * kHgBkPitch);
+constexpr int hg_smem_bytes(int stages) { return stages * kHgStageElems * 2; }
+static_assert(kHgBM * kHgCPitch <= 2 * kHgStageElems, "the staged C tile fits in two stages");
 
 struct HeadGemmArgs {
   const __nv_bfloat16* a;
@@ -28,7 +37,7 @@ struct HeadGemmArgs {
   long long b_row, b_head;  // of B's stored rows (k rows, or n rows when kBKMajor) and heads
   __nv_bfloat16* c;
   long long c_row, c_head;
-  int m, n, k;  // m <= 128; n a multiple of 128; k a multiple of 32
+  int m, n, k;  // m <= 128; n a multiple of 128; k a multiple of 64
 };
 
 __device__ __forceinline__ void hg_cp16(void* smem, const void* gmem) {
@@ -57,63 +66,67 @@ __device__ __forceinline__ void hg_mma(float (&d)[4], const uint32_t (&a)[4], ui
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-template <bool kBKMajor>
-__global__ void __launch_bounds__(kHgThreads) head_gemm_kernel(const HeadGemmArgs p) {
-  constexpr int kBElems = kBKMajor ? kHgBN * kHgBkPitch : kHgBK * kHgBnPitch;
-  __shared__ __align__(16) __nv_bfloat16 s_a[2][kHgBM * kHgAPitch];
-  __shared__ __align__(16) __nv_bfloat16 s_b[2][kBElems];
+template <bool kBKMajor, int kStages>
+__global__ void __launch_bounds__(kHgThreads, 2) head_gemm_kernel(const HeadGemmArgs p) {
+  static_assert(kStages >= 2, "the staged C tile reuses two stages");
+  extern __shared__ __align__(16) __nv_bfloat16 hg_smem[];
   const int h = blockIdx.y, n0 = blockIdx.x * kHgBN;
   const int t = threadIdx.x, warp = t / 32, lane = t % 32;
   const __nv_bfloat16* a = p.a + h * p.a_head;
   const __nv_bfloat16* b = p.b + h * p.b_head;
+  auto s_a = [&](int buf) { return hg_smem + buf * kHgStageElems; };
+  auto s_b = [&](int buf) { return hg_smem + buf * kHgStageElems + kHgBM * kHgAPitch; };
 
-  // one chunk of k: A 128 x 32 (4 16-byte pieces a row) and B 32 x 128 or 128 x 32, two pieces of each a thread
+  // one chunk of k: A 128 x 64 (8 16-byte pieces a row) and B 64 x 128 or 128 x 64, four pieces of each a thread
   auto load = [&](int kc, int buf) {
     const int k0 = kc * kHgBK;
+    __nv_bfloat16* sa = s_a(buf);
+    __nv_bfloat16* sb = s_b(buf);
 #pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      const int piece = t + i * kHgThreads;  // 0..511
-      const int row = piece / 4, col = (piece % 4) * 8;
+    for (int i = 0; i < 4; ++i) {
+      const int piece = t + i * kHgThreads;  // 0..1023
+      const int row = piece / 8, col = (piece % 8) * 8;
       const int src_row = row < p.m ? row : p.m - 1;
-      hg_cp16(&s_a[buf][row * kHgAPitch + col], a + src_row * p.a_row + k0 + col);
-      if constexpr (kBKMajor) {  // n rows of 32 k
-        hg_cp16(&s_b[buf][row * kHgBkPitch + col], b + (n0 + row) * p.b_row + k0 + col);
-      } else {  // 32 k rows of 128 n: 16 pieces a row
+      hg_cp16(&sa[row * kHgAPitch + col], a + src_row * p.a_row + k0 + col);
+      if constexpr (kBKMajor) {  // n rows of 64 k
+        hg_cp16(&sb[row * kHgBkPitch + col], b + (n0 + row) * p.b_row + k0 + col);
+      } else {  // 64 k rows of 128 n: 16 pieces a row
         const int krow = piece / 16, ncol = (piece % 16) * 8;
-        hg_cp16(&s_b[buf][krow * kHgBnPitch + ncol], b + (k0 + krow) * p.b_row + n0 + ncol);
+        hg_cp16(&sb[krow * kHgBnPitch + ncol], b + (k0 + krow) * p.b_row + n0 + ncol);
       }
     }
-    asm volatile("cp.async.commit_group;" ::: "memory");
   };
 
   const int wm = (warp / 2) * 32, wn = (warp % 2) * 64;  // this warp's 32 x 64 of the tile
   float acc[2][8][4] = {};
   const int chunks = p.k / kHgBK;
-  load(0, 0);
+#pragma unroll
+  for (int c = 0; c < kStages - 1; ++c) {  // every group is committed, empty or not: wait_group counts them
+    if (c < chunks) load(c, c);
+    asm volatile("cp.async.commit_group;" ::: "memory");
+  }
   for (int kc = 0; kc < chunks; ++kc) {
-    const int buf = kc & 1;
-    if (kc + 1 < chunks) {
-      load(kc + 1, buf ^ 1);
-      asm volatile("cp.async.wait_group 1;" ::: "memory");
-    } else {
-      asm volatile("cp.async.wait_group 0;" ::: "memory");
-    }
-    __syncthreads();
+    asm volatile("cp.async.wait_group %0;" ::"n"(kStages - 2) : "memory");
+    __syncthreads();  // chunk kc landed for every thread, and every warp is done with chunk kc - 1's stage
+    if (kc + kStages - 1 < chunks) load(kc + kStages - 1, (kc + kStages - 1) % kStages);
+    asm volatile("cp.async.commit_group;" ::: "memory");
+    const __nv_bfloat16* sa = s_a(kc % kStages);
+    const __nv_bfloat16* sb = s_b(kc % kStages);
 #pragma unroll
     for (int ks = 0; ks < kHgBK; ks += 16) {
       uint32_t af[2][4];
 #pragma unroll
       for (int i = 0; i < 2; ++i)  // rows wm + 16 i + (lane % 16), k ks + (lane / 16) * 8
-        hg_ldm_x4(&s_a[buf][(wm + 16 * i + lane % 16) * kHgAPitch + ks + (lane / 16) * 8], af[i], false);
+        hg_ldm_x4(&sa[(wm + 16 * i + lane % 16) * kHgAPitch + ks + (lane / 16) * 8], af[i], false);
 #pragma unroll
       for (int j = 0; j < 4; ++j) {  // n-tiles 2j, 2j + 1: r0, r1 = b0, b1 of the first; r2, r3 of the second
         uint32_t bf[4];
         if constexpr (kBKMajor) {  // lane: n row (lane % 8) + (lane / 16) * 8, k ks + ((lane / 8) % 2) * 8
-          hg_ldm_x4(&s_b[buf][(wn + 16 * j + lane % 8 + (lane / 16) * 8) * kHgBkPitch + ks + ((lane / 8) % 2) * 8], bf,
+          hg_ldm_x4(&sb[(wn + 16 * j + lane % 8 + (lane / 16) * 8) * kHgBkPitch + ks + ((lane / 8) % 2) * 8], bf,
                     false);
         } else {  // lane: k row ks + (lane % 8) + ((lane / 8) % 2) * 8, n (lane / 16) * 8
-          hg_ldm_x4(&s_b[buf][(ks + lane % 8 + ((lane / 8) % 2) * 8) * kHgBnPitch + wn + 16 * j + (lane / 16) * 8],
-                    bf, true);
+          hg_ldm_x4(&sb[(ks + lane % 8 + ((lane / 8) % 2) * 8) * kHgBnPitch + wn + 16 * j + (lane / 16) * 8], bf,
+                    true);
         }
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
@@ -122,21 +135,27 @@ __global__ void __launch_bounds__(kHgThreads) head_gemm_kernel(const HeadGemmArg
         }
       }
     }
-    __syncthreads();  // the buffer is refilled by the next iteration's load
   }
-  __nv_bfloat16* c = p.c + h * p.c_head;
+  asm volatile("cp.async.wait_group 0;" ::: "memory");  // (only empty groups are left)
+  __syncthreads();                                        // every warp is done reading the ring: it holds C now
+  __nv_bfloat16* s_c = hg_smem;
   const int g = lane / 4, tc = 2 * (lane % 4);
 #pragma unroll
   for (int i = 0; i < 2; ++i)
 #pragma unroll
     for (int jn = 0; jn < 8; ++jn)
 #pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int row = wm + 16 * i + g + 8 * half;
-        if (row < p.m)
-          *reinterpret_cast<__nv_bfloat162*>(c + row * p.c_row + n0 + wn + 8 * jn + tc) =
-              __floats2bfloat162_rn(acc[i][jn][2 * half], acc[i][jn][2 * half + 1]);
-      }
+      for (int half = 0; half < 2; ++half)
+        *reinterpret_cast<__nv_bfloat162*>(&s_c[(wm + 16 * i + g + 8 * half) * kHgCPitch + wn + 8 * jn + tc]) =
+            __floats2bfloat162_rn(acc[i][jn][2 * half], acc[i][jn][2 * half + 1]);
+  __syncthreads();
+  __nv_bfloat16* c = p.c + h * p.c_head + n0;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {  // 16 threads a row: 256 contiguous bytes of it
+    const int piece = t + i * kHgThreads, row = piece / 16, col = (piece % 16) * 8;
+    if (row < p.m)
+      *reinterpret_cast<uint4*>(c + row * p.c_row + col) = *reinterpret_cast<const uint4*>(&s_c[row * kHgCPitch + col]);
+  }
 }
 
 }  // namespace mla

@@ -113,19 +113,28 @@ const char* launch_mla_append_row(const void* row, void* cache, int bs, int max_
   return kb::launch_error("mla_append_row");
 }
 
+// W_UK's k (128) is two chunks: three stages hold both in flight with two CTAs a SM; W_UV's (512) gets four.
+template <bool kBKMajor, int kStages>
+static const char* head_gemm_launch(const HeadGemmArgs& p, dim3 grid, cudaStream_t stream) {
+  auto kernel = head_gemm_kernel<kBKMajor, kStages>;
+  static const cudaError_t attr =
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, hg_smem_bytes(kStages));
+  if (attr != cudaSuccess) return "mla_head_gemm: cannot raise the kernel's shared memory";
+  kernel<<<grid, kHgThreads, hg_smem_bytes(kStages), stream>>>(p);
+  return kb::launch_error("mla_head_gemm");
+}
+
 const char* launch_mla_head_gemm(const void* a, long long a_row, long long a_head, const void* b, long long b_row,
                                  long long b_head, bool b_k_major, void* c, long long c_row, long long c_head,
                                  int heads, int m, int n, int k, cudaStream_t stream) {
-  if (m < 1 || m > kHgBM || n % kHgBN || k % kHgBK || heads < 1)
-    return "mla_head_gemm: needs 1 <= m <= 128, n a multiple of 128, k a multiple of 32";
+  if (m < 1 || m > kHgBM || n % kHgBN || k % kHgBK || k < kHgBK || heads < 1)
+    return "mla_head_gemm: needs 1 <= m <= 128, n a multiple of 128, k a multiple of 64";
   const HeadGemmArgs p{static_cast<const __nv_bfloat16*>(a), a_row, a_head, static_cast<const __nv_bfloat16*>(b),
                        b_row, b_head, static_cast<__nv_bfloat16*>(c), c_row, c_head, m, n, k};
   const dim3 grid(n / kHgBN, heads);
-  if (b_k_major)
-    head_gemm_kernel<true><<<grid, kHgThreads, 0, stream>>>(p);
-  else
-    head_gemm_kernel<false><<<grid, kHgThreads, 0, stream>>>(p);
-  return kb::launch_error("mla_head_gemm");
+  const bool deep = k > 2 * kHgBK;
+  if (b_k_major) return deep ? head_gemm_launch<true, 4>(p, grid, stream) : head_gemm_launch<true, 3>(p, grid, stream);
+  return deep ? head_gemm_launch<false, 4>(p, grid, stream) : head_gemm_launch<false, 3>(p, grid, stream);
 }
 
 // ---- the projections (linear.cuh) ------------------------------------------------------------------------------
