@@ -13,7 +13,8 @@
 #   window with CUDA events inside it);
 # Limits: TIER_S, PROFILE_S, SANITIZE_S seconds; TIER_FILES = the test files of the tier, in the order given;
 #   TIER_K = a pytest -k expression selecting among them; SANITIZE_TOOL = compute-sanitizer's tool (memcheck,
-#   racecheck, synccheck), SANITIZE_K = the tests it runs (a pytest -k expression).
+#   racecheck, synccheck), SANITIZE_K = the tests it runs (a pytest -k expression; it matches
+#   parameter ids too, without case: 'head_gemm' also selects test_every_official_case[LINEAR=0,HEAD_GEMM=0]).
 # several GPUs: dist-check, dist-bench (benchmarks/distributed.py), dist-perf (kbench perf), dist-tier, window-ab
 #   (all2all's torch backend judged, alternately, by kbench as it was at the revision in OLD_KBENCH, a `git archive`
 #   tarball, and by kbench now: the multi-rank window before and after it matched the official harness).
