@@ -3,6 +3,9 @@ definition (batch sizes that split the cache and that do not, kv lengths across 
 with NaN); then the generated submission through the evaluator: every official case, extra prefills at the official
 dims, and 200 reseeded leaderboard-mode runs, every one checked."""
 import math
+import subprocess
+import sys
+import textwrap
 
 import pytest
 
@@ -278,3 +281,33 @@ def test_graph_replays_follow_the_inputs_and_the_growing_cache(mla, monkeypatch,
         outputs.append(out)
     assert len(mla._graphs) == 1, "captured once, after the first call"
     assert len({o.data_ptr() for o in outputs}) == len(outputs), "each call returns its own tensor"
+
+
+# Three calls of one step in a process that has made no CUDA library call before: eager, captured, replayed.
+_FRESH_PROCESS_STEP = textwrap.dedent("""
+    import torch
+    from kbench import benchlib, problems
+    mod = benchlib.build("mla-decode", "cuda")
+    ref = problems.load_modules("mla-decode").reference
+    config, x, cache = ref.generate_input(batchsize=16, dim=7168, dq=1536, prefill=1100, seed=7)
+    seq0, outs = cache.seq_len, []
+    for call in range(3):
+        cache.seq_len = seq0  # the same step each time: the new row rewritten
+        out, _ = mod.custom_kernel((config, x, cache))
+        outs.append(out.clone())
+    torch.cuda.synchronize()
+    assert len(mod._graphs) == 1, "captured on the second call"
+    for i, out in enumerate(outs[1:], 1):
+        assert torch.equal(out, outs[0]), f"call {i} differs from the eager first call"
+    print("three calls ok")
+""")
+
+
+@pytest.mark.gpu
+def test_the_first_capture_in_a_fresh_process(mla):
+    """The step's capture (its second call) must not be the process's first use of a library whose set-up cannot be
+    captured: the shipped build of 2026-11-25 captured cuBLAS's first call and failed (docs/mla-decode-notes.md,
+    finding 33). Run in a new process, where nothing but the step has touched the GPU; the captured and replayed
+    calls must equal the eager one bit for bit (the same kernels run in both paths)."""
+    done = subprocess.run([sys.executable, "-c", _FRESH_PROCESS_STEP], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0 and "three calls ok" in done.stdout, done.stdout[-2000:] + done.stderr[-4000:]
