@@ -360,10 +360,34 @@ def trace_intervals(t: torch.Tensor, ntiles: int, phases=TRACE_PHASES) -> dict[s
     return out
 
 
+# A work item's fixed cost (what does not grow with its tiles; finding 33), from the s-once kernel's stamps at the CTA's
+# entry and once its rows are stored (role 4, events 4 and 6) around warpgroup 0's loop: the parts add up to the last.
+ITEM_PARTS = ("item: entry -> Q landed", "item: Q landed -> tile 0's S", "item: tiles 0-1 over the period",
+              "item: middle tiles over the period", "item: last 3 tiles over the period",
+              "item: loop end -> rows stored", "item: fixed cost (all parts)")
+
+
+def trace_item_parts(t: torch.Tensor, ntiles: int) -> dict[str, float] | None:
+    """ITEM_PARTS in cycles, each the median over the CTAs whose entry and end were stamped; "over the period" is a
+    stretch of tiles' time minus as many median tile periods (trace_intervals'). None without those stamps (builds
+    before them, the seesaw kernel) or under 6 tiles. t: float64 [ctas, roles, tiles, events] (TRACE_SHAPE)."""
+    clk = t[:, 4, 0]
+    have = (clk[:, 4] != 0) & (clk[:, 6] != 0)
+    if ntiles < 6 or not bool(have.any()):
+        return None
+    period = trace_intervals(t, ntiles)["tile period (wg0)"]
+    c, s_issued = clk[have], t[have, 0, :, 1]  # per CTA: the clock pairs; when each tile's S was issued
+    parts = (c[:, 0] - c[:, 4], s_issued[:, 0] - c[:, 0], s_issued[:, 2] - s_issued[:, 0] - 2 * period,
+             s_issued[:, ntiles - 3] - s_issued[:, 2] - (ntiles - 5) * period,
+             c[:, 2] - s_issued[:, ntiles - 3] - 3 * period, c[:, 6] - c[:, 2], c[:, 6] - c[:, 4] - ntiles * period)
+    return {name: part.median().item() for name, part in zip(ITEM_PARTS, parts)}
+
+
 def phase_trace(trace_out: str | None = None) -> None:
     """--phase-trace: one run of the shipped attention kernel (a dev build) per benchmark case with clock64 stamps
     at each role's points of the tile loop in the first 8 CTAs; prints the median of each interval over the middle
-    tiles (cycles and us at the SM clock), plus the TMA issue -> landed latency. Rows: cuda[dev]/trace:<phase>,
+    tiles (cycles and us at the SM clock), plus the TMA issue -> landed latency, and a work item's fixed cost in
+    parts (ITEM_PARTS). Rows: cuda[dev]/trace:<phase>,
     metric trace. With KBENCH_MLA_SEESAW=1 the seesaw kernel's stamps instead (SEESAW_TRACE_PHASES, per pair of
     tiles; rows cuda+seesaw[dev]/trace:<phase>); with another candidate's knobs set, rows
     cuda+<candidate>[dev]/trace:<phase>. trace_out: also save each case's raw stamps (int64 [ctas, roles,
@@ -390,7 +414,7 @@ def phase_trace(trace_out: str | None = None) -> None:
         rows += trace_rows(t, kv_len, gpu, label, table, seesaw)
         del config, x, cache
     benchlib.record("mla-decode", rows)
-    names = [n for n, *_ in (SEESAW_TRACE_PHASES if seesaw else TRACE_PHASES)]
+    names = [n for n, *_ in (SEESAW_TRACE_PHASES if seesaw else TRACE_PHASES)] + ([] if seesaw else list(ITEM_PARTS))
     benchlib.table(f"mla-decode {'seesaw' if seesaw else 's-once'} attention: median cycles (us at the measured SM "
                    f"clock) per {'pair of tiles' if seesaw else 'tile'}, middle ones of 8 CTAs; {gpu}",
                    ["phase"] + [r[0] for r in table], [[n] + [r[i + 1] for r in table] for i, n in enumerate(names)])
@@ -411,6 +435,14 @@ def trace_rows(t: torch.Tensor, kv_len: int, gpu: str, label: str, table: list, 
         if cycles > 0:  # an interval that runs backwards (a schedule that reorders the stamps) is no time
             rows.append(benchlib.Row(gpu, 1, f"{backend}/trace:{name}", "trace", label, cycles / mhz))
         line.append(f"{cycles:.0f} ({cycles / mhz:.2f})")
+    if not seesaw:  # a work item's fixed cost in parts (signed: a stretch may run faster than the median period)
+        parts = trace_item_parts(t, steps)
+        for name in ITEM_PARTS:
+            if parts is None:
+                line.append(None)
+                continue
+            rows.append(benchlib.Row(gpu, 1, f"{backend}/trace:{name}", "trace", label, parts[name] / mhz))
+            line.append(f"{parts[name]:.0f} ({parts[name] / mhz:.2f})")
     table.append(line)
     return rows
 

@@ -101,3 +101,32 @@ def test_trace_rows_name_the_candidate_whose_knobs_are_set(monkeypatch, knobs, b
         monkeypatch.setenv(name, value)
     rows = bench.trace_rows(_synthetic_stamps(bench), 64 * 40, "GPU", "case", [], seesaw=False)
     assert rows and {r.backend.split("/")[0] for r in rows} == {backend}
+
+
+def test_item_parts_add_up_to_the_fixed_cost():
+    """A work item of 40 tiles at a 1000-cycle period whose CTA entered 300 cycles before Q landed, waited 699 more
+    for tile 0's S, took 500 extra over its first two tiles and 250 over its last three, and stored its rows 900
+    cycles after its loop: each part is read back, the middle tiles cost nothing extra, and the parts add up to the
+    fixed cost. Without the entry stamps (earlier builds, the seesaw kernel) there are no parts."""
+    bench = _mla_benchmark()
+    t = torch.zeros(bench.TRACE_SHAPE, dtype=torch.float64)
+    ntiles, period = 40, 1000.0
+    s_issued = 1000.0 + period * torch.arange(ntiles).double() + 500  # from tile 2 on, 500 behind the period
+    s_issued[0], s_issued[1] = 1000.0, 1000.0 + period + 250
+    t[:, 0, :ntiles, 0] = s_issued - 100  # before the ready wait
+    t[:, 0, :ntiles, 1] = s_issued
+    loop_end = s_issued[ntiles - 3] + 3 * period + 250
+    entry = 1.0  # (a zero would read as "not stamped")
+    t[:, 4, 0, :8] = torch.tensor([entry + 300, 0.0, loop_end, 1e6, entry, 0.0, loop_end + 900, 0.0])
+    s_issued_check = t[:, 0, 0, 1] - t[:, 4, 0, 0]
+    assert torch.all(s_issued_check == 1000 - 301)
+    parts = bench.trace_item_parts(t, ntiles)
+    assert parts["item: entry -> Q landed"] == pytest.approx(300)
+    assert parts["item: Q landed -> tile 0's S"] == pytest.approx(699)
+    assert parts["item: tiles 0-1 over the period"] == pytest.approx(500)
+    assert parts["item: middle tiles over the period"] == pytest.approx(0)
+    assert parts["item: last 3 tiles over the period"] == pytest.approx(250)
+    assert parts["item: loop end -> rows stored"] == pytest.approx(900)
+    assert parts["item: fixed cost (all parts)"] == pytest.approx(300 + 699 + 500 + 250 + 900)
+    t[:, 4, 0, 4] = 0
+    assert bench.trace_item_parts(t, ntiles) is None

@@ -54,8 +54,10 @@ struct Params {
 
 // Dev builds may record when each role of the first kTraceCtas CTAs passes each point of its tile loop (SM clock
 // cycles, clock64): where a tile's time goes on the critical path (benchmarks/mla_decode.py --phase-trace).
-// Role kTraceClock holds (clock64, globaltimer ns) pairs at the start and the end of warpgroup 0's loop (events 0-1
-// and 2-3 of its tile 0), from which the SM clock of the run follows.
+// Role kTraceClock holds (clock64, globaltimer ns) pairs in its tile 0: events 0-1 at the start of warpgroup 0's loop
+// (Q landed), 2-3 at its end, from which the SM clock of the run follows; the s-once kernel adds 4-5 at the CTA's
+// entry and 6-7 once its rows are stored, so that a work item's fixed cost (what does not grow with its tiles) splits
+// into its parts (finding 33). (Tracing the grid's last CTAs too cost warpgroup 0 a register spill: not done.)
 constexpr int kTraceCtas = 8, kTraceRoles = 5, kTraceTiles = 128, kTraceEvents = 8;
 enum TraceRole { kTraceWg0 = 0, kTraceWg1 = 1, kTraceLoader = 2, kTraceRotator = 3, kTraceClock = 4 };
 __device__ __forceinline__ void trace_stamp(const Params& p, int role, int tile, int event) {

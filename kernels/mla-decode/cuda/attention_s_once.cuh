@@ -195,6 +195,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_attention_s_once_kernel(const
   const int kv_len = work.kv_len, tile0 = work.tile0, tile1 = work.tile1;
 
   if (threadIdx.x == 0) {
+    trace_clock(p, 4);  // (dev builds) the CTA's entry
     mbar_init(q_full, 1);
     for (int s = 0; s < kStages; ++s) {
       mbar_init(&full[s], 1);
@@ -352,6 +353,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_attention_s_once_kernel(const
   named_bar_sync(kBarRows, 256);
   const float m_row[2] = {s_m[frag_row], s_m[frag_row + 8]}, l_row[2] = {s_l[frag_row], s_l[frag_row + 8]};
   store_rows(p, work, o, w, frag_row, frag_col, m_row, l_row, w == 0 && (lane & 3) == 0);
+  if (threadIdx.x == 0) trace_clock(p, 6);  // (dev builds) its rows stored (issued)
 }
 
 }  // namespace mla
