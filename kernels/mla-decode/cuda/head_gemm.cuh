@@ -1,7 +1,8 @@
 // The two per-head GEMMs of the absorbed step (W_UK into the query, W_UV out of the attention), in place of cuBLAS's
 // strided batched GEMM: cuBLAS spent ~190 us of host time before the first one's launch in leaderboard mode's eager
-// windows, while the GPU waited (docs/mla-decode-notes.md, finding 32). These GEMMs are small (2.1 GFLOP and 16.8 MB
-// of weights each), so a plain mma.sync kernel is enough.
+// windows, while the GPU waited (docs/mla-decode-notes.md, finding 32), and inside the graph its capture would be the
+// process's first cuBLAS call, which cannot be captured (finding 33). These GEMMs are small (2.1 GFLOP and 16.8 MB of
+// weights each), so a plain mma.sync kernel is enough.
 //
 // For every head h: C[h] [m, n] = A[h] [m, k] . B[h] [k, n], bf16 operands, fp32 sums, bf16 results (as cuBLAS's bf16
 // GEMM rounds). A and C rows are strided (the heads interleave within a token's row); B[h] is either [k][n] row-major
