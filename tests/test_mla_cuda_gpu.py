@@ -283,7 +283,8 @@ def test_graph_replays_follow_the_inputs_and_the_growing_cache(mla, monkeypatch,
     assert len({o.data_ptr() for o in outputs}) == len(outputs), "each call returns its own tensor"
 
 
-# Three calls of one step in a process that has made no CUDA library call before: eager, captured, replayed.
+# Three calls of one step in a process that has made no CUDA library call before: the first runs eagerly and is
+# captured behind (graph_replay), the next two replay the graph.
 _FRESH_PROCESS_STEP = textwrap.dedent("""
     import torch
     from kbench import benchlib, problems
@@ -296,18 +297,18 @@ _FRESH_PROCESS_STEP = textwrap.dedent("""
         out, _ = mod.custom_kernel((config, x, cache))
         outs.append(out.clone())
     torch.cuda.synchronize()
-    assert len(mod._graphs) == 1, "captured on the second call"
+    assert len(mod._graphs) == 1, "captured once, on the first call"
     for i, out in enumerate(outs[1:], 1):
-        assert torch.equal(out, outs[0]), f"call {i} differs from the eager first call"
+        assert torch.equal(out, outs[0]), f"call {i} (a replay) differs from the eager first call"
     print("three calls ok")
 """)
 
 
 @pytest.mark.gpu
 def test_the_first_capture_in_a_fresh_process(mla):
-    """The step's capture (its second call) must not be the process's first use of a library whose set-up cannot be
-    captured: the shipped build of 2026-11-25 captured cuBLAS's first call and failed (docs/mla-decode-notes.md,
-    finding 33). Run in a new process, where nothing but the step has touched the GPU; the captured and replayed
-    calls must equal the eager one bit for bit (the same kernels run in both paths)."""
+    """The step's capture (behind its first, eager run) must not be the process's first use of a library whose set-up
+    cannot be captured: the shipped build of 2026-11-25 captured cuBLAS's first call and failed
+    (docs/mla-decode-notes.md, finding 33). Run in a new process, where nothing but the step has touched the GPU; the
+    replays must equal the eager call bit for bit (the same kernels run in both paths)."""
     done = subprocess.run([sys.executable, "-c", _FRESH_PROCESS_STEP], capture_output=True, text=True, timeout=600)
     assert done.returncode == 0 and "three calls ok" in done.stdout, done.stdout[-2000:] + done.stderr[-4000:]
