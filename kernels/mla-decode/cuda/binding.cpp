@@ -197,8 +197,9 @@ std::vector<int64_t> mla_linear_plan(int64_t m, int64_t n, int64_t k) {
 // Why one C++ call: leaderboard mode hands new inputs every run, so no graph replays and the step runs eagerly; from
 // Python its ~12 launches cost the host ~1 ms while the GPU waited (docs/mla-decode-notes.md, finding 31). The
 // projections go through mla_linear (linear.cuh) and the per-head GEMMs through mla_bmm_out (head_gemm.cuh) rather
-// than cuBLAS for the same reason: cuBLAS spent 50-190 us of host time a call before its launch (finding 32). The graph captures this same call; inside a capture the append runs on a side stream beside the q
-// projections, which leave most SMs idle at 128 rows.
+// than cuBLAS for the same reason: cuBLAS spent 50-190 us of host time a call before its launch (finding 32). The
+// graph captures this same call; inside a capture the append runs on a side stream beside the q projections, which
+// leave most SMs idle at 128 rows.
 torch::Tensor mla_step(torch::Tensor x, torch::Tensor cache, torch::Tensor w_kv_down, torch::Tensor w_q_down,
                        torch::Tensor w_q_up, torch::Tensor w_kv_up, torch::Tensor w_o, int64_t kv_len,
                        torch::Tensor cos, torch::Tensor sin, torch::Tensor lens) {

@@ -47,7 +47,7 @@ const char* launch_mla_linear(const LinearConfig& c, const void* x, const void* 
 
 // The per-head GEMMs (head_gemm.cuh): c[h] bf16 [m][n] = a[h] [m][k] . b[h] for h < heads, strides in elements
 // (rows of a and c, and b's stored rows: k rows of n, or with b_k_major n rows of k). m <= 128, n % 128 == 0,
-// k % 32 == 0, a's and b's rows and heads 16-byte aligned.
+// k % 64 == 0, a's and b's rows and heads 16-byte aligned.
 const char* launch_mla_head_gemm(const void* a, long long a_row, long long a_head, const void* b, long long b_row,
                                  long long b_head, bool b_k_major, void* c, long long c_row, long long c_head,
                                  int heads, int m, int n, int k, cudaStream_t stream);

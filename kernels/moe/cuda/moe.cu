@@ -132,7 +132,6 @@ void moe_describe(const MoeConfig& c, char* buf, int size) {
 
 const char* moe_run(const MoeArgs& a, cudaStream_t stream, cudaEvent_t* events) {
   if (const char* why = moe_supported(a.T, a.K, a.E, a.d, a.dexp)) return why;
-  device_info();
   const int G = a.E + 1, pairs = a.T * a.K;
   auto mark = [&](int i) {
     if (events) cudaEventRecord(events[i], stream);
@@ -191,7 +190,6 @@ const char* moe_run(const MoeArgs& a, cudaStream_t stream, cudaEvent_t* events) 
 
 const char* moe_run_shared_gemm1(const MoeArgs& a, cudaStream_t stream) {
   if (const char* why = moe_supported(a.T, a.K, a.E, a.d, a.dexp)) return why;
-  device_info();
   GemmParams g = gemm1_params(a);
   if (!map_f16(&g.a[1], a.x, a.d, a.T, kBM) || !map_f16(&g.b[0], a.w_gate[a.E], a.dexp, a.d, kBK) ||
       !map_f16(&g.b[kMaxGroups], a.w_up[a.E], a.dexp, a.d, kBK))
