@@ -39,7 +39,9 @@ CANDIDATES = {"eager": {"KBENCH_MLA_GRAPH": "0"},
               "cublas": {"KBENCH_MLA_LINEAR": "0"},
               # the two per-head GEMMs through cuBLAS's strided batched GEMM (before finding 32)
               "cublas-bmm": {"KBENCH_MLA_HEAD_GEMM": "0"},
-              "no-pdl": {"KBENCH_MLA_LINEAR_PDL": "0"}}
+              "no-pdl": {"KBENCH_MLA_LINEAR_PDL": "0"},
+              # the output rows stored from registers (before finding 34)
+              "row-stores": {"KBENCH_MLA_BULK_STORE": "0"}}
 # The step's projections at the official dims (batch 128): name -> (n, k) of W [n, k]; x is [128, k].
 PROJECTIONS = {"kv_down": (576, 7168), "q_down": (1536, 7168), "q_up": (24576, 1536), "wo": (7168, 16384)}
 

@@ -55,7 +55,8 @@ def _set_knobs(monkeypatch, splits, knobs):
                           (16, 1025, "3", "S_ONCE=0,PREFETCH_TABLES=0"),
                           (1, 2, None, "SEESAW=1"), (3, 65, None, "SEESAW=1"), (16, 1025, None, "SEESAW=1"),
                           (128, 130, None, "SEESAW=1"), (2, 8192, None, "SEESAW=1"), (128, 4097, None, "SEESAW=1"),
-                          (128, 4097, "2", "SEESAW=1"), (16, 1025, "3", "SEESAW=1")])
+                          (128, 4097, "2", "SEESAW=1"), (16, 1025, "3", "SEESAW=1"),
+                          (3, 65, None, "BULK_STORE=0"), (128, 4097, None, "BULK_STORE=0")])
 def test_attention_matches_the_definition(mla, bs, kv_len, splits, knobs, monkeypatch, grow=1.0):
     """splits, knobs: as _set_knobs takes them. grow: the keys' rope columns scaled from 1 at position 0 to
     `grow` at the last, so that the row maxima keep rising tile after tile (the s-once softmax rescales lazily)."""
@@ -97,7 +98,7 @@ def test_attention_with_rising_maxima(mla, bs, kv_len, splits, knobs, monkeypatc
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("bs,kv_len,splits,knobs", [(128, 4097, "2", ""), (128, 4097, "2", "SEESAW=1"),
-                                                    (16, 1025, None, "SEESAW=1")])
+                                                    (16, 1025, None, "SEESAW=1"), (128, 4097, None, "")])
 def test_attention_repeats_bit_for_bit(mla, bs, kv_len, splits, knobs, monkeypatch):
     """The kernel is deterministic: 30 calls on the same inputs must give the same bits. A race between the
     warpgroups, the loads and the rotators shows up here as an occasional difference (a version of the seesaw
@@ -117,6 +118,27 @@ def test_attention_repeats_bit_for_bit(mla, bs, kv_len, splits, knobs, monkeypat
     first = call()
     differing = [i for i in range(30) if not torch.equal(call(), first)]
     assert not differing, f"calls {differing} of 30 differ from the first"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("bs,kv_len", [(3, 65), (128, 4097)])
+def test_staged_rows_equal_the_direct_stores(mla, bs, kv_len, monkeypatch):
+    """MlaConfig::bulk_store only changes how the rows reach memory (through shared memory and bulk copies instead of
+    stores from registers): the same bits, with the output poisoned before each call."""
+    import torch
+
+    gen = torch.Generator(device="cuda")
+    gen.manual_seed(7 * bs + kv_len)
+    q = torch.randn(bs, 128, 576, generator=gen, device="cuda").bfloat16()
+    cache = torch.randn(bs, 8192, 576, generator=gen, device="cuda").bfloat16()
+    cos, sin = mla._rope_tables(8192, 64, q.device)
+    outs = {}
+    for bulk in ("0", "1"):
+        monkeypatch.setenv("KBENCH_MLA_BULK_STORE", bulk)
+        benchlib.poison_allocator()
+        outs[bulk] = mla.ext.mla_attention(q, cache, kv_len, cos, sin, None)
+    assert not outs["1"].isnan().any(), "rows left unwritten (the poison shows through)"
+    assert torch.equal(outs["0"], outs["1"]), "the staged rows differ from the direct stores"
 
 
 @pytest.mark.gpu

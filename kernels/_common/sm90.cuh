@@ -142,6 +142,17 @@ __device__ __forceinline__ void fence_proxy_async_smem() {
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
 }
 
+// A bulk copy of bytes (a multiple of 16, both addresses 16-byte aligned) from shared to global memory, in this
+// thread's bulk group; the thread waits for the copy's reads of shared memory (not for its writes to land) before the
+// buffer may change or the CTA exit. The source's generic-proxy writes need fence_proxy_async_smem first.
+__device__ __forceinline__ void bulk_store_s2g(void* dst, const void* src, uint32_t bytes) {
+  asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;" ::"l"(dst), "r"(smem_u32(src)),
+               "r"(bytes)
+               : "memory");
+  asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+}
+__device__ __forceinline__ void bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory"); }
+
 // ---- register budget per warpgroup ------------------------------------------------------------------------
 template <int R>
 __device__ __forceinline__ void setmaxnreg_inc() {

@@ -45,6 +45,7 @@ struct Params {
   float* part_ml;                // [splits][bs][128][2]
   const int* kv_len;             // [1] in device memory: a captured graph replays for any cache length
   int bs, max_seq, splits;
+  int bulk_store;                // s-once, splits == 1: rows staged in shared memory, written by bulk copies
   float scale_log2;              // log2(e) / sqrt(192)
 #ifdef KBENCH_DEV
   int skip_rope;                 // timing only (KBENCH_MLA_DEV_SKIP_ROPE): the keys left un-rotated

@@ -36,6 +36,11 @@ constexpr int kSOnceSmemBytes = 1024 + kTileBytes * (1 + kStages) + kBlockBytes 
 constexpr int kBarPReady = 5;  // P and the rescale factors of the current tile are in shared memory
 constexpr int kBarPFree = 6;   // warpgroup 1 has read them (its P V done): warpgroup 0 may write the next
 constexpr int kBarRows = 7;    // the final row maxima and sums are in shared memory
+constexpr int kBarStaged = 8;  // + w: warpgroup w's output columns are staged (MlaConfig::bulk_store)
+// The staged output rows (bulk_store): 64 heads x 512 bf16, rows 1040 bytes apart so that a warp's fragment writes
+// (8 rows x 16 bytes) fall in distinct banks; they take the ring's room once both warpgroups' last P V is done.
+constexpr int kOutRowBytes = kLatent * 2 + 16;
+static_assert(kHG * kOutRowBytes <= kStages * kTileBytes, "the staged rows must fit in the ring");
 constexpr float kRescaleSlack = 8.0f;  // P up to 256: exact in bf16's exponent range, fp32 sums far from overflow
 // Registers a thread after setmaxnreg, per warpgroup. The CTA starts with kLaunchRegs a thread (ptxas's count under
 // __launch_bounds__(384, 1)) and setmaxnreg.inc waits until the pool can give what it asks for: if the consumers took
@@ -51,6 +56,30 @@ static_assert((kWg0Regs - kLaunchRegs) + (kWg1Regs - kLaunchRegs) <= kLaunchRegs
 // call j2 moves matrices (2 j2, 0), (2 j2, 1), (2 j2 + 1, 0), (2 j2 + 1, 1), lane l addressing row l % 8 of matrix
 // l / 8: row 16 warp + 8 ((l / 8) % 2) + l % 8, 16-byte chunk 2 j2 + l / 16. The registers are the A fragments of
 // O += P V (pa[4j .. 4j+3]: positions 16j ..).
+// One split's output rows through shared memory (MlaConfig::bulk_store): warpgroup w writes its 256 columns of the
+// CTA's 64 heads, normalised and rounded to bf16, into s_out, then 64 of its threads each copy one head's 512 bytes
+// to out [bs][128][512] with a bulk copy. The direct stores (store_rows) send 8 half-filled 32-byte sectors a warp
+// instruction, 4096 a CTA, which took 5-10 us at the end of every work item (finding 34).
+__device__ __forceinline__ void store_rows_staged(const Params& p, const CtaWork& c, const float* o, int w, int t,
+                                                  int frag_row, int frag_col, const float* l, uint8_t* s_out) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const float inv = 1.0f / l[h];
+    uint8_t* row = s_out + (frag_row + 8 * h) * kOutRowBytes + 512 * w + 2 * frag_col;
+#pragma unroll
+    for (int col = 0; col < 32; ++col)
+      *reinterpret_cast<__nv_bfloat162*>(row + 16 * col) =
+          __floats2bfloat162_rn(o[4 * col + 2 * h] * inv, o[4 * col + 2 * h + 1] * inv);
+  }
+  fence_proxy_async_smem();
+  named_bar_sync(kBarStaged + w, 128);
+  if (t < kHG) {
+    __nv_bfloat16* dst = p.out + (static_cast<long long>(c.b) * kHeads + c.hg * kHG + t) * kLatent + 256 * w;
+    bulk_store_s2g(dst, s_out + t * kOutRowBytes + 512 * w, 512);
+    bulk_wait_read();
+  }
+}
+
 __device__ __forceinline__ uint8_t* p_fragment_row(uint8_t* p_block, int warp, int lane, int j2) {
   return p_block + sw128_offset(warp * 16 + 8 * ((lane >> 3) & 1) + (lane & 7), 2 * j2 + (lane >> 4));
 }
@@ -352,8 +381,12 @@ __global__ void __launch_bounds__(kThreads, 1) mla_attention_s_once_kernel(const
   }
   named_bar_sync(kBarRows, 256);
   const float m_row[2] = {s_m[frag_row], s_m[frag_row + 8]}, l_row[2] = {s_l[frag_row], s_l[frag_row + 8]};
-  store_rows(p, work, o, w, frag_row, frag_col, m_row, l_row, w == 0 && (lane & 3) == 0);
-  if (threadIdx.x == 0) trace_clock(p, 6);  // (dev builds) its rows stored (issued)
+  // Both warpgroups' last P V is done (kBarRows), so the ring's stages are free for the staged rows.
+  if (p.bulk_store)
+    store_rows_staged(p, work, o, w, t, frag_row, frag_col, l_row, s_kv);
+  else
+    store_rows(p, work, o, w, frag_row, frag_col, m_row, l_row, w == 0 && (lane & 3) == 0);
+  if (threadIdx.x == 0) trace_clock(p, 6);  // (dev builds) its rows stored (issued; bulk: read from shared memory)
 }
 
 }  // namespace mla
