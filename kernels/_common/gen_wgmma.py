@@ -30,7 +30,8 @@ __device__ __forceinline__ void wgmma_m64n{n}k16_{dtype}(float* d, uint64_t da, 
 """)
 # A from registers (4 x 32 bits a thread: the m64k16 A fragment, which is the layout of an m64nN accumulator's
 # columns 16j .. 16j+15 packed in pairs; FlashAttention-3's P-in-registers), B in shared memory.
-for dtype, n in (("f16", 256), ("bf16", 64), ("bf16", 128), ("bf16", 256)):
+for dtype in ("f16", "bf16"):
+    n = 256
     regs = n // 2
     outs = ", ".join(f"%{i}" for i in range(regs))
     cons = ", ".join(f'"+f"(d[{i}])' for i in range(regs))

@@ -31,7 +31,7 @@ namespace mla {
 constexpr int kRotators = 96;  // producer warps 1..3
 constexpr int kRopeItems = kTile * 4;  // (row, group of 8 frequencies) pairs a tile
 constexpr int kItemsPerRotator = (kRopeItems + kRotators - 1) / kRotators;
-constexpr int kSOnceSmemBytes = 1024 + kTileBytes * (1 + kStages) + kBlockBytes + 3 * kHG * 4 + 16 + 8 * (1 + 4 * kStages);
+constexpr int kSOnceSmemBytes = 1024 + kTileBytes * (1 + kStages) + kBlockBytes + 3 * kHG * 4 + 16 + 8 * (1 + 3 * kStages);
 // Named barriers between the consumer warpgroups (256 threads: one side syncs, the other arrives).
 constexpr int kBarPReady = 5;  // P and the rescale factors of the current tile are in shared memory
 constexpr int kBarPFree = 6;   // warpgroup 1 has read them (its P V done): warpgroup 0 may write the next
@@ -47,72 +47,36 @@ constexpr float kRescaleSlack = 8.0f;  // P up to 256: exact in bf16's exponent 
 // more than the producer gave back, the kernel would hang (it did, with 200 / 200 / 112). Warpgroup 0 holds O (128),
 // S (32) and P (16) with the softmax's temporaries; warpgroup 1 only O and P. (232 / 184 / 88 against 200 / 200 /
 // 104: attention -2%, docs/mla-decode-notes.md finding 19.)
-constexpr int kLaunchRegs = 168, kProducerRegs = 88;
-// Per split of the output columns (kCols0 = warpgroup 0's): 256 -> 232 / 184, 192 -> 208 / 208, 128 -> 176 / 240.
-template <int kCols0>
-struct ConsumerRegs {
-  static constexpr int kWg0 = kCols0 == 256 ? 232 : kCols0 == 192 ? 208 : 176;
-  static constexpr int kWg1 = kCols0 == 256 ? 184 : kCols0 == 192 ? 208 : 240;
-  static_assert((kWg0 - kLaunchRegs) + (kWg1 - kLaunchRegs) <= kLaunchRegs - kProducerRegs,
-                "setmaxnreg: the consumer warpgroups would wait forever for registers the producer does not free");
-};
+constexpr int kLaunchRegs = 168, kWg0Regs = 232, kWg1Regs = 184, kProducerRegs = 88;
+static_assert((kWg0Regs - kLaunchRegs) + (kWg1Regs - kLaunchRegs) <= kLaunchRegs - kProducerRegs,
+              "setmaxnreg: the consumer warpgroups would wait forever for registers the producer does not free");
 
 // P of a tile in shared memory (64 heads x 64 positions, bf16, 128-byte swizzled rows), as stmatrix / ldmatrix move
 // it: pa[2c + h] holds rows frag_row + 8h, columns 8c + frag_col, +1 (the 8x8 matrix (c, h) of this warp's 16 rows);
 // call j2 moves matrices (2 j2, 0), (2 j2, 1), (2 j2 + 1, 0), (2 j2 + 1, 1), lane l addressing row l % 8 of matrix
 // l / 8: row 16 warp + 8 ((l / 8) % 2) + l % 8, 16-byte chunk 2 j2 + l / 16. The registers are the A fragments of
 // O += P V (pa[4j .. 4j+3]: positions 16j ..).
-// A warpgroup's N output columns col0 .. col0 + N - 1 of the CTA's 64 heads, from its m64nN accumulator o
-// (o[4c + 2h + e]: head frag_row + 8h, column col0 + 8c + frag_col + e). With one split: normalised by the row sums l
-// and rounded to bf16, either staged in s_out and copied out by bulk copies, one a head from 64 of the warpgroup's
-// threads (MlaConfig::bulk_store; the direct stores send 8 half-filled 32-byte sectors a warp instruction, 4096 a CTA,
-// which took 5-10 us at the end of every work item: finding 34), or stored from registers; with splits, the fp32
-// partials and (write_ml) the rows' (max m, sum l) for the combine.
-template <int N>
-__device__ __forceinline__ void store_cols(const Params& p, const CtaWork& c, const float* o, int col0, int w, int t,
-                                           int frag_row, int frag_col, const float* m, const float* l, bool write_ml,
-                                           uint8_t* s_out) {
-  const long long head0 = static_cast<long long>(c.b) * kHeads + c.hg * kHG;
-  if (p.splits == 1 && p.bulk_store) {
+// One split's output rows through shared memory (MlaConfig::bulk_store): warpgroup w writes its 256 columns of the
+// CTA's 64 heads, normalised and rounded to bf16, into s_out, then 64 of its threads each copy one head's 512 bytes
+// to out [bs][128][512] with a bulk copy. The direct stores (store_rows) send 8 half-filled 32-byte sectors a warp
+// instruction, 4096 a CTA, which took 5-10 us at the end of every work item (finding 34).
+__device__ __forceinline__ void store_rows_staged(const Params& p, const CtaWork& c, const float* o, int w, int t,
+                                                  int frag_row, int frag_col, const float* l, uint8_t* s_out) {
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const float inv = 1.0f / l[h];
-      uint8_t* row = s_out + (frag_row + 8 * h) * kOutRowBytes + 2 * (col0 + frag_col);
+  for (int h = 0; h < 2; ++h) {
+    const float inv = 1.0f / l[h];
+    uint8_t* row = s_out + (frag_row + 8 * h) * kOutRowBytes + 512 * w + 2 * frag_col;
 #pragma unroll
-      for (int col = 0; col < N / 8; ++col)
-        *reinterpret_cast<__nv_bfloat162*>(row + 16 * col) =
-            __floats2bfloat162_rn(o[4 * col + 2 * h] * inv, o[4 * col + 2 * h + 1] * inv);
-    }
-    fence_proxy_async_smem();
-    named_bar_sync(kBarStaged + w, 128);
-    if (t < kHG) {
-      bulk_store_s2g(p.out + (head0 + t) * kLatent + col0, s_out + t * kOutRowBytes + 2 * col0, 2 * N);
-      bulk_wait_read();
-    }
-  } else if (p.splits == 1) {
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const float inv = 1.0f / l[h];
-      __nv_bfloat16* dst = p.out + (head0 + frag_row + 8 * h) * kLatent + col0 + frag_col;
-#pragma unroll
-      for (int col = 0; col < N / 8; ++col)
-        *reinterpret_cast<__nv_bfloat162*>(dst + 8 * col) =
-            __floats2bfloat162_rn(o[4 * col + 2 * h] * inv, o[4 * col + 2 * h + 1] * inv);
-    }
-  } else {
-    const long long bh = static_cast<long long>(c.split) * p.bs * kHeads + head0;
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int row = frag_row + 8 * h;
-      float* dst = p.part_o + (bh + row) * kLatent + col0 + frag_col;
-#pragma unroll
-      for (int col = 0; col < N / 8; ++col)
-        *reinterpret_cast<float2*>(dst + 8 * col) = make_float2(o[4 * col + 2 * h], o[4 * col + 2 * h + 1]);
-      if (write_ml) {
-        p.part_ml[(bh + row) * 2] = m[h];
-        p.part_ml[(bh + row) * 2 + 1] = l[h];
-      }
-    }
+    for (int col = 0; col < 32; ++col)
+      *reinterpret_cast<__nv_bfloat162*>(row + 16 * col) =
+          __floats2bfloat162_rn(o[4 * col + 2 * h] * inv, o[4 * col + 2 * h + 1] * inv);
+  }
+  fence_proxy_async_smem();
+  named_bar_sync(kBarStaged + w, 128);
+  if (t < kHG) {
+    __nv_bfloat16* dst = p.out + (static_cast<long long>(c.b) * kHeads + c.hg * kHG + t) * kLatent + 256 * w;
+    bulk_store_s2g(dst, s_out + t * kOutRowBytes + 512 * w, 512);
+    bulk_wait_read();
   }
 }
 
@@ -130,31 +94,11 @@ __device__ __forceinline__ void load_p(uint8_t* p_block, int warp, int lane, uin
     ldmatrix_x4(p_fragment_row(p_block, warp, lane, j2), pa[4 * j2], pa[4 * j2 + 1], pa[4 * j2 + 2], pa[4 * j2 + 3]);
 }
 
-// O += P V over N output columns (a multiple of 64): o the m64nN accumulator, pa P's A fragments (above), v_desc the
-// descriptor of the tile's latent blocks for these columns (N-major, 64 columns a block). wgmma's N stops at 256, so
-// a wider range is several instructions a k-step. Issues the wgmmas only: the caller fences and commits.
-template <int N>
+// O += P V over 256 output columns: o the m64n256 accumulator, pa P's A fragments (above), v_desc the descriptor of
+// the tile's 4 latent blocks for these columns (N-major). Issues the 4 wgmmas only: the caller fences and commits.
 __device__ __forceinline__ void issue_pv_from_registers(float* o, const uint32_t* pa, uint64_t v_desc) {
-  static_assert(N % 64 == 0 && N <= kLatent, "P V: whole 64-column blocks");
-  constexpr uint64_t kBlockStep = kBlockBytes >> 4;  // the descriptor's start address counts 16-byte units
 #pragma unroll
-  for (int q = 0; q < 4; ++q) {
-    const uint64_t d = v_desc + (2048 >> 4) * q;
-#pragma unroll
-    for (int c = 0; c + 256 <= N; c += 256)
-      wgmma_m64n256k16_rs_bf16<1>(o + c / 2, pa + 4 * q, d + c / 64 * kBlockStep, 1);
-    constexpr int rest = N % 256;
-    if constexpr (rest >= 128)
-      wgmma_m64n128k16_rs_bf16<1>(o + (N - rest) / 2, pa + 4 * q, d + (N - rest) / 64 * kBlockStep, 1);
-    if constexpr (rest % 128 == 64)
-      wgmma_m64n64k16_rs_bf16<1>(o + (N - 64) / 2, pa + 4 * q, d + (N - 64) / 64 * kBlockStep, 1);
-  }
-}
-
-template <int N>
-__device__ __forceinline__ void fence_regs(float (&o)[N]) {
-#pragma unroll
-  for (int j = 0; j < N; ++j) reg_fence(o[j]);
+  for (int q = 0; q < 4; ++q) wgmma_m64n256k16_rs_bf16<1>(o, pa + 4 * q, v_desc + (2048 >> 4) * q, 1);
 }
 
 // The online softmax of one tile (log2 domain) over an m64n64 S accumulator: sc[4c + 2h + e] = head frag_row + 8h,
@@ -258,18 +202,10 @@ __device__ __forceinline__ void rotate_tiles(int u, const CtaWork& work, const P
   }
 }
 
-// kLatentFirst (with kRopeFirst): the 8 latent blocks land on a barrier of their own (latent[s]); warpgroup 0 issues
-// S over them as soon as they have landed and over the rope block once it is rotated (roped[s], the rotators' only),
-// and warpgroup 1 (P V reads latent columns only) waits for the latent blocks alone. The rotation then overlaps S
-// instead of preceding it on the chain release -> load -> S that two stages make (finding 35). kCols0: warpgroup 0's
-// output columns (256 = an even split; fewer take P V off warpgroup 0's path, which sets the tile's period, and give
-// it to warpgroup 1, which waits for P anyway).
-template <bool kRopeFirst, bool kLatentFirst, int kCols0>
+template <bool kRopeFirst>
 __global__ void __launch_bounds__(kThreads, 1) mla_attention_s_once_kernel(const __grid_constant__ CUtensorMap tm_q,
                                                                            const __grid_constant__ CUtensorMap tm_kv,
                                                                            const Params p) {
-  static_assert(kRopeFirst || !kLatentFirst, "latent-first S needs the rope block on its own barrier");
-  constexpr int kCols1 = kLatent - kCols0;
   extern __shared__ uint8_t smem_raw[];
   uint8_t* base = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
   uint8_t* s_q = base;
@@ -281,10 +217,8 @@ __global__ void __launch_bounds__(kThreads, 1) mla_attention_s_once_kernel(const
   int* s_rescale = reinterpret_cast<int*>(s_l + kHG);            // [4] per warp: this tile moved its rows' maxima
   uint64_t* q_full = reinterpret_cast<uint64_t*>(s_rescale + 4);
   uint64_t* full = q_full + 1;        // TMA landed (kRopeFirst: the rope block landed)
-  uint64_t* roped = full + kStages;   // ... and the rope columns rotated (kRopeFirst, !kLatentFirst: and the latent
-                                      // blocks landed)
+  uint64_t* roped = full + kStages;   // ... and the rope columns rotated (kRopeFirst: and the latent blocks landed)
   uint64_t* empty = roped + kStages;  // both consumer warpgroups done with the stage
-  uint64_t* latent = empty + kStages;  // kLatentFirst: the latent blocks landed
 
   const CtaWork work = cta_work(p);
   const int kv_len = work.kv_len, tile0 = work.tile0, tile1 = work.tile1;
@@ -294,9 +228,8 @@ __global__ void __launch_bounds__(kThreads, 1) mla_attention_s_once_kernel(const
     mbar_init(q_full, 1);
     for (int s = 0; s < kStages; ++s) {
       mbar_init(&full[s], 1);
-      mbar_init(&roped[s], kRotators + (kRopeFirst && !kLatentFirst ? 1 : 0));
+      mbar_init(&roped[s], kRotators + (kRopeFirst ? 1 : 0));
       mbar_init(&empty[s], 8);  // one arrive per consumer warp
-      mbar_init(&latent[s], 1);
     }
     fence_mbar_init();
   }
@@ -306,55 +239,52 @@ __global__ void __launch_bounds__(kThreads, 1) mla_attention_s_once_kernel(const
     setmaxnreg_dec<kProducerRegs>();
     const int pt = threadIdx.x - 256;
     if (pt == 0) {
-      load_q_and_tiles(&tm_q, &tm_kv, s_q, s_kv, q_full, kLatentFirst ? latent : kRopeFirst ? roped : full, empty,
-                       work, p.max_seq, kRopeFirst ? full : nullptr, &p);
+      load_q_and_tiles(&tm_q, &tm_kv, s_q, s_kv, q_full, kRopeFirst ? roped : full, empty, work, p.max_seq,
+                       kRopeFirst ? full : nullptr, &p);
     } else if (pt >= 32) {
       rotate_tiles(pt - 32, work, p, s_kv, full, roped);
     }
     return;
   }
 
-  const int w = threadIdx.x / 128;  // this warpgroup's output columns: warpgroup 0 0 .. kCols0 - 1, 1 the rest
+  const int w = threadIdx.x / 128;  // this warpgroup's output columns: 256w .. 256w + 255
   const int t = threadIdx.x % 128;
   const int warp = t / 32, lane = t % 32;
   const int frag_row = warp * 16 + lane / 4;  // heads frag_row and frag_row + 8 (within the CTA's 64)
   const int frag_col = 2 * (lane % 4);
   const int ntiles = tile1 - tile0;
-  // What a warpgroup waits for before reading a stage: warpgroup 1 (P V) only the latent blocks.
-  uint64_t* ready = kLatentFirst ? latent : roped;
+
+  float o[128];
+#pragma unroll
+  for (int i = 0; i < 128; ++i) o[i] = 0.0f;
+  // Warpgroup 0's softmax state. m_run: the row maxima (log2 domain); l_run: this thread's share of the row sums
+  // (its 16 positions of each tile), summed across the quad once at the end.
+  float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
 
   // One loop per warpgroup (their work differs; a shared loop branches around every wgmma).
   int s = 0;
   uint32_t phase = 0;
   // After a warpgroup's last read of stage s (its P V waited for): hand the stage back to the producer, go to the next.
   auto release_stage = [&]() {
+#pragma unroll
+    for (int j = 0; j < 128; ++j) reg_fence(o[j]);
     __syncwarp();
     if (lane == 0) mbar_arrive(&empty[s]);
     ring_next(s, phase, kStages);
   };
   if (w == 0) {
-    setmaxnreg_inc<ConsumerRegs<kCols0>::kWg0>();
-    float o[kCols0 / 2];
-#pragma unroll
-    for (int i = 0; i < kCols0 / 2; ++i) o[i] = 0.0f;
-    // The softmax state. m_run: the row maxima (log2 domain); l_run: this thread's share of the row sums (its 16
-    // positions of each tile), summed across the quad once at the end.
-    float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
+    setmaxnreg_inc<kWg0Regs>();
     uint32_t pa[16];  // P as bf16 pairs: pa[4j .. 4j+3] = the A fragment of positions 16j .. 16j+15
     float sc[32];  // S of the tile being worked on (m64n64 accumulator)
     // Waits until tile i (in stage st) is ready, then issues its S = Q K^T over the tile's 64 positions (one group).
     auto issue_s = [&](int i, int st, uint32_t ph) {
       if (t == 0) trace_stamp(p, kTraceWg0, i, 0);
-      mbar_wait(&ready[st], ph);
+      mbar_wait(&roped[st], ph);
       if (t == 0) trace_stamp(p, kTraceWg0, i, 1);
       const uint8_t* kv = s_kv + st * kTileBytes;
       wgmma_fence();
 #pragma unroll
       for (int blk = 0; blk < kBlocks; ++blk) {
-        if (kLatentFirst && blk == kBlocks - 1) {  // the rope block (last) rotated; the fence that the wait's
-          mbar_wait(&roped[st], ph);               // registers would otherwise make ptxas inject (C7519)
-          wgmma_fence();
-        }
         const uint64_t da = make_desc_sw128(s_q + blk * kBlockBytes);
         const uint64_t db = make_desc_sw128(kv + blk * kBlockBytes);
 #pragma unroll
@@ -393,43 +323,26 @@ __global__ void __launch_bounds__(kThreads, 1) mla_attention_s_once_kernel(const
       named_bar_arrive(kBarPReady, 256);
       if (rescale) {
 #pragma unroll
-        for (int j = 0; j < kCols0 / 2; ++j) o[j] *= alpha[(j >> 1) & 1];
+        for (int j = 0; j < 128; ++j) o[j] *= alpha[(j >> 1) & 1];
       }
-      // O += P V, columns 0 .. kCols0 - 1, P from registers.
+      // O += P V, columns 0 .. 255 (blocks 0 .. 3), P from registers.
       const uint64_t db = make_desc_sw128(kv, kBlockBytes, 1024);
       if (t == 0) trace_stamp(p, kTraceWg0, i, 5);
       wgmma_fence();
-      issue_pv_from_registers<kCols0>(o, pa, db);
+      issue_pv_from_registers(o, pa, db);
       wgmma_commit();
       wgmma_wait<0>();
       if (t == 0) trace_stamp(p, kTraceWg0, i, 6);
-      fence_regs(o);
       release_stage();
     }
     if (t == 0) trace_clock(p, 2);
-    // The final row maxima and sums, to warpgroup 1 too.
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      l_run[h] += __shfl_xor_sync(0xffffffff, l_run[h], 1);
-      l_run[h] += __shfl_xor_sync(0xffffffff, l_run[h], 2);
-      if ((lane & 3) == 0) {
-        s_m[frag_row + 8 * h] = m_run[h];
-        s_l[frag_row + 8 * h] = l_run[h];
-      }
-    }
-    // Both warpgroups' last P V is done past kBarRows, so the ring's stages are free for the staged rows.
-    named_bar_sync(kBarRows, 256);
-    store_cols<kCols0>(p, work, o, 0, w, t, frag_row, frag_col, m_run, l_run, (lane & 3) == 0, s_kv);
   } else {
-    setmaxnreg_inc<ConsumerRegs<kCols0>::kWg1>();
-    float o[kCols1 / 2];
-#pragma unroll
-    for (int i = 0; i < kCols1 / 2; ++i) o[i] = 0.0f;
+    setmaxnreg_inc<kWg1Regs>();
     if (ntiles > 0) named_bar_arrive(kBarPFree, 256);  // the P buffer starts free
     for (int i = 0; i < ntiles; ++i) {
       uint8_t* kv = s_kv + s * kTileBytes;
       if (t == 0) trace_stamp(p, kTraceWg1, i, 0);
-      mbar_wait(&ready[s], phase);
+      mbar_wait(&roped[s], phase);
       if (t == 0) trace_stamp(p, kTraceWg1, i, 1);
       named_bar_sync(kBarPReady, 256);
       if (t == 0) trace_stamp(p, kTraceWg1, i, 2);
@@ -441,23 +354,39 @@ __global__ void __launch_bounds__(kThreads, 1) mla_attention_s_once_kernel(const
       if (i + 1 < ntiles) named_bar_arrive(kBarPFree, 256);
       if (rescale) {
 #pragma unroll
-        for (int j = 0; j < kCols1 / 2; ++j) o[j] *= (j >> 1) & 1 ? alpha1 : alpha0;
+        for (int j = 0; j < 128; ++j) o[j] *= (j >> 1) & 1 ? alpha1 : alpha0;
       }
-      // O += P V, columns kCols0 .. 511, P from registers.
-      const uint64_t db = make_desc_sw128(kv + kCols0 / 64 * kBlockBytes, kBlockBytes, 1024);
+      // O += P V, columns 256 .. 511 (blocks 4 .. 7), P from registers.
+      const uint64_t db = make_desc_sw128(kv + 4 * kBlockBytes, kBlockBytes, 1024);
       wgmma_fence();
-      issue_pv_from_registers<kCols1>(o, pb, db);
+      issue_pv_from_registers(o, pb, db);
       wgmma_commit();
       wgmma_wait<0>();
       if (t == 0) trace_stamp(p, kTraceWg1, i, 3);
-      fence_regs(o);
       release_stage();
     }
-    named_bar_sync(kBarRows, 256);
-    const float m_row[2] = {s_m[frag_row], s_m[frag_row + 8]}, l_row[2] = {s_l[frag_row], s_l[frag_row + 8]};
-    store_cols<kCols1>(p, work, o, kCols0, w, t, frag_row, frag_col, m_row, l_row, false, s_kv);
   }
-  if (threadIdx.x == 0) trace_clock(p, 6);  // (dev builds) its rows stored (bulk: read from shared memory)
+
+  // The final row maxima and sums, from warpgroup 0 to both.
+  if (w == 0) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      l_run[h] += __shfl_xor_sync(0xffffffff, l_run[h], 1);
+      l_run[h] += __shfl_xor_sync(0xffffffff, l_run[h], 2);
+      if ((lane & 3) == 0) {
+        s_m[frag_row + 8 * h] = m_run[h];
+        s_l[frag_row + 8 * h] = l_run[h];
+      }
+    }
+  }
+  named_bar_sync(kBarRows, 256);
+  const float m_row[2] = {s_m[frag_row], s_m[frag_row + 8]}, l_row[2] = {s_l[frag_row], s_l[frag_row + 8]};
+  // Both warpgroups' last P V is done (kBarRows), so the ring's stages are free for the staged rows.
+  if (p.bulk_store)
+    store_rows_staged(p, work, o, w, t, frag_row, frag_col, l_row, s_kv);
+  else
+    store_rows(p, work, o, w, frag_row, frag_col, m_row, l_row, w == 0 && (lane & 3) == 0);
+  if (threadIdx.x == 0) trace_clock(p, 6);  // (dev builds) its rows stored (issued; bulk: read from shared memory)
 }
 
 }  // namespace mla

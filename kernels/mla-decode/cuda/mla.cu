@@ -24,14 +24,9 @@
 
 using namespace mla;
 
-// The s-once kernel for a configuration's compile-time choices (mla_config gives latent_first only with rope_first,
-// and wg0_cols other than 256 only with latent_first).
-static auto s_once_kernel(const MlaConfig& c) {
-  if (!c.rope_first) return mla_attention_s_once_kernel<false, false, 256>;
-  if (!c.latent_first) return mla_attention_s_once_kernel<true, false, 256>;
-  if (c.wg0_cols == 128) return mla_attention_s_once_kernel<true, true, 128>;
-  if (c.wg0_cols == 192) return mla_attention_s_once_kernel<true, true, 192>;
-  return mla_attention_s_once_kernel<true, true, 256>;
+// The s-once kernel for a configuration's compile-time choice.
+static auto s_once_kernel(bool rope_first) {
+  return rope_first ? mla_attention_s_once_kernel<true> : mla_attention_s_once_kernel<false>;
 }
 
 int mla_num_sms() {
@@ -44,22 +39,17 @@ int mla_num_sms() {
     cudaDeviceGetAttribute(&sms[dev & 63], cudaDevAttrMultiProcessorCount, dev);
     cudaFuncSetAttribute(mla_attention_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
     cudaFuncSetAttribute(mla_attention_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
-    for (const auto& c : {MlaConfig{1, true, true, false}, MlaConfig{1, true, true, true},
-                          MlaConfig{1, true, true, true, false, true, true, 256},
-                          MlaConfig{1, true, true, true, false, true, true, 192},
-                          MlaConfig{1, true, true, true, false, true, true, 128}})
-      cudaFuncSetAttribute(s_once_kernel(c), cudaFuncAttributeMaxDynamicSharedMemorySize, kSOnceSmemBytes);
+    for (const bool rope_first : {false, true})
+      cudaFuncSetAttribute(s_once_kernel(rope_first), cudaFuncAttributeMaxDynamicSharedMemorySize, kSOnceSmemBytes);
     cudaFuncSetAttribute(mla_attention_seesaw_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSeesawSmemBytes);
   }
   return sms[dev & 63];
 }
 
 void mla_describe(const MlaConfig& c, char* buf, int size) {
-  snprintf(buf, size,
-           "MlaConfig{splits=%d, prefetch_tables=%d, s_once=%d, rope_first=%d, seesaw=%d, bulk_store=%d, "
-           "latent_first=%d, wg0_cols=%d}",
+  snprintf(buf, size, "MlaConfig{splits=%d, prefetch_tables=%d, s_once=%d, rope_first=%d, seesaw=%d, bulk_store=%d}",
            c.splits, c.prefetch_tables ? 1 : 0, c.s_once ? 1 : 0, c.rope_first ? 1 : 0, c.seesaw ? 1 : 0,
-           c.bulk_store ? 1 : 0, c.latent_first ? 1 : 0, c.wg0_cols);
+           c.bulk_store ? 1 : 0);
 }
 
 const char* mla_run(const MlaArgs& a, cudaStream_t stream) {
@@ -96,7 +86,7 @@ const char* mla_run(const MlaArgs& a, cudaStream_t stream) {
   if (a.config.seesaw) {
     mla_attention_seesaw_kernel<<<grid, kThreads, kSeesawSmemBytes, stream>>>(tm_q, tm_kv, p);
   } else if (a.config.s_once) {
-    s_once_kernel(a.config)<<<grid, kThreads, kSOnceSmemBytes, stream>>>(tm_q, tm_kv, p);
+    s_once_kernel(a.config.rope_first)<<<grid, kThreads, kSOnceSmemBytes, stream>>>(tm_q, tm_kv, p);
   } else {
     const auto kernel = a.config.prefetch_tables ? mla_attention_kernel<true> : mla_attention_kernel<false>;
     kernel<<<grid, kThreads, kSmemBytes, stream>>>(tm_q, tm_kv, p);

@@ -20,14 +20,11 @@ struct MlaConfig {
                          // latent blocks land (else the rotation starts once the whole tile has landed)
   bool seesaw;           // attention_seesaw.cuh: the warpgroups take turns at S and the softmax (overrides s_once)
   bool bulk_store;       // s_once, one split: the output rows staged in shared memory and written by bulk copies
-  bool latent_first;     // s_once with rope_first: S over the latent blocks as they land, the rope block last
-  int wg0_cols;          // s_once with latent_first: consumer warpgroup 0's output columns (256, 192 or 128)
 };
 
 // bs batch rows, kv_len cache rows to read, sms the GPU's SM count. KBENCH_MLA_SPLITS=N forces N splits;
 // KBENCH_MLA_PREFETCH_TABLES=0/1 overrides prefetch_tables, KBENCH_MLA_S_ONCE=0/1 s_once, KBENCH_MLA_ROPE_FIRST=0/1
-// rope_first, KBENCH_MLA_SEESAW=0/1 seesaw, KBENCH_MLA_BULK_STORE=0/1 bulk_store, KBENCH_MLA_LATENT_FIRST=0/1
-// latent_first, KBENCH_MLA_WG0_COLS=256/192/128 wg0_cols (anything else: 256). (Measured misses, removed: early
+// rope_first, KBENCH_MLA_SEESAW=0/1 seesaw, KBENCH_MLA_BULK_STORE=0/1 bulk_store. (Measured misses, removed: early
 // S, the next tile's S issued behind this tile's P V, +8.6%, docs/mla-decode-notes.md finding 19; split S, both
 // warpgroups sharing each tile's S and softmax, +12.5%, finding 26; part of the softmax's exponentials on the FP32
 // pipes, +0.2 to +1.3%, finding 27; one CTA an SM taking equal runs of the work, +52 us with rows shared between
@@ -59,10 +56,5 @@ inline MlaConfig mla_config(int bs, int kv_len, int sms) {
   // bulk_store: a CTA's 64 output rows took 5-10 us of register-to-global stores (8 half-filled 32-byte sectors a warp
   // instruction) with the SM otherwise idle (docs/mla-decode-notes.md, finding 34)
   const bool bulk_store = kb::env_int("KBENCH_MLA_BULK_STORE", 1) != 0;
-  // latent_first, wg0_cols: the tile's period is bound both by warpgroup 0's own chain (S, softmax, P, its P V) and by
-  // the two-stage load chain (release, load, rotate, S); these shorten one each (docs/mla-decode-notes.md, finding 35)
-  const bool latent_first = rope_first && kb::env_int("KBENCH_MLA_LATENT_FIRST", 0) != 0;
-  const int cols = kb::env_int("KBENCH_MLA_WG0_COLS", 256);
-  const int wg0_cols = latent_first && (cols == 192 || cols == 128) ? cols : 256;
-  return MlaConfig{splits, prefetch_tables, s_once, rope_first, seesaw, bulk_store, latent_first, wg0_cols};
+  return MlaConfig{splits, prefetch_tables, s_once, rope_first, seesaw, bulk_store};
 }
