@@ -367,6 +367,9 @@ def trace_intervals(t: torch.Tensor, ntiles: int, phases=TRACE_PHASES) -> dict[s
 ITEM_PARTS = ("item: entry -> Q landed", "item: Q landed -> tile 0's S", "item: tiles 0-1 over the period",
               "item: middle tiles over the period", "item: last 3 tiles over the period",
               "item: loop end -> rows stored", "item: fixed cost (all parts)")
+# "loop end -> rows stored" in steps (None where the build does not stamp them; with the direct stores the last
+# step is from warpgroup 1's end to the rows stored)
+ITEM_STORE_PARTS = ("store: loop end -> warpgroup 1 done", "store: -> columns staged", "store: -> rows copied")
 
 
 def trace_item_parts(t: torch.Tensor, ntiles: int) -> dict[str, float] | None:
@@ -382,7 +385,15 @@ def trace_item_parts(t: torch.Tensor, ntiles: int) -> dict[str, float] | None:
     parts = (c[:, 0] - c[:, 4], s_issued[:, 0] - c[:, 0], s_issued[:, 2] - s_issued[:, 0] - 2 * period,
              s_issued[:, ntiles - 3] - s_issued[:, 2] - (ntiles - 5) * period,
              c[:, 2] - s_issued[:, ntiles - 3] - 3 * period, c[:, 6] - c[:, 2], c[:, 6] - c[:, 4] - ntiles * period)
-    return {name: part.median().item() for name, part in zip(ITEM_PARTS, parts)}
+    out = {name: part.median().item() for name, part in zip(ITEM_PARTS, parts)}
+    # the store's steps (finding 34), where the build stamps them: warpgroup 1 done, columns staged (bulk_store)
+    store = t[have, 4, 1]
+    done, staged = store[:, 0], store[:, 2]
+    out[ITEM_STORE_PARTS[0]] = (done - c[:, 2]).median().item() if bool((done != 0).all()) else None
+    out[ITEM_STORE_PARTS[1]] = (staged - done).median().item() if bool((staged != 0).all()) else None
+    out[ITEM_STORE_PARTS[2]] = ((c[:, 6] - staged).median().item() if bool((staged != 0).all())
+                                else (c[:, 6] - done).median().item() if bool((done != 0).all()) else None)
+    return out
 
 
 def phase_trace(trace_out: str | None = None) -> None:
@@ -416,7 +427,8 @@ def phase_trace(trace_out: str | None = None) -> None:
         rows += trace_rows(t, kv_len, gpu, label, table, seesaw)
         del config, x, cache
     benchlib.record("mla-decode", rows)
-    names = [n for n, *_ in (SEESAW_TRACE_PHASES if seesaw else TRACE_PHASES)] + ([] if seesaw else list(ITEM_PARTS))
+    names = [n for n, *_ in (SEESAW_TRACE_PHASES if seesaw else TRACE_PHASES)] + (
+        [] if seesaw else list(ITEM_PARTS) + list(ITEM_STORE_PARTS))
     benchlib.table(f"mla-decode {'seesaw' if seesaw else 's-once'} attention: median cycles (us at the measured SM "
                    f"clock) per {'pair of tiles' if seesaw else 'tile'}, middle ones of 8 CTAs; {gpu}",
                    ["phase"] + [r[0] for r in table], [[n] + [r[i + 1] for r in table] for i, n in enumerate(names)])
@@ -439,8 +451,8 @@ def trace_rows(t: torch.Tensor, kv_len: int, gpu: str, label: str, table: list, 
         line.append(f"{cycles:.0f} ({cycles / mhz:.2f})")
     if not seesaw:  # a work item's fixed cost in parts (signed: a stretch may run faster than the median period)
         parts = trace_item_parts(t, steps)
-        for name in ITEM_PARTS:
-            if parts is None:
+        for name in ITEM_PARTS + ITEM_STORE_PARTS:
+            if parts is None or parts[name] is None:
                 line.append(None)
                 continue
             rows.append(benchlib.Row(gpu, 1, f"{backend}/trace:{name}", "trace", label, parts[name] / mhz))

@@ -107,7 +107,8 @@ def test_item_parts_add_up_to_the_fixed_cost():
     """A work item of 40 tiles at a 1000-cycle period whose CTA entered 300 cycles before Q landed, waited 699 more
     for tile 0's S, took 500 extra over its first two tiles and 250 over its last three, and stored its rows 900
     cycles after its loop: each part is read back, the middle tiles cost nothing extra, and the parts add up to the
-    fixed cost. Without the entry stamps (earlier builds, the seesaw kernel) there are no parts."""
+    fixed cost; the store's steps where stamped. Without the entry stamps (earlier builds, the seesaw kernel) there
+    are no parts."""
     bench = _mla_benchmark()
     t = torch.zeros(bench.TRACE_SHAPE, dtype=torch.float64)
     ntiles, period = 40, 1000.0
@@ -128,5 +129,11 @@ def test_item_parts_add_up_to_the_fixed_cost():
     assert parts["item: last 3 tiles over the period"] == pytest.approx(250)
     assert parts["item: loop end -> rows stored"] == pytest.approx(900)
     assert parts["item: fixed cost (all parts)"] == pytest.approx(300 + 699 + 500 + 250 + 900)
+    assert all(parts[n] is None for n in bench.ITEM_STORE_PARTS)  # a build without the store's stamps
+    t[:, 4, 1, 0], t[:, 4, 1, 2] = loop_end + 200, loop_end + 450  # warpgroup 1 done, then the columns staged
+    parts = bench.trace_item_parts(t, ntiles)
+    assert [parts[n] for n in bench.ITEM_STORE_PARTS] == pytest.approx([200, 250, 450])
+    t[:, 4, 1, 2] = 0  # the direct stores stamp no staging: the rest is one step
+    assert [bench.trace_item_parts(t, ntiles)[n] for n in bench.ITEM_STORE_PARTS[::2]] == pytest.approx([200, 700])
     t[:, 4, 0, 4] = 0
     assert bench.trace_item_parts(t, ntiles) is None

@@ -58,7 +58,8 @@ struct Params {
 // Role kTraceClock holds (clock64, globaltimer ns) pairs in its tile 0: events 0-1 at the start of warpgroup 0's loop
 // (Q landed), 2-3 at its end, from which the SM clock of the run follows; the s-once kernel adds 4-5 at the CTA's
 // entry and 6-7 once its rows are stored, so that a work item's fixed cost (what does not grow with its tiles) splits
-// into its parts (finding 33). (Tracing the grid's last CTAs too cost warpgroup 0 a register spill: not done.)
+// into its parts (finding 33), and in its tile 1 the steps of the store: 0-1 once warpgroup 1's last P V is done
+// (the rows' sums shared), 2-3 once warpgroup 0's columns are staged (bulk_store; finding 34). (Tracing the grid's last CTAs too cost warpgroup 0 a register spill: not done.)
 constexpr int kTraceCtas = 8, kTraceRoles = 5, kTraceTiles = 128, kTraceEvents = 8;
 enum TraceRole { kTraceWg0 = 0, kTraceWg1 = 1, kTraceLoader = 2, kTraceRotator = 3, kTraceClock = 4 };
 __device__ __forceinline__ void trace_stamp(const Params& p, int role, int tile, int event) {
@@ -67,10 +68,11 @@ __device__ __forceinline__ void trace_stamp(const Params& p, int role, int tile,
     p.trace[((blockIdx.x * kTraceRoles + role) * kTraceTiles + tile) * kTraceEvents + event] = clock64();
 #endif
 }
-__device__ __forceinline__ void trace_clock(const Params& p, int event) {
+__device__ __forceinline__ void trace_clock(const Params& p, int event, int slot = 0) {
 #ifdef KBENCH_DEV
   if (p.trace && blockIdx.x < kTraceCtas) {
-    long long* at = p.trace + (blockIdx.x * kTraceRoles + kTraceClock) * kTraceTiles * kTraceEvents + event;
+    long long* at =
+        p.trace + ((blockIdx.x * kTraceRoles + kTraceClock) * kTraceTiles + slot) * kTraceEvents + event;
     uint64_t ns;
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(ns));
     at[0] = clock64();

@@ -73,6 +73,7 @@ __device__ __forceinline__ void store_rows_staged(const Params& p, const CtaWork
   }
   fence_proxy_async_smem();
   named_bar_sync(kBarStaged + w, 128);
+  if (threadIdx.x == 0) trace_clock(p, 2, 1);  // (dev builds) warpgroup 0's columns staged
   if (t < kHG) {
     __nv_bfloat16* dst = p.out + (static_cast<long long>(c.b) * kHeads + c.hg * kHG + t) * kLatent + 256 * w;
     bulk_store_s2g(dst, s_out + t * kOutRowBytes + 512 * w, 512);
@@ -380,6 +381,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_attention_s_once_kernel(const
     }
   }
   named_bar_sync(kBarRows, 256);
+  if (threadIdx.x == 0) trace_clock(p, 0, 1);  // (dev builds) warpgroup 1's last P V done, the sums shared
   const float m_row[2] = {s_m[frag_row], s_m[frag_row + 8]}, l_row[2] = {s_l[frag_row], s_l[frag_row + 8]};
   // Both warpgroups' last P V is done (kBarRows), so the ring's stages are free for the staged rows.
   if (p.bulk_store)
