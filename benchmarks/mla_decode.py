@@ -455,7 +455,8 @@ def trace_rows(t: torch.Tensor, kv_len: int, gpu: str, label: str, table: list, 
             if parts is None or parts[name] is None:
                 line.append(None)
                 continue
-            rows.append(benchlib.Row(gpu, 1, f"{backend}/trace:{name}", "trace", label, parts[name] / mhz))
+            if parts[name] > 0:  # a results row is a time; the table shows the signed stretch
+                rows.append(benchlib.Row(gpu, 1, f"{backend}/trace:{name}", "trace", label, parts[name] / mhz))
             line.append(f"{parts[name]:.0f} ({parts[name] / mhz:.2f})")
     table.append(line)
     return rows

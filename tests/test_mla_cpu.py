@@ -137,3 +137,22 @@ def test_item_parts_add_up_to_the_fixed_cost():
     assert [bench.trace_item_parts(t, ntiles)[n] for n in bench.ITEM_STORE_PARTS[::2]] == pytest.approx([200, 700])
     t[:, 4, 0, 4] = 0
     assert bench.trace_item_parts(t, ntiles) is None
+
+
+def test_trace_rows_keep_only_positive_times():
+    """A stretch of tiles may run faster than the median period (a negative part, shown signed in the printed
+    table), but a results row is a time: trace_rows must not write it (tests/test_results_tables.py refuses it)."""
+    bench = _mla_benchmark()
+    t = torch.zeros(bench.TRACE_SHAPE, dtype=torch.float64)
+    ntiles, period = 40, 1000.0
+    s_issued = 1000.0 + period * torch.arange(ntiles).double()
+    t[:, 0, :ntiles, 0] = s_issued - 100
+    t[:, 0, :ntiles, 1] = s_issued
+    t[:, 0, :ntiles - 1, 2] = s_issued[:-1] + 500  # wg0 S done, so that some phase rows exist
+    loop_end = s_issued[ntiles - 3] + 3 * period - 250  # the last three tiles 250 cycles quicker than the period
+    t[:, 4, 0, :8] = torch.tensor([301.0, 1.0, loop_end, 2e6, 1.0, 0.0, loop_end + 900, 0.0])
+    table = []
+    rows = bench.trace_rows(t, ntiles * 64, "gpu", "batchsize: 1; prefill: 2559", table, False)
+    assert rows and all(r.us > 0 for r in rows)
+    assert not any(r.backend.endswith("item: last 3 tiles over the period") for r in rows)
+    assert any(cell and cell.startswith("-250") for cell in table[0])
