@@ -59,7 +59,8 @@ struct Params {
 // (Q landed), 2-3 at its end, from which the SM clock of the run follows; the s-once kernel adds 4-5 at the CTA's
 // entry and 6-7 once its rows are stored, so that a work item's fixed cost (what does not grow with its tiles) splits
 // into its parts (finding 33), and in its tile 1 the steps of the store: 0-1 once warpgroup 1's last P V is done
-// (the rows' sums shared), 2-3 once warpgroup 0's columns are staged (bulk_store; finding 34). (Tracing the grid's last CTAs too cost warpgroup 0 a register spill: not done.)
+// (the rows' sums shared), 2-3 once warpgroup 0's columns are staged (bulk_store; finding 34). (Tracing the grid's
+// last CTAs too cost warpgroup 0 a register spill: not done.)
 constexpr int kTraceCtas = 8, kTraceRoles = 5, kTraceTiles = 128, kTraceEvents = 8;
 enum TraceRole { kTraceWg0 = 0, kTraceWg1 = 1, kTraceLoader = 2, kTraceRotator = 3, kTraceClock = 4 };
 __device__ __forceinline__ void trace_stamp(const Params& p, int role, int tile, int event) {
