@@ -136,6 +136,15 @@ __device__ __forceinline__ void ldmatrix_x4(const void* row, uint32_t& r0, uint3
                : "memory");
 }
 
+// ldmatrix_x4 with each 8x8 matrix transposed (a row-major [k][n] tile read as mma.sync's column-major B).
+__device__ __forceinline__ void ldmatrix_x4_trans(const void* row, uint32_t& r0, uint32_t& r1, uint32_t& r2,
+                                                  uint32_t& r3) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+               : "r"(smem_u32(row))
+               : "memory");
+}
+
 // Generic-proxy writes to shared memory (st.shared, stmatrix) that wgmma or TMA read next: each writing thread
 // fences before the barrier that publishes them.
 __device__ __forceinline__ void fence_proxy_async_smem() {

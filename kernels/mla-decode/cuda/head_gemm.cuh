@@ -18,6 +18,8 @@
 
 #include <cstdint>
 
+#include "sm90.cuh"  // smem_u32, ldmatrix_x4 (_trans)
+
 namespace mla {
 
 constexpr int kHgThreads = 256;
@@ -42,21 +44,7 @@ struct HeadGemmArgs {
 };
 
 __device__ __forceinline__ void hg_cp16(void* smem, const void* gmem) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(static_cast<uint32_t>(__cvta_generic_to_shared(smem))),
-               "l"(gmem)
-               : "memory");
-}
-
-__device__ __forceinline__ void hg_ldm_x4(const void* smem, uint32_t (&r)[4], bool trans) {
-  const uint32_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
-  if (trans)
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(addr));
-  else
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(addr));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(kb::sm90::smem_u32(smem)), "l"(gmem) : "memory");
 }
 
 __device__ __forceinline__ void hg_mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
@@ -118,16 +106,19 @@ __global__ void __launch_bounds__(kHgThreads, 2) head_gemm_kernel(const HeadGemm
       uint32_t af[2][4];
 #pragma unroll
       for (int i = 0; i < 2; ++i)  // rows wm + 16 i + (lane % 16), k ks + (lane / 16) * 8
-        hg_ldm_x4(&sa[(wm + 16 * i + lane % 16) * kHgAPitch + ks + (lane / 16) * 8], af[i], false);
+        kb::sm90::ldmatrix_x4(&sa[(wm + 16 * i + lane % 16) * kHgAPitch + ks + (lane / 16) * 8], af[i][0], af[i][1],
+                              af[i][2], af[i][3]);
 #pragma unroll
       for (int j = 0; j < 4; ++j) {  // n-tiles 2j, 2j + 1: r0, r1 = b0, b1 of the first; r2, r3 of the second
         uint32_t bf[4];
         if constexpr (kBKMajor) {  // lane: n row (lane % 8) + (lane / 16) * 8, k ks + ((lane / 8) % 2) * 8
-          hg_ldm_x4(&sb[(wn + 16 * j + lane % 8 + (lane / 16) * 8) * kHgBkPitch + ks + ((lane / 8) % 2) * 8], bf,
-                    false);
+          kb::sm90::ldmatrix_x4(
+              &sb[(wn + 16 * j + lane % 8 + (lane / 16) * 8) * kHgBkPitch + ks + ((lane / 8) % 2) * 8], bf[0], bf[1],
+              bf[2], bf[3]);
         } else {  // lane: k row ks + (lane % 8) + ((lane / 8) % 2) * 8, n (lane / 16) * 8
-          hg_ldm_x4(&sb[(ks + lane % 8 + ((lane / 8) % 2) * 8) * kHgBnPitch + wn + 16 * j + (lane / 16) * 8], bf,
-                    true);
+          kb::sm90::ldmatrix_x4_trans(
+              &sb[(ks + lane % 8 + ((lane / 8) % 2) * 8) * kHgBnPitch + wn + 16 * j + (lane / 16) * 8], bf[0], bf[1],
+              bf[2], bf[3]);
         }
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
