@@ -11,7 +11,7 @@
 #   shipped build and of each candidate, in the modes OFFICIAL_MODES, default benchmark; OFFICIAL_CANDIDATES = which
 #   candidates, comma-separated, default all); host-gap (benchmarks/host_gap.py for GAP_PROBLEMS: the official
 #   window with CUDA events inside it);
-# Limits: TIER_S, PROFILE_S, SANITIZE_S seconds; TIER_FILES = the test files of the tier, in the order given;
+# Limits: TIER_S, PROFILE_S, SANITIZE_S seconds; PROFILE_PROBLEMS = which problems `profile` runs; TIER_FILES = the test files of the tier, in the order given;
 #   TIER_K = a pytest -k expression selecting among them; SANITIZE_TOOL = compute-sanitizer's tool (memcheck,
 #   racecheck, synccheck), SANITIZE_K = the tests it runs (a pytest -k expression; it matches
 #   parameter ids too, without case: 'head_gemm' also selects test_every_official_case[LINEAR=0,HEAD_GEMM=0]).
@@ -88,7 +88,7 @@ for part in "$@"; do
             step 400 mla_lb kbench perf mla-decode --backend cuda --mode leaderboard --json "$W/records/lb_mla-decode_cuda.json" ;;
   tier) step "${TIER_S:-600}" tier python3 -m pytest -m gpu -q -rs --durations=15 -p no:cacheprovider \
           --timeout "${TEST_S:-240}" ${TIER_K:+-k "$TIER_K"} ${TIER_FILES:-tests} ;;
-  profile) for p in moe mla-decode; do  # the torch profiler's top kernels of one call per benchmark case
+  profile) for p in ${PROFILE_PROBLEMS:-moe mla-decode}; do  # the torch profiler's top kernels of one call a case
              step "${PROFILE_S:-120}" "profile_$p" kbench profile "$p" --backend cuda
            done ;;
   sanitize) step "${SANITIZE_S:-400}" sanitize compute-sanitizer --tool "${SANITIZE_TOOL:-memcheck}" python3 -m pytest -q -x \

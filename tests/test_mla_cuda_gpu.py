@@ -56,7 +56,9 @@ def _set_knobs(monkeypatch, splits, knobs):
                           (1, 2, None, "SEESAW=1"), (3, 65, None, "SEESAW=1"), (16, 1025, None, "SEESAW=1"),
                           (128, 130, None, "SEESAW=1"), (2, 8192, None, "SEESAW=1"), (128, 4097, None, "SEESAW=1"),
                           (128, 4097, "2", "SEESAW=1"), (16, 1025, "3", "SEESAW=1"),
-                          (3, 65, None, "BULK_STORE=0"), (128, 4097, None, "BULK_STORE=0")])
+                          (3, 65, None, "BULK_STORE=0"), (128, 4097, None, "BULK_STORE=0"),
+                          (128, 4097, None, "PREFETCH_NEXT=8"), (128, 130, None, "PREFETCH_NEXT=8"),
+                          (16, 1025, "20", "PREFETCH_NEXT=4")])
 def test_attention_matches_the_definition(mla, bs, kv_len, splits, knobs, monkeypatch, grow=1.0):
     """splits, knobs: as _set_knobs takes them. grow: the keys' rope columns scaled from 1 at position 0 to
     `grow` at the last, so that the row maxima keep rising tile after tile (the s-once softmax rescales lazily)."""
@@ -120,11 +122,9 @@ def test_attention_repeats_bit_for_bit(mla, bs, kv_len, splits, knobs, monkeypat
     assert not differing, f"calls {differing} of 30 differ from the first"
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("bs,kv_len", [(3, 65), (128, 4097)])
-def test_staged_rows_equal_the_direct_stores(mla, bs, kv_len, monkeypatch):
-    """MlaConfig::bulk_store only changes how the rows reach memory (through shared memory and bulk copies instead of
-    stores from registers): the same bits, with the output poisoned before each call."""
+def _outputs_per_knob_value(mla, monkeypatch, knob, values, bs, kv_len):
+    """The attention's output for each value of KBENCH_MLA_<knob> on one set of random inputs, the allocator
+    poisoned before each call; the rows must all have been written."""
     import torch
 
     gen = torch.Generator(device="cuda")
@@ -133,12 +133,35 @@ def test_staged_rows_equal_the_direct_stores(mla, bs, kv_len, monkeypatch):
     cache = torch.randn(bs, 8192, 576, generator=gen, device="cuda").bfloat16()
     cos, sin = mla._rope_tables(8192, 64, q.device)
     outs = {}
-    for bulk in ("0", "1"):
-        monkeypatch.setenv("KBENCH_MLA_BULK_STORE", bulk)
+    for value in values:
+        monkeypatch.setenv(f"KBENCH_MLA_{knob}", value)
         benchlib.poison_allocator()
-        outs[bulk] = mla.ext.mla_attention(q, cache, kv_len, cos, sin, None)
-    assert not outs["1"].isnan().any(), "rows left unwritten (the poison shows through)"
+        outs[value] = mla.ext.mla_attention(q, cache, kv_len, cos, sin, None)
+        assert not outs[value].isnan().any(), f"{knob}={value}: rows left unwritten (the poison shows through)"
+    return outs
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("bs,kv_len", [(3, 65), (128, 4097)])
+def test_staged_rows_equal_the_direct_stores(mla, bs, kv_len, monkeypatch):
+    """MlaConfig::bulk_store only changes how the rows reach memory (through shared memory and bulk copies instead of
+    stores from registers): the same bits, with the output poisoned before each call."""
+    import torch
+
+    outs = _outputs_per_knob_value(mla, monkeypatch, "BULK_STORE", ("0", "1"), bs, kv_len)
     assert torch.equal(outs["0"], outs["1"]), "the staged rows differ from the direct stores"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("bs,kv_len", [(128, 4097), (128, 130), (67, 1025)])
+def test_the_next_waves_prefetch_changes_no_bit(mla, bs, kv_len, monkeypatch):
+    """MlaConfig::prefetch_next only moves data into L2 early (a wave of 132 CTAs: batch 128 has two, batch 67 one
+    CTA past the first wave; at kv_len 130 every CTA prefetches before its first tile): the same bits."""
+    import torch
+
+    outs = _outputs_per_knob_value(mla, monkeypatch, "PREFETCH_NEXT", ("0", "1", "8", "100"), bs, kv_len)
+    for value in ("1", "8", "100"):
+        assert torch.equal(outs["0"], outs[value]), f"PREFETCH_NEXT={value} changed the output"
 
 
 @pytest.mark.gpu

@@ -46,6 +46,8 @@ struct Params {
   const int* kv_len;             // [1] in device memory: a captured graph replays for any cache length
   int bs, max_seq, splits;
   int bulk_store;                // s-once, splits == 1: rows staged in shared memory, written by bulk copies
+  int next_offset;               // s-once: CTAs a wave (one a SM), 0 = no prefetch of the next wave's work
+  int prefetch_next;             // ... issued this many tiles before a CTA's last (MlaConfig::prefetch_next)
   float scale_log2;              // log2(e) / sqrt(192)
 #ifdef KBENCH_DEV
   int skip_rope;                 // timing only (KBENCH_MLA_DEV_SKIP_ROPE): the keys left un-rotated
@@ -144,26 +146,45 @@ struct CtaWork {
   int b, hg, split, kv_len, tile0, tile1;
 };
 
-__device__ __forceinline__ CtaWork cta_work(const Params& p) {
+// The work of CTA `block` (blockIdx.x by default) for a cache of kv_len rows.
+__device__ __forceinline__ CtaWork cta_work(const Params& p, int block, int kv_len) {
   CtaWork c;
-  c.b = blockIdx.x / (2 * p.splits);
-  c.hg = (blockIdx.x / p.splits) % 2;
-  c.split = blockIdx.x % p.splits;
-  c.kv_len = *p.kv_len;
+  c.b = block / (2 * p.splits);
+  c.hg = (block / p.splits) % 2;
+  c.split = block % p.splits;
+  c.kv_len = kv_len;
   const int num_tiles = (c.kv_len + kTile - 1) / kTile;
   const int tiles_per_split = (num_tiles + p.splits - 1) / p.splits;
   c.tile0 = c.split * tiles_per_split;
   c.tile1 = min(num_tiles, c.tile0 + tiles_per_split);
   return c;
 }
+__device__ __forceinline__ CtaWork cta_work(const Params& p) { return cta_work(p, blockIdx.x, *p.kv_len); }
+
+// What the CTA a wave behind this one (same slot in the next wave, Params::next_offset on) starts with, fetched into
+// L2 while this CTA still streams: its Q and the first (hg 0) or second (hg 1) tile of its batch row, so that the
+// two CTAs of a row cover both tiles its ring starts with. Without it every CTA of a wave asks DRAM for Q and two
+// tiles at once (~20 MB), and the tensor cores wait ~7 us an item for them (docs/mla-decode-notes.md, finding 34).
+__device__ __forceinline__ void prefetch_next_wave(const CUtensorMap* tm_q, const CUtensorMap* tm_kv, const Params& p,
+                                                   const CtaWork& c) {
+  const int next = blockIdx.x + p.next_offset;
+  if (next >= gridDim.x) return;
+  const CtaWork n = cta_work(p, next, c.kv_len);
+  const uint64_t policy = l2_policy_evict_last();
+  for (int j = 0; j < kBlocks; ++j) tma_prefetch_l2_2d(tm_q, j * 64, n.b * kHeads + n.hg * kHG, policy);
+  const int tile = n.tile0 + n.hg;
+  if (tile < n.tile1)
+    for (int j = 0; j < kBlocks; ++j) tma_prefetch_l2_2d(tm_kv, j * 64, n.b * p.max_seq + tile * kTile, policy);
+}
 
 // The producer thread: Q once, then the CTA's cache tiles through the kStages ring (full: bytes landed; empty: the
 // consumers' 8 warps are done with the stage). With rope_landed, each tile's rope block (block 8) is loaded first,
-// on rope_landed[s], and full[s] counts only the 8 latent blocks (its other arrivals are the rotators').
+// on rope_landed[s], and full[s] counts only the 8 latent blocks (its other arrivals are the rotators'). params: the
+// kernel's, for the dev build's stamps and (prefetch) the next wave's L2 prefetch.
 __device__ __forceinline__ void load_q_and_tiles(const CUtensorMap* tm_q, const CUtensorMap* tm_kv, uint8_t* s_q,
                                                  uint8_t* s_kv, uint64_t* q_full, uint64_t* full, uint64_t* empty,
                                                  const CtaWork& c, int max_seq, uint64_t* rope_landed = nullptr,
-                                                 const Params* trace = nullptr) {
+                                                 const Params* params = nullptr, bool prefetch = false) {
   tma_prefetch_desc(tm_q);
   tma_prefetch_desc(tm_kv);
   mbar_arrive_expect_tx(q_full, kTileBytes);
@@ -171,9 +192,9 @@ __device__ __forceinline__ void load_q_and_tiles(const CUtensorMap* tm_q, const 
   int s = 0;
   uint32_t phase = 0;
   for (int tile = c.tile0; tile < c.tile1; ++tile) {
-    if (trace) trace_stamp(*trace, kTraceLoader, tile - c.tile0, 0);
+    if (params) trace_stamp(*params, kTraceLoader, tile - c.tile0, 0);
     mbar_wait(&empty[s], phase ^ 1);
-    if (trace) trace_stamp(*trace, kTraceLoader, tile - c.tile0, 1);
+    if (params) trace_stamp(*params, kTraceLoader, tile - c.tile0, 1);
     const int row = c.b * max_seq + tile * kTile;
     uint8_t* stage = s_kv + s * kTileBytes;
     if (rope_landed) {
@@ -185,6 +206,8 @@ __device__ __forceinline__ void load_q_and_tiles(const CUtensorMap* tm_q, const 
       mbar_arrive_expect_tx(&full[s], kTileBytes);
       for (int j = 0; j < kBlocks; ++j) tma_load_2d(stage + j * kBlockBytes, tm_kv, &full[s], j * 64, row);
     }
+    if (prefetch && tile == max(c.tile0, c.tile1 - params->prefetch_next))
+      prefetch_next_wave(tm_q, tm_kv, *params, c);
     ring_next(s, phase, kStages);
   }
 }
