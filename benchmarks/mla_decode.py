@@ -42,10 +42,10 @@ CANDIDATES = {"eager": {"KBENCH_MLA_GRAPH": "0"},
               "no-pdl": {"KBENCH_MLA_LINEAR_PDL": "0"},
               # the output rows stored from registers (before finding 34)
               "row-stores": {"KBENCH_MLA_BULK_STORE": "0"},
-              # the next wave's Q and first tiles fetched into L2 this many tiles before a CTA's end (finding 36)
-              "prefetch-next-4": {"KBENCH_MLA_PREFETCH_NEXT": "4"},
-              "prefetch-next-8": {"KBENCH_MLA_PREFETCH_NEXT": "8"},
-              "prefetch-next-16": {"KBENCH_MLA_PREFETCH_NEXT": "16"}}
+              # the tile this many tiles past each one loaded prefetched into L2 (finding 36)
+              "ahead-2": {"KBENCH_MLA_PREFETCH_AHEAD": "2"},
+              "ahead-3": {"KBENCH_MLA_PREFETCH_AHEAD": "3"},
+              "ahead-5": {"KBENCH_MLA_PREFETCH_AHEAD": "5"}}
 # The step's projections at the official dims (batch 128): name -> (n, k) of W [n, k]; x is [128, k].
 PROJECTIONS = {"kv_down": (576, 7168), "q_down": (1536, 7168), "q_up": (24576, 1536), "wo": (7168, 16384)}
 

@@ -57,8 +57,8 @@ def _set_knobs(monkeypatch, splits, knobs):
                           (128, 130, None, "SEESAW=1"), (2, 8192, None, "SEESAW=1"), (128, 4097, None, "SEESAW=1"),
                           (128, 4097, "2", "SEESAW=1"), (16, 1025, "3", "SEESAW=1"),
                           (3, 65, None, "BULK_STORE=0"), (128, 4097, None, "BULK_STORE=0"),
-                          (128, 4097, None, "PREFETCH_NEXT=8"), (128, 130, None, "PREFETCH_NEXT=8"),
-                          (16, 1025, "20", "PREFETCH_NEXT=4")])
+                          (128, 4097, None, "PREFETCH_AHEAD=3"), (3, 65, None, "PREFETCH_AHEAD=3"),
+                          (16, 1025, "3", "PREFETCH_AHEAD=2")])
 def test_attention_matches_the_definition(mla, bs, kv_len, splits, knobs, monkeypatch, grow=1.0):
     """splits, knobs: as _set_knobs takes them. grow: the keys' rope columns scaled from 1 at position 0 to
     `grow` at the last, so that the row maxima keep rising tile after tile (the s-once softmax rescales lazily)."""
@@ -153,15 +153,15 @@ def test_staged_rows_equal_the_direct_stores(mla, bs, kv_len, monkeypatch):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("bs,kv_len", [(128, 4097), (128, 130), (67, 1025)])
-def test_the_next_waves_prefetch_changes_no_bit(mla, bs, kv_len, monkeypatch):
-    """MlaConfig::prefetch_next only moves data into L2 early (a wave of 132 CTAs: batch 128 has two, batch 67 one
-    CTA past the first wave; at kv_len 130 every CTA prefetches before its first tile): the same bits."""
+@pytest.mark.parametrize("bs,kv_len", [(128, 4097), (128, 130), (5, 1025)])
+def test_the_l2_prefetch_changes_no_bit(mla, bs, kv_len, monkeypatch):
+    """MlaConfig::prefetch_ahead only moves data into L2 early (at kv_len 130, 3 tiles, every prefetch distance but 1
+    and 2 reaches past the cache's end): the same bits."""
     import torch
 
-    outs = _outputs_per_knob_value(mla, monkeypatch, "PREFETCH_NEXT", ("0", "1", "8", "100"), bs, kv_len)
-    for value in ("1", "8", "100"):
-        assert torch.equal(outs["0"], outs[value]), f"PREFETCH_NEXT={value} changed the output"
+    outs = _outputs_per_knob_value(mla, monkeypatch, "PREFETCH_AHEAD", ("0", "1", "3", "100"), bs, kv_len)
+    for value in ("1", "3", "100"):
+        assert torch.equal(outs["0"], outs[value]), f"PREFETCH_AHEAD={value} changed the output"
 
 
 @pytest.mark.gpu

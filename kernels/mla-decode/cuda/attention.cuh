@@ -46,8 +46,7 @@ struct Params {
   const int* kv_len;             // [1] in device memory: a captured graph replays for any cache length
   int bs, max_seq, splits;
   int bulk_store;                // s-once, splits == 1: rows staged in shared memory, written by bulk copies
-  int next_offset;               // s-once: CTAs a wave (one a SM), 0 = no prefetch of the next wave's work
-  int prefetch_next;             // ... issued this many tiles before a CTA's last (MlaConfig::prefetch_next)
+  int prefetch_ahead;            // s-once: tiles past the one loaded that are prefetched into L2 (0 = none)
   float scale_log2;              // log2(e) / sqrt(192)
 #ifdef KBENCH_DEV
   int skip_rope;                 // timing only (KBENCH_MLA_DEV_SKIP_ROPE): the keys left un-rotated
@@ -161,26 +160,21 @@ __device__ __forceinline__ CtaWork cta_work(const Params& p, int block, int kv_l
 }
 __device__ __forceinline__ CtaWork cta_work(const Params& p) { return cta_work(p, blockIdx.x, *p.kv_len); }
 
-// What the CTA a wave behind this one (same slot in the next wave, Params::next_offset on) starts with, fetched into
-// L2 while this CTA still streams: its Q and the first (hg 0) or second (hg 1) tile of its batch row, so that the
-// two CTAs of a row cover both tiles its ring starts with. Without it every CTA of a wave asks DRAM for Q and two
-// tiles at once (~20 MB), and the tensor cores wait ~7 us an item for them (docs/mla-decode-notes.md, finding 34).
-__device__ __forceinline__ void prefetch_next_wave(const CUtensorMap* tm_q, const CUtensorMap* tm_kv, const Params& p,
-                                                   const CtaWork& c) {
-  const int next = blockIdx.x + p.next_offset;
-  if (next >= gridDim.x) return;
-  const CtaWork n = cta_work(p, next, c.kv_len);
-  const uint64_t policy = l2_policy_evict_last();
-  for (int j = 0; j < kBlocks; ++j) tma_prefetch_l2_2d(tm_q, j * 64, n.b * kHeads + n.hg * kHG, policy);
-  const int tile = n.tile0 + n.hg;
-  if (tile < n.tile1)
-    for (int j = 0; j < kBlocks; ++j) tma_prefetch_l2_2d(tm_kv, j * 64, n.b * p.max_seq + tile * kTile, policy);
+// MlaConfig::prefetch_ahead: with two ring stages a CTA has one tile in flight while it works on the other, ~74 KB a
+// SM (half of it from DRAM: the row's other head group reads the same tiles), and by Little's law 132 SMs x 37 KB
+// over DRAM's ~1.7 us under load is ~2.7 TB/s, the rate the steady state runs at. Prefetching into L2 the tile
+// `ahead` tiles past the one just loaded puts more of the row in flight without shared memory; the two CTAs of a row
+// take every other tile each.
+__device__ __forceinline__ void prefetch_ahead(const CUtensorMap* tm_kv, const Params& p, const CtaWork& c, int tile) {
+  const int ahead = tile + p.prefetch_ahead;
+  if (p.prefetch_ahead > 0 && ahead < c.tile1 && (ahead & 1) == c.hg)
+    for (int j = 0; j < kBlocks; ++j) tma_prefetch_l2_2d(tm_kv, j * 64, c.b * p.max_seq + ahead * kTile);
 }
 
 // The producer thread: Q once, then the CTA's cache tiles through the kStages ring (full: bytes landed; empty: the
 // consumers' 8 warps are done with the stage). With rope_landed, each tile's rope block (block 8) is loaded first,
 // on rope_landed[s], and full[s] counts only the 8 latent blocks (its other arrivals are the rotators'). params: the
-// kernel's, for the dev build's stamps and (prefetch) the next wave's L2 prefetch.
+// kernel's, for the dev build's stamps and (prefetch) the L2 prefetch of later tiles.
 __device__ __forceinline__ void load_q_and_tiles(const CUtensorMap* tm_q, const CUtensorMap* tm_kv, uint8_t* s_q,
                                                  uint8_t* s_kv, uint64_t* q_full, uint64_t* full, uint64_t* empty,
                                                  const CtaWork& c, int max_seq, uint64_t* rope_landed = nullptr,
@@ -206,8 +200,7 @@ __device__ __forceinline__ void load_q_and_tiles(const CUtensorMap* tm_q, const 
       mbar_arrive_expect_tx(&full[s], kTileBytes);
       for (int j = 0; j < kBlocks; ++j) tma_load_2d(stage + j * kBlockBytes, tm_kv, &full[s], j * 64, row);
     }
-    if (prefetch && tile == max(c.tile0, c.tile1 - params->prefetch_next))
-      prefetch_next_wave(tm_q, tm_kv, *params, c);
+    if (prefetch) prefetch_ahead(tm_kv, *params, c, tile);
     ring_next(s, phase, kStages);
   }
 }
