@@ -3,6 +3,13 @@ the `kbench perf --json` records it kept (official = benchmark mode, leaderboard
 
     python benchmarks/collect.py rows SESSION/results [--rename OLD=NEW ...]
     python benchmarks/collect.py record perf.json --backend cuda [--rename ...]
+    python benchmarks/collect.py profile LOG --problem P --backend cuda --gpu G --kernel NAME=REGEX [...]
+    python benchmarks/collect.py ncu LOG --problem P --backend cuda --gpu G --kernel NAME=REGEX [...]
+
+profile: a `kbench profile` log (one torch profiler table a case, headed "#i <case>"); each kernel matching REGEX
+becomes a row "<backend>/NAME", metric profiler, its CUDA time per call. ncu: an Nsight Compute log of
+benchmarks/calls.py with gpu__time_duration.sum among its metrics; each profiled launch belongs to the case line
+calls.py printed after it started, and becomes a row "<backend>/NAME", metric ncu (ncu flushes the caches first).
 
 --rename relabels a backend (and its "<backend>/<stage>" rows) when a session measured a build that is not the one
 the backend name now stands for (an experiment that was reverted, an earlier version).
@@ -11,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 from pathlib import Path
 
 from kbench import benchlib
@@ -23,15 +31,79 @@ def renamed(backend: str, renames: dict[str, str]) -> str:
     return renames.get(head, head) + sep + tail
 
 
+def _us(text: str) -> float:
+    """'256.294us' or '1.2ms' -> microseconds."""
+    m = re.fullmatch(r"([0-9.]+)\s*(us|ms|s)", text.strip())
+    if not m:
+        raise ValueError(f"not a time: {text!r}")
+    return float(m.group(1)) * {"us": 1.0, "ms": 1e3, "s": 1e6}[m.group(2)]
+
+
+def profile_rows(log: str, gpu: str, backend: str, kernels: dict[str, str]) -> list[benchlib.Row]:
+    """Rows from a `kbench profile` log: per case ("#i <case>"), the CUDA time per call (the table's "CUDA time avg"
+    column, the second to last) of each kernel whose name matches a pattern of kernels (NAME -> regex)."""
+    rows, case = [], None
+    for line in log.splitlines():
+        if m := re.match(r"#\d+ (\S.*)$", line):
+            case = m.group(1).strip()
+            continue
+        cols = re.split(r"\s{2,}", line.strip())
+        if case is None or len(cols) < 10:
+            continue
+        for name, pattern in kernels.items():
+            if re.search(pattern, cols[0]):
+                rows.append(benchlib.Row(gpu, 1, f"{backend}/{name}", "profiler", case, _us(cols[-2])))
+    return rows
+
+
+def ncu_rows(log: str, gpu: str, backend: str, kernels: dict[str, str]) -> list[benchlib.Row]:
+    """Rows from an Nsight Compute log of benchmarks/calls.py: the k-th profiled launch ("==PROF== Profiling") ran in
+    the case whose "<case>: N calls" line came next; its gpu__time_duration.sum (the k-th result section) is the
+    figure, named after the pattern its kernel matches."""
+    launch_cases, pending = [], 0
+    sections = []  # (kernel line, duration us)
+    for line in log.splitlines():
+        if line.startswith("==PROF== Profiling"):
+            pending += 1
+        elif m := re.match(r"(\S.*): \d+ calls$", line):
+            launch_cases += [m.group(1)] * pending
+            pending = 0
+        elif line.startswith("  ") and not line.startswith("    ") and "(" in line:
+            sections.append([line.strip(), None])
+        elif "gpu__time_duration.sum" in line and sections:
+            value, unit = line.split()[-1].replace(",", ""), line.split()[-2]
+            sections[-1][1] = float(value) * {"usecond": 1.0, "us": 1.0, "msecond": 1e3, "ms": 1e3}[unit]
+    rows = []
+    for (kernel, us), case in zip(sections, launch_cases):
+        for name, pattern in kernels.items():
+            if us is not None and re.search(pattern, kernel):
+                rows.append(benchlib.Row(gpu, 1, f"{backend}/{name}", "ncu", case, us))
+    return rows
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("kind", choices=("rows", "record"))
+    ap.add_argument("kind", choices=("rows", "record", "profile", "ncu"))
     ap.add_argument("path")
-    ap.add_argument("--backend", help="record: the backend the record judged")
-    ap.add_argument("--problem", help="record: the problem (default: the record's own)")
+    ap.add_argument("--backend", help="record: the backend the record judged; profile, ncu: the rows' prefix")
+    ap.add_argument("--problem", help="record: the problem (default: the record's own); profile, ncu: required")
     ap.add_argument("--rename", action="append", default=[], metavar="OLD=NEW")
+    ap.add_argument("--gpu", help="profile, ncu: the GPU the log was made on (the logs do not say)")
+    ap.add_argument("--kernel", action="append", default=[], metavar="NAME=REGEX",
+                    help="profile, ncu: a kernel to keep and the stage name its rows get")
     args = ap.parse_args()
     renames = dict(r.split("=", 1) for r in args.rename)
+    if args.kind in ("profile", "ncu"):
+        if not (args.problem and args.backend and args.gpu and args.kernel):
+            ap.error(f"{args.kind} needs --problem, --backend, --gpu and at least one --kernel NAME=REGEX")
+        parse = profile_rows if args.kind == "profile" else ncu_rows
+        rows = parse(Path(args.path).read_text(), args.gpu, args.backend,
+                     dict(k.split("=", 1) for k in args.kernel))
+        if not rows:
+            raise SystemExit(f"{args.path}: no kernel matched {', '.join(args.kernel)}; check the patterns")
+        benchlib.record(args.problem, rows, RESULTS)
+        print(f"{args.problem}: {len(rows)} rows ({args.kind})")
+        return
     if args.kind == "rows":
         moved = benchlib.merge(Path(args.path), RESULTS, rename=lambda b: renamed(b, renames))
         print(f"{moved} rows into {RESULTS}")

@@ -41,11 +41,7 @@ CANDIDATES = {"eager": {"KBENCH_MLA_GRAPH": "0"},
               "cublas-bmm": {"KBENCH_MLA_HEAD_GEMM": "0"},
               "no-pdl": {"KBENCH_MLA_LINEAR_PDL": "0"},
               # the output rows stored from registers (before finding 34)
-              "row-stores": {"KBENCH_MLA_BULK_STORE": "0"},
-              # the tile this many tiles past each one loaded prefetched into L2 (finding 36)
-              "ahead-2": {"KBENCH_MLA_PREFETCH_AHEAD": "2"},
-              "ahead-3": {"KBENCH_MLA_PREFETCH_AHEAD": "3"},
-              "ahead-5": {"KBENCH_MLA_PREFETCH_AHEAD": "5"}}
+              "row-stores": {"KBENCH_MLA_BULK_STORE": "0"}}
 # The step's projections at the official dims (batch 128): name -> (n, k) of W [n, k]; x is [128, k].
 PROJECTIONS = {"kv_down": (576, 7168), "q_down": (1536, 7168), "q_up": (24576, 1536), "wo": (7168, 16384)}
 

@@ -46,7 +46,6 @@ struct Params {
   const int* kv_len;             // [1] in device memory: a captured graph replays for any cache length
   int bs, max_seq, splits;
   int bulk_store;                // s-once, splits == 1: rows staged in shared memory, written by bulk copies
-  int prefetch_ahead;            // s-once: tiles past the one loaded that are prefetched into L2 (0 = none)
   float scale_log2;              // log2(e) / sqrt(192)
 #ifdef KBENCH_DEV
   int skip_rope;                 // timing only (KBENCH_MLA_DEV_SKIP_ROPE): the keys left un-rotated
@@ -145,40 +144,26 @@ struct CtaWork {
   int b, hg, split, kv_len, tile0, tile1;
 };
 
-// The work of CTA `block` (blockIdx.x by default) for a cache of kv_len rows.
-__device__ __forceinline__ CtaWork cta_work(const Params& p, int block, int kv_len) {
+__device__ __forceinline__ CtaWork cta_work(const Params& p) {
   CtaWork c;
-  c.b = block / (2 * p.splits);
-  c.hg = (block / p.splits) % 2;
-  c.split = block % p.splits;
-  c.kv_len = kv_len;
+  c.b = blockIdx.x / (2 * p.splits);
+  c.hg = (blockIdx.x / p.splits) % 2;
+  c.split = blockIdx.x % p.splits;
+  c.kv_len = *p.kv_len;
   const int num_tiles = (c.kv_len + kTile - 1) / kTile;
   const int tiles_per_split = (num_tiles + p.splits - 1) / p.splits;
   c.tile0 = c.split * tiles_per_split;
   c.tile1 = min(num_tiles, c.tile0 + tiles_per_split);
   return c;
 }
-__device__ __forceinline__ CtaWork cta_work(const Params& p) { return cta_work(p, blockIdx.x, *p.kv_len); }
-
-// MlaConfig::prefetch_ahead: with two ring stages a CTA has one tile in flight while it works on the other, ~74 KB a
-// SM (half of it from DRAM: the row's other head group reads the same tiles), and by Little's law 132 SMs x 37 KB
-// over DRAM's ~1.7 us under load is ~2.7 TB/s, the rate the steady state runs at. Prefetching into L2 the tile
-// `ahead` tiles past the one just loaded puts more of the row in flight without shared memory; the two CTAs of a row
-// take every other tile each.
-__device__ __forceinline__ void prefetch_ahead(const CUtensorMap* tm_kv, const Params& p, const CtaWork& c, int tile) {
-  const int ahead = tile + p.prefetch_ahead;
-  if (p.prefetch_ahead > 0 && ahead < c.tile1 && (ahead & 1) == c.hg)
-    for (int j = 0; j < kBlocks; ++j) tma_prefetch_l2_2d(tm_kv, j * 64, c.b * p.max_seq + ahead * kTile);
-}
 
 // The producer thread: Q once, then the CTA's cache tiles through the kStages ring (full: bytes landed; empty: the
 // consumers' 8 warps are done with the stage). With rope_landed, each tile's rope block (block 8) is loaded first,
-// on rope_landed[s], and full[s] counts only the 8 latent blocks (its other arrivals are the rotators'). params: the
-// kernel's, for the dev build's stamps and (prefetch) the L2 prefetch of later tiles.
+// on rope_landed[s], and full[s] counts only the 8 latent blocks (its other arrivals are the rotators').
 __device__ __forceinline__ void load_q_and_tiles(const CUtensorMap* tm_q, const CUtensorMap* tm_kv, uint8_t* s_q,
                                                  uint8_t* s_kv, uint64_t* q_full, uint64_t* full, uint64_t* empty,
                                                  const CtaWork& c, int max_seq, uint64_t* rope_landed = nullptr,
-                                                 const Params* params = nullptr, bool prefetch = false) {
+                                                 const Params* trace = nullptr) {
   tma_prefetch_desc(tm_q);
   tma_prefetch_desc(tm_kv);
   mbar_arrive_expect_tx(q_full, kTileBytes);
@@ -186,9 +171,9 @@ __device__ __forceinline__ void load_q_and_tiles(const CUtensorMap* tm_q, const 
   int s = 0;
   uint32_t phase = 0;
   for (int tile = c.tile0; tile < c.tile1; ++tile) {
-    if (params) trace_stamp(*params, kTraceLoader, tile - c.tile0, 0);
+    if (trace) trace_stamp(*trace, kTraceLoader, tile - c.tile0, 0);
     mbar_wait(&empty[s], phase ^ 1);
-    if (params) trace_stamp(*params, kTraceLoader, tile - c.tile0, 1);
+    if (trace) trace_stamp(*trace, kTraceLoader, tile - c.tile0, 1);
     const int row = c.b * max_seq + tile * kTile;
     uint8_t* stage = s_kv + s * kTileBytes;
     if (rope_landed) {
@@ -200,7 +185,6 @@ __device__ __forceinline__ void load_q_and_tiles(const CUtensorMap* tm_q, const 
       mbar_arrive_expect_tx(&full[s], kTileBytes);
       for (int j = 0; j < kBlocks; ++j) tma_load_2d(stage + j * kBlockBytes, tm_kv, &full[s], j * 64, row);
     }
-    if (prefetch) prefetch_ahead(tm_kv, *params, c, tile);
     ring_next(s, phase, kStages);
   }
 }

@@ -241,7 +241,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_attention_s_once_kernel(const
     const int pt = threadIdx.x - 256;
     if (pt == 0) {
       load_q_and_tiles(&tm_q, &tm_kv, s_q, s_kv, q_full, kRopeFirst ? roped : full, empty, work, p.max_seq,
-                       kRopeFirst ? full : nullptr, &p, p.prefetch_ahead > 0);
+                       kRopeFirst ? full : nullptr, &p);
     } else if (pt >= 32) {
       rotate_tiles(pt - 32, work, p, s_kv, full, roped);
     }

@@ -47,11 +47,9 @@ int mla_num_sms() {
 }
 
 void mla_describe(const MlaConfig& c, char* buf, int size) {
-  snprintf(buf, size,
-           "MlaConfig{splits=%d, prefetch_tables=%d, s_once=%d, rope_first=%d, seesaw=%d, bulk_store=%d, "
-           "prefetch_ahead=%d}",
+  snprintf(buf, size, "MlaConfig{splits=%d, prefetch_tables=%d, s_once=%d, rope_first=%d, seesaw=%d, bulk_store=%d}",
            c.splits, c.prefetch_tables ? 1 : 0, c.s_once ? 1 : 0, c.rope_first ? 1 : 0, c.seesaw ? 1 : 0,
-           c.bulk_store ? 1 : 0, c.prefetch_ahead);
+           c.bulk_store ? 1 : 0);
 }
 
 const char* mla_run(const MlaArgs& a, cudaStream_t stream) {
@@ -85,7 +83,6 @@ const char* mla_run(const MlaArgs& a, cudaStream_t stream) {
 #endif
   if (p.splits > 1 && (!a.part_o || !a.part_ml)) return "mla cuda: a split plan needs the partial buffers";
   const dim3 grid(kHeadGroups * a.bs * p.splits);
-  p.prefetch_ahead = a.config.prefetch_ahead;
   if (a.config.seesaw) {
     mla_attention_seesaw_kernel<<<grid, kThreads, kSeesawSmemBytes, stream>>>(tm_q, tm_kv, p);
   } else if (a.config.s_once) {

@@ -1,0 +1,33 @@
+"""benchmarks/collect.py's log parsers on real logs (trimmed copies from a device session, tests/fixtures/logs)."""
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import collect  # noqa: E402
+
+LOGS = ROOT / "tests" / "fixtures" / "logs"
+CASE_4096 = "batchsize: 128; dim: 7168; dq: 1536; prefill: 4096; seed: 9817"
+CASE_6144 = "batchsize: 128; dim: 7168; dq: 1536; prefill: 6144; seed: 5291"
+
+
+def test_profile_rows_take_each_cases_kernel_time():
+    rows = collect.profile_rows((LOGS / "profile_mla-decode.log").read_text(), "H100", "cuda",
+                                {"attention[in-step]": "attention_s_once", "w_uk": r"head_gemm_kernel<true"})
+    got = {(r.backend, r.case): r.us for r in rows}
+    assert got == {("cuda/attention[in-step]", CASE_4096): 256.294, ("cuda/w_uk", CASE_4096): 14.08,
+                   ("cuda/attention[in-step]", CASE_6144): 368.455, ("cuda/w_uk", CASE_6144): 13.952}
+    assert {r.metric for r in rows} == {"profiler"}
+
+
+def test_ncu_rows_follow_the_launch_order_of_the_cases():
+    rows = collect.ncu_rows((LOGS / "ncu_mla-decode.log").read_text(), "H100", "cuda", {"attention": "s_once"})
+    assert [(r.backend, r.metric, r.case, r.us) for r in rows] == [
+        ("cuda/attention", "ncu", CASE_4096, 259.10), ("cuda/attention", "ncu", CASE_6144, 371.94)]
+
+
+def test_a_time_without_a_unit_is_refused():
+    with pytest.raises(ValueError, match="not a time"):
+        collect._us("256.3")
