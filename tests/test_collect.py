@@ -15,10 +15,10 @@ CASE_6144 = "batchsize: 128; dim: 7168; dq: 1536; prefill: 6144; seed: 5291"
 
 def test_profile_rows_take_each_cases_kernel_time():
     rows = collect.profile_rows((LOGS / "profile_mla-decode.log").read_text(), "H100", "cuda",
-                                {"attention[in-step]": "attention_s_once", "w_uk": r"head_gemm_kernel<true"})
+                                {"attention[in-step]": "attention_s_once", "w_uv": r"head_gemm_kernel<true"})
     got = {(r.backend, r.case): r.us for r in rows}
-    assert got == {("cuda/attention[in-step]", CASE_4096): 256.294, ("cuda/w_uk", CASE_4096): 14.08,
-                   ("cuda/attention[in-step]", CASE_6144): 368.455, ("cuda/w_uk", CASE_6144): 13.952}
+    assert got == {("cuda/attention[in-step]", CASE_4096): 256.294, ("cuda/w_uv", CASE_4096): 14.08,
+                   ("cuda/attention[in-step]", CASE_6144): 368.455, ("cuda/w_uv", CASE_6144): 13.952}
     assert {r.metric for r in rows} == {"profiler"}
 
 
