@@ -56,7 +56,9 @@ def _set_knobs(monkeypatch, splits, knobs):
                           (1, 2, None, "SEESAW=1"), (3, 65, None, "SEESAW=1"), (16, 1025, None, "SEESAW=1"),
                           (128, 130, None, "SEESAW=1"), (2, 8192, None, "SEESAW=1"), (128, 4097, None, "SEESAW=1"),
                           (128, 4097, "2", "SEESAW=1"), (16, 1025, "3", "SEESAW=1"),
-                          (3, 65, None, "BULK_STORE=0"), (128, 4097, None, "BULK_STORE=0")])
+                          (3, 65, None, "BULK_STORE=0"), (128, 4097, None, "BULK_STORE=0"),
+                          (3, 65, None, "STAGED_ST=1"), (128, 4097, None, "STAGED_ST=1"),
+                          (16, 1025, "3", "STAGED_ST=1")])
 def test_attention_matches_the_definition(mla, bs, kv_len, splits, knobs, monkeypatch, grow=1.0):
     """splits, knobs: as _set_knobs takes them. grow: the keys' rope columns scaled from 1 at position 0 to
     `grow` at the last, so that the row maxima keep rising tile after tile (the s-once softmax rescales lazily)."""
@@ -140,14 +142,16 @@ def _outputs_per_knob_value(mla, monkeypatch, knob, values, bs, kv_len):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("knob", ["BULK_STORE", "STAGED_ST"])
 @pytest.mark.parametrize("bs,kv_len", [(3, 65), (128, 4097)])
-def test_staged_rows_equal_the_direct_stores(mla, bs, kv_len, monkeypatch):
+def test_staged_rows_equal_the_direct_stores(mla, bs, kv_len, knob, monkeypatch):
     """MlaConfig::bulk_store only changes how the rows reach memory (through shared memory and bulk copies instead of
-    stores from registers): the same bits, with the output poisoned before each call."""
+    stores from registers), and staged_st how the staged rows leave shared memory (16-byte stores instead of bulk
+    copies): the same bits, with the output poisoned before each call."""
     import torch
 
-    outs = _outputs_per_knob_value(mla, monkeypatch, "BULK_STORE", ("0", "1"), bs, kv_len)
-    assert torch.equal(outs["0"], outs["1"]), "the staged rows differ from the direct stores"
+    outs = _outputs_per_knob_value(mla, monkeypatch, knob, ("0", "1"), bs, kv_len)
+    assert torch.equal(outs["0"], outs["1"]), f"{knob}=1 changes the rows"
 
 
 @pytest.mark.gpu

@@ -46,6 +46,7 @@ struct Params {
   const int* kv_len;             // [1] in device memory: a captured graph replays for any cache length
   int bs, max_seq, splits;
   int bulk_store;                // s-once, splits == 1: rows staged in shared memory, written by bulk copies
+  int staged_st;                 // ... or (bulk_store too) by coalesced 16-byte stores from the staged rows
   float scale_log2;              // log2(e) / sqrt(192)
 #ifdef KBENCH_DEV
   int skip_rope;                 // timing only (KBENCH_MLA_DEV_SKIP_ROPE): the keys left un-rotated
