@@ -31,12 +31,16 @@ def renamed(backend: str, renames: dict[str, str]) -> str:
     return renames.get(head, head) + sep + tail
 
 
+# microseconds per unit, as the torch profiler ("us") and Nsight Compute ("usecond") print them
+_UNIT_US = {"us": 1.0, "usecond": 1.0, "ms": 1e3, "msecond": 1e3, "s": 1e6, "second": 1e6}
+
+
 def _us(text: str) -> float:
-    """'256.294us' or '1.2ms' -> microseconds."""
-    m = re.fullmatch(r"([0-9.]+)\s*(us|ms|s)", text.strip())
-    if not m:
+    """'256.294us', '1.2ms' or '259.10 usecond' -> microseconds."""
+    m = re.fullmatch(r"([0-9.,]+)\s*([a-z]+)", text.strip())
+    if not m or m.group(2) not in _UNIT_US:
         raise ValueError(f"not a time: {text!r}")
-    return float(m.group(1)) * {"us": 1.0, "ms": 1e3, "s": 1e6}[m.group(2)]
+    return float(m.group(1).replace(",", "")) * _UNIT_US[m.group(2)]
 
 
 def profile_rows(log: str, gpu: str, backend: str, kernels: dict[str, str]) -> list[benchlib.Row]:
@@ -70,9 +74,9 @@ def ncu_rows(log: str, gpu: str, backend: str, kernels: dict[str, str]) -> list[
             pending = 0
         elif line.startswith("  ") and not line.startswith("    ") and "(" in line:
             sections.append([line.strip(), None])
-        elif "gpu__time_duration.sum" in line and sections:
-            value, unit = line.split()[-1].replace(",", ""), line.split()[-2]
-            sections[-1][1] = float(value) * {"usecond": 1.0, "us": 1.0, "msecond": 1e3, "ms": 1e3}[unit]
+        elif "gpu__time_duration.sum" in line and sections:  # "<metric>  <unit>  <value>"
+            *_, unit, value = line.split()
+            sections[-1][1] = _us(f"{value} {unit}")
     rows = []
     for (kernel, us), case in zip(sections, launch_cases):
         for name, pattern in kernels.items():

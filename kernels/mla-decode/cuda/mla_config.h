@@ -25,13 +25,12 @@ struct MlaConfig {
 
 // bs batch rows, kv_len cache rows to read, sms the GPU's SM count. KBENCH_MLA_SPLITS=N forces N splits;
 // KBENCH_MLA_PREFETCH_TABLES=0/1 overrides prefetch_tables, KBENCH_MLA_S_ONCE=0/1 s_once, KBENCH_MLA_ROPE_FIRST=0/1
-// rope_first, KBENCH_MLA_SEESAW=0/1 seesaw, KBENCH_MLA_BULK_STORE=0/1 bulk_store,
-// KBENCH_MLA_STAGED_ST=0/1 staged_st. (Measured misses, removed: early
-// S, the next tile's S issued behind this tile's P V, +8.6%, docs/mla-decode-notes.md finding 19; split S, both
-// warpgroups sharing each tile's S and softmax, +12.5%, finding 26; part of the softmax's exponentials on the FP32
-// pipes, +0.2 to +1.3%, finding 27; one CTA an SM taking equal runs of the work, +52 us with rows shared between
-// runs, -1% with whole rows, finding 29; L2 prefetches of the next wave's first data, +3 us, or of the row's later
-// tiles, +9 to +37%, finding 36.)
+// rope_first, KBENCH_MLA_SEESAW=0/1 seesaw, KBENCH_MLA_BULK_STORE=0/1 bulk_store, KBENCH_MLA_STAGED_ST=0/1 staged_st.
+// (Measured misses, removed: early S, the next tile's S issued behind this tile's P V, +8.6%,
+// docs/mla-decode-notes.md finding 19; split S, both warpgroups sharing each tile's S and softmax, +12.5%, finding
+// 26; part of the softmax's exponentials on the FP32 pipes, +0.2 to +1.3%, finding 27; one CTA an SM taking equal
+// runs of the work, +52 us with rows shared between runs, -1% with whole rows, finding 29; L2 prefetches of the next
+// wave's first data, +3 us, or of the row's later tiles, +9 to +37%, finding 36.)
 inline MlaConfig mla_config(int bs, int kv_len, int sms) {
   // No split where one CTA per (row, head group) already fills >= 90% of its waves (batch 128 on 132 SMs: 256 CTAs
   // in 2 waves, 97%): splitting adds the combine pass and the fp32 partials for no wave gain (measured on two H100s,
@@ -60,7 +59,7 @@ inline MlaConfig mla_config(int bs, int kv_len, int sms) {
   // instruction) with the SM otherwise idle (docs/mla-decode-notes.md, finding 34)
   const bool bulk_store = kb::env_int("KBENCH_MLA_BULK_STORE", 1) != 0;
   // staged_st: a candidate (docs/mla-decode-notes.md, finding 36): the bulk copies' reads of the staged rows took
-  // 2.5-4.9 us a CTA before it could exit; stores from registers need not be waited for
+  // 2.5-4.9 us a CTA before it could exit; ordinary 16-byte stores need not be waited for
   const bool staged_st = kb::env_int("KBENCH_MLA_STAGED_ST", 0) != 0;
   return MlaConfig{splits, prefetch_tables, s_once, rope_first, seesaw, bulk_store, staged_st};
 }
