@@ -57,8 +57,12 @@ def _set_knobs(monkeypatch, splits, knobs):
                           (128, 130, None, "SEESAW=1"), (2, 8192, None, "SEESAW=1"), (128, 4097, None, "SEESAW=1"),
                           (128, 4097, "2", "SEESAW=1"), (16, 1025, "3", "SEESAW=1"),
                           (3, 65, None, "BULK_STORE=0"), (128, 4097, None, "BULK_STORE=0"),
-                          (3, 65, None, "STAGED_ST=1"), (128, 4097, None, "STAGED_ST=1"),
-                          (16, 1025, "3", "STAGED_ST=1")])
+                          (3, 65, None, "STAGED_ST=0"), (128, 4097, None, "STAGED_ST=0"),
+                          (16, 1025, "3", "STAGED_ST=0"),
+                          (1, 2, None, "PERSISTENT=1"), (3, 65, None, "PERSISTENT=1"),
+                          (128, 4097, None, "PERSISTENT=1"), (133, 1000, None, "PERSISTENT=1"),
+                          (200, 130, None, "PERSISTENT=1"), (16, 1025, None, "PERSISTENT=1"),
+                          (128, 4097, None, "PERSISTENT=1,ROPE_FIRST=0")])
 def test_attention_matches_the_definition(mla, bs, kv_len, splits, knobs, monkeypatch, grow=1.0):
     """splits, knobs: as _set_knobs takes them. grow: the keys' rope columns scaled from 1 at position 0 to
     `grow` at the last, so that the row maxima keep rising tile after tile (the s-once softmax rescales lazily)."""
@@ -87,6 +91,7 @@ def test_attention_matches_the_definition(mla, bs, kv_len, splits, knobs, monkey
 @pytest.mark.gpu
 @pytest.mark.parametrize("bs,kv_len,splits,knobs", [(16, 1025, None, ""), (128, 4097, "2", ""),
                                                     (16, 1025, None, "ROPE_FIRST=0"),
+                                                    (133, 1025, None, "PERSISTENT=1"),
                                                     (16, 1025, None, "S_ONCE=0"),
                                                     (16, 1025, None, "SEESAW=1"), (128, 4097, "2", "SEESAW=1"),
                                                     (3, 65, None, "SEESAW=1")])
@@ -100,7 +105,8 @@ def test_attention_with_rising_maxima(mla, bs, kv_len, splits, knobs, monkeypatc
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("bs,kv_len,splits,knobs", [(128, 4097, "2", ""), (128, 4097, "2", "SEESAW=1"),
-                                                    (16, 1025, None, "SEESAW=1"), (128, 4097, None, "")])
+                                                    (16, 1025, None, "SEESAW=1"), (128, 4097, None, ""),
+                                                    (200, 1025, None, "PERSISTENT=1")])
 def test_attention_repeats_bit_for_bit(mla, bs, kv_len, splits, knobs, monkeypatch):
     """The kernel is deterministic: 30 calls on the same inputs must give the same bits. A race between the
     warpgroups, the loads and the rotators shows up here as an occasional difference (a version of the seesaw
@@ -152,6 +158,18 @@ def test_staged_rows_equal_the_direct_stores(mla, bs, kv_len, knob, monkeypatch)
 
     outs = _outputs_per_knob_value(mla, monkeypatch, knob, ("0", "1"), bs, kv_len)
     assert torch.equal(outs["0"], outs["1"]), f"{knob}=1 changes the rows"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("bs,kv_len", [(3, 65), (128, 4097), (133, 1000), (200, 130)])
+def test_the_persistent_kernel_equals_the_one_item_kernel(mla, bs, kv_len, monkeypatch):
+    """MlaConfig::persistent runs the same per-tile arithmetic in the same order, one CTA an SM walking the work items
+    (2 to 4 a CTA at these batches, so the ring, Q and the barriers' phases carry across items), and stores the rows
+    from registers: the same bits as the one-item kernel, with the output poisoned before each call."""
+    import torch
+
+    outs = _outputs_per_knob_value(mla, monkeypatch, "PERSISTENT", ("0", "1"), bs, kv_len)
+    assert torch.equal(outs["0"], outs["1"]), "the persistent kernel changes the rows"
 
 
 @pytest.mark.gpu

@@ -145,17 +145,41 @@ struct CtaWork {
   int b, hg, split, kv_len, tile0, tile1;
 };
 
-__device__ __forceinline__ CtaWork cta_work(const Params& p) {
+// item: the work item's index (b, hg, split), blockIdx.x where each CTA takes one; the persistent s-once kernel
+// (MlaConfig::persistent) walks items blockIdx.x, blockIdx.x + gridDim.x, ...
+__device__ __forceinline__ CtaWork cta_work(const Params& p, unsigned item) {
   CtaWork c;
-  c.b = blockIdx.x / (2 * p.splits);
-  c.hg = (blockIdx.x / p.splits) % 2;
-  c.split = blockIdx.x % p.splits;
+  c.b = item / (2 * p.splits);
+  c.hg = (item / p.splits) % 2;
+  c.split = item % p.splits;
   c.kv_len = *p.kv_len;
   const int num_tiles = (c.kv_len + kTile - 1) / kTile;
   const int tiles_per_split = (num_tiles + p.splits - 1) / p.splits;
   c.tile0 = c.split * tiles_per_split;
   c.tile1 = min(num_tiles, c.tile0 + tiles_per_split);
   return c;
+}
+__device__ __forceinline__ CtaWork cta_work(const Params& p) { return cta_work(p, blockIdx.x); }
+
+// The persistent s-once kernel's two loads (load_q_and_tiles below spells out the same for the one-item kernels): a
+// work item's Q (64 heads x 576) on q_full, and cache tile `tile` of row c.b into ring stage `stage` (with
+// rope_landed: the rope block first, on its own barrier, and full counting the 8 latent blocks).
+__device__ __forceinline__ void load_q(const CUtensorMap* tm_q, uint8_t* s_q, uint64_t* q_full, const CtaWork& c) {
+  mbar_arrive_expect_tx(q_full, kTileBytes);
+  for (int j = 0; j < kBlocks; ++j) tma_load_2d(s_q + j * kBlockBytes, tm_q, q_full, j * 64, c.b * kHeads + c.hg * kHG);
+}
+__device__ __forceinline__ void load_tile(const CUtensorMap* tm_kv, uint8_t* stage, uint64_t* full,
+                                          uint64_t* rope_landed, const CtaWork& c, int tile, int max_seq) {
+  const int row = c.b * max_seq + tile * kTile;
+  if (rope_landed) {
+    mbar_arrive_expect_tx(full, kTileBytes - kBlockBytes);
+    mbar_arrive_expect_tx(rope_landed, kBlockBytes);
+    tma_load_2d(stage + (kBlocks - 1) * kBlockBytes, tm_kv, rope_landed, (kBlocks - 1) * 64, row);
+    for (int j = 0; j < kBlocks - 1; ++j) tma_load_2d(stage + j * kBlockBytes, tm_kv, full, j * 64, row);
+  } else {
+    mbar_arrive_expect_tx(full, kTileBytes);
+    for (int j = 0; j < kBlocks; ++j) tma_load_2d(stage + j * kBlockBytes, tm_kv, full, j * 64, row);
+  }
 }
 
 // The producer thread: Q once, then the CTA's cache tiles through the kStages ring (full: bytes landed; empty: the

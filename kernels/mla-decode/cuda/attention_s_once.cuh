@@ -31,7 +31,7 @@ namespace mla {
 constexpr int kRotators = 96;  // producer warps 1..3
 constexpr int kRopeItems = kTile * 4;  // (row, group of 8 frequencies) pairs a tile
 constexpr int kItemsPerRotator = (kRopeItems + kRotators - 1) / kRotators;
-constexpr int kSOnceSmemBytes = 1024 + kTileBytes * (1 + kStages) + kBlockBytes + 3 * kHG * 4 + 16 + 8 * (1 + 3 * kStages);
+constexpr int kSOnceSmemBytes = 1024 + kTileBytes * (1 + kStages) + kBlockBytes + 3 * kHG * 4 + 16 + 8 * (2 + 3 * kStages);
 // Named barriers between the consumer warpgroups (256 threads: one side syncs, the other arrives).
 constexpr int kBarPReady = 5;  // P and the rescale factors of the current tile are in shared memory
 constexpr int kBarPFree = 6;   // warpgroup 1 has read them (its P V done): warpgroup 0 may write the next
@@ -50,6 +50,10 @@ constexpr float kRescaleSlack = 8.0f;  // P up to 256: exact in bf16's exponent 
 constexpr int kLaunchRegs = 168, kWg0Regs = 232, kWg1Regs = 184, kProducerRegs = 88;
 static_assert((kWg0Regs - kLaunchRegs) + (kWg1Regs - kLaunchRegs) <= kLaunchRegs - kProducerRegs,
               "setmaxnreg: the consumer warpgroups would wait forever for registers the producer does not free");
+// The persistent kernel's producer walks its items' tiles and rows as well: at 88 registers it spilled 4 bytes.
+constexpr int kPersistentWg0Regs = 224, kPersistentProducerRegs = 96;
+static_assert((kPersistentWg0Regs - kLaunchRegs) + (kWg1Regs - kLaunchRegs) <= kLaunchRegs - kPersistentProducerRegs,
+              "setmaxnreg: the persistent kernel's budget");
 
 // P of a tile in shared memory (64 heads x 64 positions, bf16, 128-byte swizzled rows), as stmatrix / ldmatrix move
 // it: pa[2c + h] holds rows frag_row + 8h, columns 8c + frag_col, +1 (the 8x8 matrix (c, h) of this warp's 16 rows);
@@ -87,6 +91,41 @@ __device__ __forceinline__ void store_rows_staged(const Params& p, const CtaWork
   } else if (t < kHG) {
     bulk_store_s2g(rows + static_cast<long long>(t) * kLatent, s_out + t * kOutRowBytes + 512 * w, 512);
     bulk_wait_read();
+  }
+}
+
+// One warpgroup's 256 output columns of the CTA's 64 heads straight from the accumulator, normalised and rounded to
+// bf16 as store_rows_staged does (the same bits), for the persistent kernel, whose ring holds the next item's tiles
+// while this one's rows leave. The quad's four lanes hold 8 consecutive columns of a row, 2 each (o[4c + 2h + e]:
+// row frag_row + 8h, column 8c + frag_col + e); a 4 x 4 transpose of 32-bit words within the quad (two shuffle
+// rounds) gives lane j the 16 bytes of column group c0 + j, so one warp store writes 8 rows x 64 contiguous bytes:
+// whole sectors, where the register stores of store_rows (4 bytes a lane) filled half of each (finding 34).
+__device__ __forceinline__ void store_rows_direct(const Params& p, const CtaWork& c, const float* o, int w, int lane,
+                                                  int frag_row, const float* l) {
+  const int j = lane & 3;
+  const bool hi2 = j & 2, hi1 = j & 1;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const float inv = 1.0f / l[h];
+    __nv_bfloat16* row = p.out + (static_cast<long long>(c.b) * kHeads + c.hg * kHG + frag_row + 8 * h) * kLatent + 256 * w;
+#pragma unroll
+    for (int c0 = 0; c0 < 32; c0 += 4) {
+      uint32_t m[4];  // this lane's 2 columns of groups c0 .. c0 + 3
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const __nv_bfloat162 v = __floats2bfloat162_rn(o[4 * (c0 + k) + 2 * h] * inv, o[4 * (c0 + k) + 2 * h + 1] * inv);
+        m[k] = *reinterpret_cast<const uint32_t*>(&v);
+      }
+      // lanes 0, 1 trade their groups 2, 3 for lanes 2, 3's groups 0, 1
+      const uint32_t r0 = __shfl_xor_sync(0xffffffffu, hi2 ? m[0] : m[2], 2);
+      const uint32_t r1 = __shfl_xor_sync(0xffffffffu, hi2 ? m[1] : m[3], 2);
+      const uint32_t a0 = hi2 ? r0 : m[0], a1 = hi2 ? r1 : m[1], a2 = hi2 ? m[2] : r0, a3 = hi2 ? m[3] : r1;
+      // then within each pair of lanes, words 1 and 3 for the partner's 0 and 2
+      const uint32_t q0 = __shfl_xor_sync(0xffffffffu, hi1 ? a0 : a1, 1);
+      const uint32_t q1 = __shfl_xor_sync(0xffffffffu, hi1 ? a2 : a3, 1);
+      const uint4 v = hi1 ? make_uint4(q0, a1, q1, a3) : make_uint4(a0, q0, a2, q1);
+      *reinterpret_cast<uint4*>(row + 8 * (c0 + j)) = v;
+    }
   }
 }
 
@@ -193,13 +232,12 @@ __device__ __forceinline__ void load_item_tables(int u, int tile, int kv_len, co
 // The producer warpgroup's warps 1-3 (rotator u of kRotators): each landed tile's rope block (full[s]) rotated in
 // place, then an arrive on roped[s]. Rotator u takes items u, u + 96, u + 192 of a tile; item i = (row i / 4,
 // frequencies 8 (i % 4) ..). The cos/sin of the next tile's items are loaded while this tile waits and rotates.
+// s, phase: the ring's position, carried from one work item to the next by the persistent kernel.
 __device__ __forceinline__ void rotate_tiles(int u, const CtaWork& work, const Params& p, uint8_t* s_kv, uint64_t* full,
-                                             uint64_t* roped) {
+                                             uint64_t* roped, int& s, uint32_t& phase) {
   const int kv_len = work.kv_len, tile0 = work.tile0, tile1 = work.tile1;
   RopeTables tab[kItemsPerRotator];
   if (tile0 < tile1) load_item_tables(u, tile0, kv_len, p, tab);
-  int s = 0;
-  uint32_t phase = 0;
   for (int tile = tile0; tile < tile1; ++tile) {
     if (u == 0) trace_stamp(p, kTraceRotator, tile - tile0, 0);
     mbar_wait(&full[s], phase);
@@ -209,6 +247,37 @@ __device__ __forceinline__ void rotate_tiles(int u, const CtaWork& work, const P
     if (u == 0) trace_stamp(p, kTraceRotator, tile - tile0, 2);
     if (tile + 1 < tile1) load_item_tables(u, tile + 1, kv_len, p, tab);
     ring_next(s, phase, kStages);
+  }
+}
+__device__ __forceinline__ void rotate_tiles(int u, const CtaWork& work, const Params& p, uint8_t* s_kv, uint64_t* full,
+                                             uint64_t* roped) {
+  int s = 0;
+  uint32_t phase = 0;
+  rotate_tiles(u, work, p, s_kv, full, roped, s, phase);
+}
+
+// The persistent kernel's producer thread (MlaConfig::persistent): the CTA's work items one after the other through
+// one ring, so that the next item's first tiles load while this item's last ones are worked on. An item's Q goes
+// behind its first tile, once warpgroup 0 has read the previous Q for the last time (q_free: its last S landed).
+__device__ __forceinline__ void load_items(const CUtensorMap* tm_q, const CUtensorMap* tm_kv, uint8_t* s_q,
+                                           uint8_t* s_kv, uint64_t* q_full, uint64_t* q_free, uint64_t* full,
+                                           uint64_t* empty, uint64_t* rope_landed, const Params& p, int items) {
+  tma_prefetch_desc(tm_q);
+  tma_prefetch_desc(tm_kv);
+  int s = 0;
+  uint32_t phase = 0;
+  for (int item = blockIdx.x, k = 0; item < items; item += gridDim.x, ++k) {
+    const CtaWork c = cta_work(p, item);
+    if (k == 0) load_q(tm_q, s_q, q_full, c);
+    for (int tile = c.tile0; tile < c.tile1; ++tile) {
+      mbar_wait(&empty[s], phase ^ 1);
+      load_tile(tm_kv, s_kv + s * kTileBytes, &full[s], rope_landed ? &rope_landed[s] : nullptr, c, tile, p.max_seq);
+      if (k > 0 && tile == c.tile0) {
+        mbar_wait(q_free, (k - 1) & 1);
+        load_q(tm_q, s_q, q_full, c);
+      }
+      ring_next(s, phase, kStages);
+    }
   }
 }
 
@@ -398,6 +467,224 @@ __global__ void __launch_bounds__(kThreads, 1) mla_attention_s_once_kernel(const
   else
     store_rows(p, work, o, w, frag_row, frag_col, m_row, l_row, w == 0 && (lane & 3) == 0);
   if (threadIdx.x == 0) trace_clock(p, 6);  // (dev builds) its rows stored (issued; bulk: read from shared memory)
+}
+
+// The persistent s-once kernel (MlaConfig::persistent, one split only; a candidate, docs/mla-decode-notes.md finding
+// 37): gridDim.x CTAs (one an SM) each walk the work items blockIdx.x, blockIdx.x + gridDim.x, ... with the ring and
+// its barriers carried across items, the next item's first tiles loading under this one's last, and write each
+// item's rows straight from registers (store_rows_direct). The same per-tile schedule as the kernel above.
+template <bool kRopeFirst>
+__global__ void __launch_bounds__(kThreads, 1) mla_attention_s_once_persistent_kernel(const __grid_constant__ CUtensorMap tm_q,
+                                                                           const __grid_constant__ CUtensorMap tm_kv,
+                                                                           const Params p) {
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t* base = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
+  uint8_t* s_q = base;
+  uint8_t* s_kv = s_q + kTileBytes;
+  uint8_t* s_p = s_kv + kStages * kTileBytes;                    // P [64 heads][64 positions] bf16, swizzled rows
+  float* s_alpha = reinterpret_cast<float*>(s_p + kBlockBytes);  // [64] this tile's rescale factors
+  float* s_m = s_alpha + kHG;                                    // [64] final row maxima (log2 domain)
+  float* s_l = s_m + kHG;                                        // [64] final row sums
+  int* s_rescale = reinterpret_cast<int*>(s_l + kHG);            // [4] per warp: this tile moved its rows' maxima
+  uint64_t* q_full = reinterpret_cast<uint64_t*>(s_rescale + 4);
+  uint64_t* full = q_full + 1;        // TMA landed (kRopeFirst: the rope block landed)
+  uint64_t* roped = full + kStages;   // ... and the rope columns rotated (kRopeFirst: and the latent blocks landed)
+  uint64_t* empty = roped + kStages;  // both consumer warpgroups done with the stage
+  uint64_t* q_free = empty + kStages;  // warpgroup 0's last S of an item landed, Q may be replaced
+
+  const int items = kHeadGroups * p.bs;  // work items (b, hg); this CTA takes blockIdx.x and every gridDim.x-th after
+
+  if (threadIdx.x == 0) {
+    trace_clock(p, 4);  // (dev builds) the CTA's entry
+    mbar_init(q_full, 1);
+    for (int s = 0; s < kStages; ++s) {
+      mbar_init(&full[s], 1);
+      mbar_init(&roped[s], kRotators + (kRopeFirst ? 1 : 0));
+      mbar_init(&empty[s], 8);  // one arrive per consumer warp
+    }
+    mbar_init(q_free, 4);  // one arrive per warp of warpgroup 0
+    fence_mbar_init();
+  }
+  __syncthreads();
+
+  if (threadIdx.x >= 256) {  // producer warpgroup: warp 0 loads, warps 1-3 rotate
+    setmaxnreg_dec<kPersistentProducerRegs>();
+    const int pt = threadIdx.x - 256;
+    if (pt == 0) {
+      load_items(&tm_q, &tm_kv, s_q, s_kv, q_full, q_free, kRopeFirst ? roped : full, empty,
+                 kRopeFirst ? full : nullptr, p, items);
+    } else if (pt >= 32) {
+      int s = 0;
+      uint32_t phase = 0;
+      for (int item = blockIdx.x; item < items; item += gridDim.x)
+        rotate_tiles(pt - 32, cta_work(p, item), p, s_kv, full, roped, s, phase);
+    }
+    return;
+  }
+
+  const int w = threadIdx.x / 128;  // this warpgroup's output columns: 256w .. 256w + 255
+  const int t = threadIdx.x % 128;
+  const int warp = t / 32, lane = t % 32;
+  const int frag_row = warp * 16 + lane / 4;  // heads frag_row and frag_row + 8 (within the CTA's 64)
+  const int frag_col = 2 * (lane % 4);
+
+  float o[128];
+  // Warpgroup 0's softmax state. m_run: the row maxima (log2 domain); l_run: this thread's share of the row sums
+  // (its 16 positions of each tile), summed across the quad once at the end.
+  float m_run[2], l_run[2];
+
+  // One loop per warpgroup (their work differs; a shared loop branches around every wgmma).
+  int s = 0;
+  uint32_t phase = 0;
+  // After a warpgroup's last read of stage s (its P V waited for): hand the stage back to the producer, go to the next.
+  auto release_stage = [&]() {
+#pragma unroll
+    for (int j = 0; j < 128; ++j) reg_fence(o[j]);
+    __syncwarp();
+    if (lane == 0) mbar_arrive(&empty[s]);
+    ring_next(s, phase, kStages);
+  };
+  // An item's start: O and the softmax state cleared.
+  auto start_item = [&]() {
+#pragma unroll
+    for (int i = 0; i < 128; ++i) o[i] = 0.0f;
+    m_run[0] = m_run[1] = -INFINITY;
+    l_run[0] = l_run[1] = 0.0f;
+  };
+  // An item's end, in both warpgroups: the final row maxima and sums from warpgroup 0 to both, then the rows out.
+  // (Warpgroup 1 reads them right after the barrier, before its next item's first P, which warpgroup 0 publishes
+  // only after writing them again.)
+  auto finish_item = [&](const CtaWork& work) {
+    if (w == 0) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        l_run[h] += __shfl_xor_sync(0xffffffff, l_run[h], 1);
+        l_run[h] += __shfl_xor_sync(0xffffffff, l_run[h], 2);
+        if ((lane & 3) == 0) {
+          s_m[frag_row + 8 * h] = m_run[h];
+          s_l[frag_row + 8 * h] = l_run[h];
+        }
+      }
+    }
+    named_bar_sync(kBarRows, 256);
+    if (threadIdx.x == 0) trace_clock(p, 0, 1);  // (dev builds) warpgroup 1's last P V done, the sums shared
+    const float l_row[2] = {s_l[frag_row], s_l[frag_row + 8]};
+    store_rows_direct(p, work, o, w, lane, frag_row, l_row);
+  };
+
+  // Each warpgroup's own item loop (setmaxnreg sets a register budget per branch; a loop shared past the branches'
+  // merge would be compiled under the smaller one).
+  if (w == 0) {
+    setmaxnreg_inc<kPersistentWg0Regs>();
+    for (int item = blockIdx.x, k = 0; item < items; item += gridDim.x, ++k) {
+      const CtaWork work = cta_work(p, item);
+      const int kv_len = work.kv_len, tile0 = work.tile0;
+      const int ntiles = work.tile1 - tile0;
+      start_item();
+      uint32_t pa[16];  // P as bf16 pairs: pa[4j .. 4j+3] = the A fragment of positions 16j .. 16j+15
+      float sc[32];  // S of the tile being worked on (m64n64 accumulator)
+      // Waits until tile i (in stage st) is ready, then issues its S = Q K^T over the tile's 64 positions (one group).
+      auto issue_s = [&](int i, int st, uint32_t ph) {
+        if (t == 0) trace_stamp(p, kTraceWg0, i, 0);
+        mbar_wait(&roped[st], ph);
+        if (t == 0) trace_stamp(p, kTraceWg0, i, 1);
+        const uint8_t* kv = s_kv + st * kTileBytes;
+        wgmma_fence();
+#pragma unroll
+        for (int blk = 0; blk < kBlocks; ++blk) {
+          const uint64_t da = make_desc_sw128(s_q + blk * kBlockBytes);
+          const uint64_t db = make_desc_sw128(kv + blk * kBlockBytes);
+#pragma unroll
+          for (int q = 0; q < 4; ++q) wgmma_m64n64k16_bf16<0>(sc, da + 2 * q, db + 2 * q, blk > 0 || q > 0);
+        }
+        wgmma_commit();
+      };
+      auto s_landed = [&](int i) {  // after wgmma_wait: S of tile i in sc
+#pragma unroll
+        for (int j = 0; j < 32; ++j) reg_fence(sc[j]);
+        if (t == 0) trace_stamp(p, kTraceWg0, i, 2);
+      };
+      mbar_wait(q_full, k & 1);
+      if (t == 0) trace_clock(p, 0);
+      for (int i = 0; i < ntiles; ++i) {
+        const int tile = tile0 + i;
+        uint8_t* kv = s_kv + s * kTileBytes;
+        issue_s(i, s, phase);
+        wgmma_wait<0>();
+        s_landed(i);
+        if (i == ntiles - 1) {  // this item's Q is read for the last time: the next one may land
+          __syncwarp();
+          if (lane == 0) mbar_arrive(q_free);
+        }
+
+        float alpha[2];
+        const bool rescale = softmax_tile(sc, tile, kv_len, p.scale_log2, frag_col, m_run, l_run, alpha, pa);
+        // Hand P and the rescale factors to warpgroup 1 once it has read the previous tile's.
+        if (t == 0) trace_stamp(p, kTraceWg0, i, 3);
+        named_bar_sync(kBarPFree, 256);
+        if (t == 0) trace_stamp(p, kTraceWg0, i, 4);
+        store_p(s_p, warp, lane, pa);
+        if ((lane & 3) == 0) {
+          s_alpha[frag_row] = alpha[0];
+          s_alpha[frag_row + 8] = alpha[1];
+        }
+        if (lane == 0) s_rescale[warp] = rescale;
+        // Warpgroup 1 reads P with ldmatrix (the generic proxy, like these writes): the named barrier orders them, no
+        // proxy fence on this path.
+        named_bar_arrive(kBarPReady, 256);
+        if (rescale) {
+#pragma unroll
+          for (int j = 0; j < 128; ++j) o[j] *= alpha[(j >> 1) & 1];
+        }
+        // O += P V, columns 0 .. 255 (blocks 0 .. 3), P from registers.
+        const uint64_t db = make_desc_sw128(kv, kBlockBytes, 1024);
+        if (t == 0) trace_stamp(p, kTraceWg0, i, 5);
+        wgmma_fence();
+        issue_pv_from_registers(o, pa, db);
+        wgmma_commit();
+        wgmma_wait<0>();
+        if (t == 0) trace_stamp(p, kTraceWg0, i, 6);
+        release_stage();
+      }
+      if (t == 0) trace_clock(p, 2);
+      finish_item(work);
+    }
+  } else {
+    setmaxnreg_inc<kWg1Regs>();
+    for (int item = blockIdx.x, k = 0; item < items; item += gridDim.x, ++k) {
+      const CtaWork work = cta_work(p, item);
+      const int ntiles = work.tile1 - work.tile0;
+      start_item();
+      if (ntiles > 0) named_bar_arrive(kBarPFree, 256);  // the P buffer starts free
+      for (int i = 0; i < ntiles; ++i) {
+        uint8_t* kv = s_kv + s * kTileBytes;
+        if (t == 0) trace_stamp(p, kTraceWg1, i, 0);
+        mbar_wait(&roped[s], phase);
+        if (t == 0) trace_stamp(p, kTraceWg1, i, 1);
+        named_bar_sync(kBarPReady, 256);
+        if (t == 0) trace_stamp(p, kTraceWg1, i, 2);
+        // P and the rescale factors into registers, then the buffer back to warpgroup 0 before this P V.
+        uint32_t pb[16];
+        load_p(s_p, warp, lane, pb);
+        const bool rescale = s_rescale[warp];  // warpgroup 0's warp of the same 16 rows moved their maxima
+        const float alpha0 = s_alpha[frag_row], alpha1 = s_alpha[frag_row + 8];
+        if (i + 1 < ntiles) named_bar_arrive(kBarPFree, 256);
+        if (rescale) {
+#pragma unroll
+          for (int j = 0; j < 128; ++j) o[j] *= (j >> 1) & 1 ? alpha1 : alpha0;
+        }
+        // O += P V, columns 256 .. 511 (blocks 4 .. 7), P from registers.
+        const uint64_t db = make_desc_sw128(kv + 4 * kBlockBytes, kBlockBytes, 1024);
+        wgmma_fence();
+        issue_pv_from_registers(o, pb, db);
+        wgmma_commit();
+        wgmma_wait<0>();
+        if (t == 0) trace_stamp(p, kTraceWg1, i, 3);
+        release_stage();
+      }
+      finish_item(work);
+    }
+  }
 }
 
 }  // namespace mla

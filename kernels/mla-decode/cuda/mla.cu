@@ -3,6 +3,7 @@
 #include <cuda.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -24,8 +25,9 @@
 
 using namespace mla;
 
-// The s-once kernel for a configuration's compile-time choice.
-static auto s_once_kernel(bool rope_first) {
+// The s-once kernel for a configuration's compile-time choices.
+static auto s_once_kernel(bool rope_first, bool persistent) {
+  if (persistent) return rope_first ? mla_attention_s_once_persistent_kernel<true> : mla_attention_s_once_persistent_kernel<false>;
   return rope_first ? mla_attention_s_once_kernel<true> : mla_attention_s_once_kernel<false>;
 }
 
@@ -40,7 +42,9 @@ int mla_num_sms() {
     cudaFuncSetAttribute(mla_attention_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
     cudaFuncSetAttribute(mla_attention_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
     for (const bool rope_first : {false, true})
-      cudaFuncSetAttribute(s_once_kernel(rope_first), cudaFuncAttributeMaxDynamicSharedMemorySize, kSOnceSmemBytes);
+      for (const bool persistent : {false, true})
+        cudaFuncSetAttribute(s_once_kernel(rope_first, persistent), cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             kSOnceSmemBytes);
     cudaFuncSetAttribute(mla_attention_seesaw_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSeesawSmemBytes);
   }
   return sms[dev & 63];
@@ -48,9 +52,10 @@ int mla_num_sms() {
 
 void mla_describe(const MlaConfig& c, char* buf, int size) {
   snprintf(buf, size,
-           "MlaConfig{splits=%d, prefetch_tables=%d, s_once=%d, rope_first=%d, seesaw=%d, bulk_store=%d, staged_st=%d}",
+           "MlaConfig{splits=%d, prefetch_tables=%d, s_once=%d, rope_first=%d, seesaw=%d, bulk_store=%d, staged_st=%d, "
+           "persistent=%d}",
            c.splits, c.prefetch_tables ? 1 : 0, c.s_once ? 1 : 0, c.rope_first ? 1 : 0, c.seesaw ? 1 : 0,
-           c.bulk_store ? 1 : 0, c.staged_st ? 1 : 0);
+           c.bulk_store ? 1 : 0, c.staged_st ? 1 : 0, c.persistent ? 1 : 0);
 }
 
 const char* mla_run(const MlaArgs& a, cudaStream_t stream) {
@@ -87,8 +92,11 @@ const char* mla_run(const MlaArgs& a, cudaStream_t stream) {
   const dim3 grid(kHeadGroups * a.bs * p.splits);
   if (a.config.seesaw) {
     mla_attention_seesaw_kernel<<<grid, kThreads, kSeesawSmemBytes, stream>>>(tm_q, tm_kv, p);
+  } else if (a.config.s_once && a.config.persistent && p.splits == 1) {
+    const dim3 ctas(std::min<unsigned>(grid.x, static_cast<unsigned>(sms)));  // one an SM, each walking items
+    s_once_kernel(a.config.rope_first, true)<<<ctas, kThreads, kSOnceSmemBytes, stream>>>(tm_q, tm_kv, p);
   } else if (a.config.s_once) {
-    s_once_kernel(a.config.rope_first)<<<grid, kThreads, kSOnceSmemBytes, stream>>>(tm_q, tm_kv, p);
+    s_once_kernel(a.config.rope_first, false)<<<grid, kThreads, kSOnceSmemBytes, stream>>>(tm_q, tm_kv, p);
   } else {
     const auto kernel = a.config.prefetch_tables ? mla_attention_kernel<true> : mla_attention_kernel<false>;
     kernel<<<grid, kThreads, kSmemBytes, stream>>>(tm_q, tm_kv, p);

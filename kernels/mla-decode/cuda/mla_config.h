@@ -21,11 +21,14 @@ struct MlaConfig {
   bool seesaw;           // attention_seesaw.cuh: the warpgroups take turns at S and the softmax (overrides s_once)
   bool bulk_store;       // s_once, one split: the output rows staged in shared memory and written by bulk copies
   bool staged_st;        // bulk_store: the staged rows written by coalesced 16-byte stores instead of bulk copies
+  bool persistent;       // s_once, one split: one CTA an SM walks its work items through one ring (the next item's
+                         // tiles load under this one's last), rows stored from registers
 };
 
 // bs batch rows, kv_len cache rows to read, sms the GPU's SM count. KBENCH_MLA_SPLITS=N forces N splits;
 // KBENCH_MLA_PREFETCH_TABLES=0/1 overrides prefetch_tables, KBENCH_MLA_S_ONCE=0/1 s_once, KBENCH_MLA_ROPE_FIRST=0/1
-// rope_first, KBENCH_MLA_SEESAW=0/1 seesaw, KBENCH_MLA_BULK_STORE=0/1 bulk_store, KBENCH_MLA_STAGED_ST=0/1 staged_st.
+// rope_first, KBENCH_MLA_SEESAW=0/1 seesaw, KBENCH_MLA_BULK_STORE=0/1 bulk_store, KBENCH_MLA_STAGED_ST=0/1 staged_st,
+// KBENCH_MLA_PERSISTENT=0/1 persistent.
 // (Measured misses, removed: early S, the next tile's S issued behind this tile's P V, +8.6%,
 // docs/mla-decode-notes.md finding 19; split S, both warpgroups sharing each tile's S and softmax, +12.5%, finding
 // 26; part of the softmax's exponentials on the FP32 pipes, +0.2 to +1.3%, finding 27; one CTA an SM taking equal
@@ -58,8 +61,12 @@ inline MlaConfig mla_config(int bs, int kv_len, int sms) {
   // bulk_store: a CTA's 64 output rows took 5-10 us of register-to-global stores (8 half-filled 32-byte sectors a warp
   // instruction) with the SM otherwise idle (docs/mla-decode-notes.md, finding 34)
   const bool bulk_store = kb::env_int("KBENCH_MLA_BULK_STORE", 1) != 0;
-  // staged_st: a candidate (docs/mla-decode-notes.md, finding 36): the bulk copies' reads of the staged rows took
-  // 2.5-4.9 us a CTA before it could exit; ordinary 16-byte stores need not be waited for
-  const bool staged_st = kb::env_int("KBENCH_MLA_STAGED_ST", 0) != 0;
-  return MlaConfig{splits, prefetch_tables, s_once, rope_first, seesaw, bulk_store, staged_st};
+  // staged_st: the bulk copies' reads of the staged rows took 2.5-4.9 us a CTA before it could exit; ordinary 16-byte
+  // stores need not be waited for: attention -0.5 to -3.8 us at batch 128 on two H100s, compute-sanitizer clean
+  // (docs/mla-decode-notes.md, findings 36, 37)
+  const bool staged_st = kb::env_int("KBENCH_MLA_STAGED_ST", 1) != 0;
+  // persistent: a candidate (finding 37): at batch 128 the second wave's start cost ~12 us of the attention (the
+  // fits' intercept 26.6 us against 14.4 at batch 66, one wave)
+  const bool persistent = s_once && !seesaw && splits == 1 && kb::env_int("KBENCH_MLA_PERSISTENT", 0) != 0;
+  return MlaConfig{splits, prefetch_tables, s_once, rope_first, seesaw, bulk_store, staged_st, persistent};
 }
