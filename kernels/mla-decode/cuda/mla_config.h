@@ -65,8 +65,8 @@ inline MlaConfig mla_config(int bs, int kv_len, int sms) {
   // stores need not be waited for: attention -0.5 to -3.8 us at batch 128 on two H100s, compute-sanitizer clean
   // (docs/mla-decode-notes.md, findings 36, 37)
   const bool staged_st = kb::env_int("KBENCH_MLA_STAGED_ST", 1) != 0;
-  // persistent: a candidate (finding 37): at batch 128 the second wave's start cost ~12 us of the attention (the
-  // fits' intercept 26.6 us against 14.4 at batch 66, one wave)
+  // persistent: a candidate (docs/mla-decode-notes.md, finding 37): the second wave's start overlapped with the
+  // first's drain; attention -1.7 us at prefill 4096, none at 6144 (one H100, clean L2)
   const bool persistent = s_once && !seesaw && splits == 1 && kb::env_int("KBENCH_MLA_PERSISTENT", 0) != 0;
   return MlaConfig{splits, prefetch_tables, s_once, rope_first, seesaw, bulk_store, staged_st, persistent};
 }
