@@ -149,7 +149,7 @@ static torch::Tensor run_moe(torch::Tensor x, torch::Tensor experts, torch::Tens
                              std::vector<torch::Tensor> gate, std::vector<torch::Tensor> up,
                              std::vector<torch::Tensor> down, std::vector<double>* stage_ms, bool combine,
                              const c10::optional<torch::Tensor>& published = c10::nullopt,
-                             const Workspaces* pre = nullptr) {
+                             const Workspaces* pre = nullptr, const MoeConfig* chosen = nullptr) {
   TORCH_CHECK(experts.scalar_type() == at::kLong && scores.scalar_type() == at::kHalf && experts.dim() == 2 &&
                   scores.sizes() == experts.sizes() && experts.size(0) == x.size(0),
               "moe_forward: experts (int64) and scores (fp16) must both be [T, K]");
@@ -161,7 +161,8 @@ static torch::Tensor run_moe(torch::Tensor x, torch::Tensor experts, torch::Tens
   experts = experts.contiguous();
   scores = scores.contiguous();
 
-  const MoeConfig config = moe_config(static_cast<int>(T), static_cast<int>(K), static_cast<int>(E));
+  // moe_layer passes the configuration its shared-expert launch used (pre's workspaces were made for it)
+  const MoeConfig config = chosen ? *chosen : moe_config(static_cast<int>(T), static_cast<int>(K), static_cast<int>(E));
   kb::print_config_once([&](char* buf, int size) {
     const int len = snprintf(buf, size, "moe_forward T=%lld K=%lld E=%lld: ", (long long)T, (long long)K,
                              (long long)E);
@@ -267,7 +268,7 @@ std::tuple<c10::optional<torch::Tensor>, torch::Tensor> moe_layer(torch::Tensor 
   const auto [top_scores, top_experts] = at::topk(at::linear(x, router_w).softmax(-1), K, -1, true, false);
   const torch::Tensor scores = top_scores.view({-1, K});
   torch::Tensor y = run_moe(x2, top_experts.view({-1, K}), scores, gate, up, down, nullptr, false, out,
-                            config.shared_first ? &ws : nullptr);
+                            config.shared_first ? &ws : nullptr, &config);
   if (!y.defined()) return {c10::nullopt, scores};
   return {y, scores};
 }
