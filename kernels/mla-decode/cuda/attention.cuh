@@ -161,24 +161,24 @@ __device__ __forceinline__ CtaWork cta_work(const Params& p, unsigned item) {
 }
 __device__ __forceinline__ CtaWork cta_work(const Params& p) { return cta_work(p, blockIdx.x); }
 
-// The persistent s-once kernel's two loads (load_q_and_tiles below spells out the same for the one-item kernels): a
-// work item's Q (64 heads x 576) on q_full, and cache tile `tile` of row c.b into ring stage `stage` (with
-// rope_landed: the rope block first, on its own barrier, and full counting the 8 latent blocks).
+// The producer thread's two loads: a work item's Q (64 heads x 576) on q_full, and cache tile `tile` of row c.b into
+// ring stage s (with rope_landed: the rope block first, on rope_landed[s], and full[s] counting the 8 latent blocks).
 __device__ __forceinline__ void load_q(const CUtensorMap* tm_q, uint8_t* s_q, uint64_t* q_full, const CtaWork& c) {
   mbar_arrive_expect_tx(q_full, kTileBytes);
   for (int j = 0; j < kBlocks; ++j) tma_load_2d(s_q + j * kBlockBytes, tm_q, q_full, j * 64, c.b * kHeads + c.hg * kHG);
 }
-__device__ __forceinline__ void load_tile(const CUtensorMap* tm_kv, uint8_t* stage, uint64_t* full,
-                                          uint64_t* rope_landed, const CtaWork& c, int tile, int max_seq) {
+__device__ __forceinline__ void load_tile(const CUtensorMap* tm_kv, uint8_t* s_kv, uint64_t* full,
+                                          uint64_t* rope_landed, int s, const CtaWork& c, int tile, int max_seq) {
   const int row = c.b * max_seq + tile * kTile;
+  uint8_t* stage = s_kv + s * kTileBytes;
   if (rope_landed) {
-    mbar_arrive_expect_tx(full, kTileBytes - kBlockBytes);
-    mbar_arrive_expect_tx(rope_landed, kBlockBytes);
-    tma_load_2d(stage + (kBlocks - 1) * kBlockBytes, tm_kv, rope_landed, (kBlocks - 1) * 64, row);
-    for (int j = 0; j < kBlocks - 1; ++j) tma_load_2d(stage + j * kBlockBytes, tm_kv, full, j * 64, row);
+    mbar_arrive_expect_tx(&full[s], kTileBytes - kBlockBytes);
+    mbar_arrive_expect_tx(&rope_landed[s], kBlockBytes);
+    tma_load_2d(stage + (kBlocks - 1) * kBlockBytes, tm_kv, &rope_landed[s], (kBlocks - 1) * 64, row);
+    for (int j = 0; j < kBlocks - 1; ++j) tma_load_2d(stage + j * kBlockBytes, tm_kv, &full[s], j * 64, row);
   } else {
-    mbar_arrive_expect_tx(full, kTileBytes);
-    for (int j = 0; j < kBlocks; ++j) tma_load_2d(stage + j * kBlockBytes, tm_kv, full, j * 64, row);
+    mbar_arrive_expect_tx(&full[s], kTileBytes);
+    for (int j = 0; j < kBlocks; ++j) tma_load_2d(stage + j * kBlockBytes, tm_kv, &full[s], j * 64, row);
   }
 }
 
@@ -191,25 +191,14 @@ __device__ __forceinline__ void load_q_and_tiles(const CUtensorMap* tm_q, const 
                                                  const Params* trace = nullptr) {
   tma_prefetch_desc(tm_q);
   tma_prefetch_desc(tm_kv);
-  mbar_arrive_expect_tx(q_full, kTileBytes);
-  for (int j = 0; j < kBlocks; ++j) tma_load_2d(s_q + j * kBlockBytes, tm_q, q_full, j * 64, c.b * kHeads + c.hg * kHG);
+  load_q(tm_q, s_q, q_full, c);
   int s = 0;
   uint32_t phase = 0;
   for (int tile = c.tile0; tile < c.tile1; ++tile) {
     if (trace) trace_stamp(*trace, kTraceLoader, tile - c.tile0, 0);
     mbar_wait(&empty[s], phase ^ 1);
     if (trace) trace_stamp(*trace, kTraceLoader, tile - c.tile0, 1);
-    const int row = c.b * max_seq + tile * kTile;
-    uint8_t* stage = s_kv + s * kTileBytes;
-    if (rope_landed) {
-      mbar_arrive_expect_tx(&full[s], kTileBytes - kBlockBytes);
-      mbar_arrive_expect_tx(&rope_landed[s], kBlockBytes);
-      tma_load_2d(stage + (kBlocks - 1) * kBlockBytes, tm_kv, &rope_landed[s], (kBlocks - 1) * 64, row);
-      for (int j = 0; j < kBlocks - 1; ++j) tma_load_2d(stage + j * kBlockBytes, tm_kv, &full[s], j * 64, row);
-    } else {
-      mbar_arrive_expect_tx(&full[s], kTileBytes);
-      for (int j = 0; j < kBlocks; ++j) tma_load_2d(stage + j * kBlockBytes, tm_kv, &full[s], j * 64, row);
-    }
+    load_tile(tm_kv, s_kv, full, rope_landed, s, c, tile, max_seq);
     ring_next(s, phase, kStages);
   }
 }

@@ -271,7 +271,7 @@ __device__ __forceinline__ void load_items(const CUtensorMap* tm_q, const CUtens
     if (k == 0) load_q(tm_q, s_q, q_full, c);
     for (int tile = c.tile0; tile < c.tile1; ++tile) {
       mbar_wait(&empty[s], phase ^ 1);
-      load_tile(tm_kv, s_kv + s * kTileBytes, &full[s], rope_landed ? &rope_landed[s] : nullptr, c, tile, p.max_seq);
+      load_tile(tm_kv, s_kv, full, rope_landed, s, c, tile, p.max_seq);
       if (k > 0 && tile == c.tile0) {
         mbar_wait(q_free, (k - 1) & 1);
         load_q(tm_q, s_q, q_full, c);
@@ -281,56 +281,214 @@ __device__ __forceinline__ void load_items(const CUtensorMap* tm_q, const CUtens
   }
 }
 
+// Both s-once kernels' shared memory: Q, the ring, P and the rescale factors, the final row statistics, barriers.
+struct SOnceSmem {
+  uint8_t* q;        // Q [64 heads][576], 9 swizzled blocks
+  uint8_t* kv;       // the ring's kStages tiles
+  uint8_t* p;        // P [64 heads][64 positions] bf16, swizzled rows
+  float* alpha;      // [64] this tile's rescale factors
+  float* m;          // [64] final row maxima (log2 domain)
+  float* l;          // [64] final row sums
+  int* rescale;      // [4] per warp: this tile moved its rows' maxima
+  uint64_t* q_full;  // Q landed
+  uint64_t* full;    // [kStages] TMA landed (kRopeFirst: the rope block landed)
+  uint64_t* roped;   // [kStages] ... and the rope columns rotated (kRopeFirst: and the latent blocks landed)
+  uint64_t* empty;   // [kStages] both consumer warpgroups done with the stage
+  uint64_t* q_free;  // the persistent kernel: warpgroup 0's last S of an item landed, Q may be replaced
+};
+
+// The layout in the dynamic allocation (tiles 1024-byte aligned), and (thread 0) the barriers initialised.
+template <bool kRopeFirst>
+__device__ __forceinline__ SOnceSmem s_once_smem(uint8_t* smem_raw, const Params& p, bool persistent) {
+  SOnceSmem m;
+  m.q = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
+  m.kv = m.q + kTileBytes;
+  m.p = m.kv + kStages * kTileBytes;
+  m.alpha = reinterpret_cast<float*>(m.p + kBlockBytes);
+  m.m = m.alpha + kHG;
+  m.l = m.m + kHG;
+  m.rescale = reinterpret_cast<int*>(m.l + kHG);
+  m.q_full = reinterpret_cast<uint64_t*>(m.rescale + 4);
+  m.full = m.q_full + 1;
+  m.roped = m.full + kStages;
+  m.empty = m.roped + kStages;
+  m.q_free = m.empty + kStages;
+  if (threadIdx.x == 0) {
+    trace_clock(p, 4);  // (dev builds) the CTA's entry
+    mbar_init(m.q_full, 1);
+    for (int s = 0; s < kStages; ++s) {
+      mbar_init(&m.full[s], 1);
+      mbar_init(&m.roped[s], kRotators + (kRopeFirst ? 1 : 0));
+      mbar_init(&m.empty[s], 8);  // one arrive per consumer warp
+    }
+    if (persistent) mbar_init(m.q_free, 4);  // one arrive per warp of warpgroup 0
+    fence_mbar_init();
+  }
+  __syncthreads();
+  return m;
+}
+
+// A consumer thread's place: its warpgroup w (output columns 256w .. 256w + 255), its thread t in it, and the
+// accumulator rows (heads frag_row, frag_row + 8 of the CTA's 64) and column pair (frag_col) it holds.
+struct Consumer {
+  int w, t, warp, lane, frag_row, frag_col;
+};
+__device__ __forceinline__ Consumer consumer() {
+  Consumer c;
+  c.w = threadIdx.x / 128;
+  c.t = threadIdx.x % 128;
+  c.warp = c.t / 32;
+  c.lane = c.t % 32;
+  c.frag_row = c.warp * 16 + c.lane / 4;
+  c.frag_col = 2 * (c.lane % 4);
+  return c;
+}
+
+// After a warpgroup's last read of stage s (its P V waited for): hand the stage back to the producer, go to the next.
+__device__ __forceinline__ void release_stage(float* o, int lane, uint64_t* empty, int& s, uint32_t& phase) {
+#pragma unroll
+  for (int j = 0; j < 128; ++j) reg_fence(o[j]);
+  __syncwarp();
+  if (lane == 0) mbar_arrive(&empty[s]);
+  ring_next(s, phase, kStages);
+}
+
+// Warpgroup 0's tile i (cache tile `tile`, in stage s): waits until it is ready, S = Q K^T over its 64 positions (Q
+// and K read once), the softmax, P and the rescale factors handed to warpgroup 1 once it has read the previous
+// tile's, its own O += P V over columns 0 .. 255, the stage released. sc, pa: S's accumulator and P's A fragments
+// (pa[4j .. 4j+3]: positions 16j .. 16j+15). q_free: non-null on an item's last tile in the persistent kernel, whose
+// producer may then load the next item's Q.
+__device__ __forceinline__ void wg0_tile(const Params& p, const SOnceSmem& sm, const Consumer& c, int i, int tile,
+                                         int kv_len, uint64_t* q_free, float* o, float* sc, uint32_t* pa,
+                                         float* m_run, float* l_run, int& s, uint32_t& phase) {
+  const int t = c.t, warp = c.warp, lane = c.lane, frag_row = c.frag_row;
+  uint8_t* kv = sm.kv + s * kTileBytes;
+  if (t == 0) trace_stamp(p, kTraceWg0, i, 0);
+  mbar_wait(&sm.roped[s], phase);
+  if (t == 0) trace_stamp(p, kTraceWg0, i, 1);
+  wgmma_fence();
+#pragma unroll
+  for (int blk = 0; blk < kBlocks; ++blk) {
+    const uint64_t da = make_desc_sw128(sm.q + blk * kBlockBytes);
+    const uint64_t db = make_desc_sw128(kv + blk * kBlockBytes);
+#pragma unroll
+    for (int q = 0; q < 4; ++q) wgmma_m64n64k16_bf16<0>(sc, da + 2 * q, db + 2 * q, blk > 0 || q > 0);
+  }
+  wgmma_commit();
+  wgmma_wait<0>();
+#pragma unroll
+  for (int j = 0; j < 32; ++j) reg_fence(sc[j]);
+  if (t == 0) trace_stamp(p, kTraceWg0, i, 2);
+  if (q_free) {  // this item's Q is read for the last time: the next one may land
+    __syncwarp();
+    if (lane == 0) mbar_arrive(q_free);
+  }
+
+  float alpha[2];
+  const bool rescale = softmax_tile(sc, tile, kv_len, p.scale_log2, c.frag_col, m_run, l_run, alpha, pa);
+  if (t == 0) trace_stamp(p, kTraceWg0, i, 3);
+  named_bar_sync(kBarPFree, 256);
+  if (t == 0) trace_stamp(p, kTraceWg0, i, 4);
+  store_p(sm.p, warp, lane, pa);
+  if ((lane & 3) == 0) {
+    sm.alpha[frag_row] = alpha[0];
+    sm.alpha[frag_row + 8] = alpha[1];
+  }
+  if (lane == 0) sm.rescale[warp] = rescale;
+  // Warpgroup 1 reads P with ldmatrix (the generic proxy, like these writes): the named barrier orders them, no proxy
+  // fence on this path.
+  named_bar_arrive(kBarPReady, 256);
+  if (rescale) {
+#pragma unroll
+    for (int j = 0; j < 128; ++j) o[j] *= alpha[(j >> 1) & 1];
+  }
+  // O += P V, columns 0 .. 255 (blocks 0 .. 3), P from registers.
+  const uint64_t db = make_desc_sw128(kv, kBlockBytes, 1024);
+  if (t == 0) trace_stamp(p, kTraceWg0, i, 5);
+  wgmma_fence();
+  issue_pv_from_registers(o, pa, db);
+  wgmma_commit();
+  wgmma_wait<0>();
+  if (t == 0) trace_stamp(p, kTraceWg0, i, 6);
+  release_stage(o, lane, sm.empty, s, phase);
+}
+
+// Warpgroup 1's tile i of an item of ntiles (in stage s): waits for P, reads it and the rescale factors into
+// registers (ldmatrix) and frees the buffer (but after the item's last tile: the next item's start frees it), then O
+// += P V over columns 256 .. 511 and the stage released.
+__device__ __forceinline__ void wg1_tile(const Params& p, const SOnceSmem& sm, const Consumer& c, int i, int ntiles,
+                                         float* o, int& s, uint32_t& phase) {
+  const int t = c.t, warp = c.warp, lane = c.lane, frag_row = c.frag_row;
+  uint8_t* kv = sm.kv + s * kTileBytes;
+  if (t == 0) trace_stamp(p, kTraceWg1, i, 0);
+  mbar_wait(&sm.roped[s], phase);
+  if (t == 0) trace_stamp(p, kTraceWg1, i, 1);
+  named_bar_sync(kBarPReady, 256);
+  if (t == 0) trace_stamp(p, kTraceWg1, i, 2);
+  uint32_t pb[16];
+  load_p(sm.p, warp, lane, pb);
+  const bool rescale = sm.rescale[warp];  // warpgroup 0's warp of the same 16 rows moved their maxima
+  const float alpha0 = sm.alpha[frag_row], alpha1 = sm.alpha[frag_row + 8];
+  if (i + 1 < ntiles) named_bar_arrive(kBarPFree, 256);
+  if (rescale) {
+#pragma unroll
+    for (int j = 0; j < 128; ++j) o[j] *= (j >> 1) & 1 ? alpha1 : alpha0;
+  }
+  // O += P V, columns 256 .. 511 (blocks 4 .. 7), P from registers.
+  const uint64_t db = make_desc_sw128(kv + 4 * kBlockBytes, kBlockBytes, 1024);
+  wgmma_fence();
+  issue_pv_from_registers(o, pb, db);
+  wgmma_commit();
+  wgmma_wait<0>();
+  if (t == 0) trace_stamp(p, kTraceWg1, i, 3);
+  release_stage(o, lane, sm.empty, s, phase);
+}
+
+// An item's end in both warpgroups: the final row maxima and sums from warpgroup 0 (m_run, l_run: its running
+// state) to both, read back as m_row, l_row for heads frag_row and frag_row + 8.
+__device__ __forceinline__ void share_row_stats(const Params& p, const SOnceSmem& sm, const Consumer& c,
+                                                float* m_run, float* l_run, float* m_row, float* l_row) {
+  if (c.w == 0) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      l_run[h] += __shfl_xor_sync(0xffffffff, l_run[h], 1);
+      l_run[h] += __shfl_xor_sync(0xffffffff, l_run[h], 2);
+      if ((c.lane & 3) == 0) {
+        sm.m[c.frag_row + 8 * h] = m_run[h];
+        sm.l[c.frag_row + 8 * h] = l_run[h];
+      }
+    }
+  }
+  named_bar_sync(kBarRows, 256);
+  if (threadIdx.x == 0) trace_clock(p, 0, 1);  // (dev builds) warpgroup 1's last P V done, the sums shared
+  m_row[0] = sm.m[c.frag_row];
+  m_row[1] = sm.m[c.frag_row + 8];
+  l_row[0] = sm.l[c.frag_row];
+  l_row[1] = sm.l[c.frag_row + 8];
+}
+
 template <bool kRopeFirst>
 __global__ void __launch_bounds__(kThreads, 1) mla_attention_s_once_kernel(const __grid_constant__ CUtensorMap tm_q,
                                                                            const __grid_constant__ CUtensorMap tm_kv,
                                                                            const Params p) {
   extern __shared__ uint8_t smem_raw[];
-  uint8_t* base = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
-  uint8_t* s_q = base;
-  uint8_t* s_kv = s_q + kTileBytes;
-  uint8_t* s_p = s_kv + kStages * kTileBytes;                    // P [64 heads][64 positions] bf16, swizzled rows
-  float* s_alpha = reinterpret_cast<float*>(s_p + kBlockBytes);  // [64] this tile's rescale factors
-  float* s_m = s_alpha + kHG;                                    // [64] final row maxima (log2 domain)
-  float* s_l = s_m + kHG;                                        // [64] final row sums
-  int* s_rescale = reinterpret_cast<int*>(s_l + kHG);            // [4] per warp: this tile moved its rows' maxima
-  uint64_t* q_full = reinterpret_cast<uint64_t*>(s_rescale + 4);
-  uint64_t* full = q_full + 1;        // TMA landed (kRopeFirst: the rope block landed)
-  uint64_t* roped = full + kStages;   // ... and the rope columns rotated (kRopeFirst: and the latent blocks landed)
-  uint64_t* empty = roped + kStages;  // both consumer warpgroups done with the stage
-
   const CtaWork work = cta_work(p);
   const int kv_len = work.kv_len, tile0 = work.tile0, tile1 = work.tile1;
-
-  if (threadIdx.x == 0) {
-    trace_clock(p, 4);  // (dev builds) the CTA's entry
-    mbar_init(q_full, 1);
-    for (int s = 0; s < kStages; ++s) {
-      mbar_init(&full[s], 1);
-      mbar_init(&roped[s], kRotators + (kRopeFirst ? 1 : 0));
-      mbar_init(&empty[s], 8);  // one arrive per consumer warp
-    }
-    fence_mbar_init();
-  }
-  __syncthreads();
+  const SOnceSmem sm = s_once_smem<kRopeFirst>(smem_raw, p, false);
 
   if (threadIdx.x >= 256) {  // producer warpgroup: warp 0 loads, warps 1-3 rotate
     setmaxnreg_dec<kProducerRegs>();
     const int pt = threadIdx.x - 256;
     if (pt == 0) {
-      load_q_and_tiles(&tm_q, &tm_kv, s_q, s_kv, q_full, kRopeFirst ? roped : full, empty, work, p.max_seq,
-                       kRopeFirst ? full : nullptr, &p);
+      load_q_and_tiles(&tm_q, &tm_kv, sm.q, sm.kv, sm.q_full, kRopeFirst ? sm.roped : sm.full, sm.empty, work,
+                       p.max_seq, kRopeFirst ? sm.full : nullptr, &p);
     } else if (pt >= 32) {
-      rotate_tiles(pt - 32, work, p, s_kv, full, roped);
+      rotate_tiles(pt - 32, work, p, sm.kv, sm.full, sm.roped);
     }
     return;
   }
 
-  const int w = threadIdx.x / 128;  // this warpgroup's output columns: 256w .. 256w + 255
-  const int t = threadIdx.x % 128;
-  const int warp = t / 32, lane = t % 32;
-  const int frag_row = warp * 16 + lane / 4;  // heads frag_row and frag_row + 8 (within the CTA's 64)
-  const int frag_col = 2 * (lane % 4);
+  const Consumer c = consumer();
   const int ntiles = tile1 - tile0;
 
   float o[128];
@@ -343,207 +501,62 @@ __global__ void __launch_bounds__(kThreads, 1) mla_attention_s_once_kernel(const
   // One loop per warpgroup (their work differs; a shared loop branches around every wgmma).
   int s = 0;
   uint32_t phase = 0;
-  // After a warpgroup's last read of stage s (its P V waited for): hand the stage back to the producer, go to the next.
-  auto release_stage = [&]() {
-#pragma unroll
-    for (int j = 0; j < 128; ++j) reg_fence(o[j]);
-    __syncwarp();
-    if (lane == 0) mbar_arrive(&empty[s]);
-    ring_next(s, phase, kStages);
-  };
-  if (w == 0) {
+  if (c.w == 0) {
     setmaxnreg_inc<kWg0Regs>();
-    uint32_t pa[16];  // P as bf16 pairs: pa[4j .. 4j+3] = the A fragment of positions 16j .. 16j+15
-    float sc[32];  // S of the tile being worked on (m64n64 accumulator)
-    // Waits until tile i (in stage st) is ready, then issues its S = Q K^T over the tile's 64 positions (one group).
-    auto issue_s = [&](int i, int st, uint32_t ph) {
-      if (t == 0) trace_stamp(p, kTraceWg0, i, 0);
-      mbar_wait(&roped[st], ph);
-      if (t == 0) trace_stamp(p, kTraceWg0, i, 1);
-      const uint8_t* kv = s_kv + st * kTileBytes;
-      wgmma_fence();
-#pragma unroll
-      for (int blk = 0; blk < kBlocks; ++blk) {
-        const uint64_t da = make_desc_sw128(s_q + blk * kBlockBytes);
-        const uint64_t db = make_desc_sw128(kv + blk * kBlockBytes);
-#pragma unroll
-        for (int q = 0; q < 4; ++q) wgmma_m64n64k16_bf16<0>(sc, da + 2 * q, db + 2 * q, blk > 0 || q > 0);
-      }
-      wgmma_commit();
-    };
-    auto s_landed = [&](int i) {  // after wgmma_wait: S of tile i in sc
-#pragma unroll
-      for (int j = 0; j < 32; ++j) reg_fence(sc[j]);
-      if (t == 0) trace_stamp(p, kTraceWg0, i, 2);
-    };
-    mbar_wait(q_full, 0);
-    if (t == 0) trace_clock(p, 0);
-    for (int i = 0; i < ntiles; ++i) {
-      const int tile = tile0 + i;
-      uint8_t* kv = s_kv + s * kTileBytes;
-      issue_s(i, s, phase);
-      wgmma_wait<0>();
-      s_landed(i);
-
-      float alpha[2];
-      const bool rescale = softmax_tile(sc, tile, kv_len, p.scale_log2, frag_col, m_run, l_run, alpha, pa);
-      // Hand P and the rescale factors to warpgroup 1 once it has read the previous tile's.
-      if (t == 0) trace_stamp(p, kTraceWg0, i, 3);
-      named_bar_sync(kBarPFree, 256);
-      if (t == 0) trace_stamp(p, kTraceWg0, i, 4);
-      store_p(s_p, warp, lane, pa);
-      if ((lane & 3) == 0) {
-        s_alpha[frag_row] = alpha[0];
-        s_alpha[frag_row + 8] = alpha[1];
-      }
-      if (lane == 0) s_rescale[warp] = rescale;
-      // Warpgroup 1 reads P with ldmatrix (the generic proxy, like these writes): the named barrier orders them, no
-      // proxy fence on this path.
-      named_bar_arrive(kBarPReady, 256);
-      if (rescale) {
-#pragma unroll
-        for (int j = 0; j < 128; ++j) o[j] *= alpha[(j >> 1) & 1];
-      }
-      // O += P V, columns 0 .. 255 (blocks 0 .. 3), P from registers.
-      const uint64_t db = make_desc_sw128(kv, kBlockBytes, 1024);
-      if (t == 0) trace_stamp(p, kTraceWg0, i, 5);
-      wgmma_fence();
-      issue_pv_from_registers(o, pa, db);
-      wgmma_commit();
-      wgmma_wait<0>();
-      if (t == 0) trace_stamp(p, kTraceWg0, i, 6);
-      release_stage();
-    }
-    if (t == 0) trace_clock(p, 2);
+    uint32_t pa[16];
+    float sc[32];
+    mbar_wait(sm.q_full, 0);
+    if (c.t == 0) trace_clock(p, 0);
+    for (int i = 0; i < ntiles; ++i)
+      wg0_tile(p, sm, c, i, tile0 + i, kv_len, nullptr, o, sc, pa, m_run, l_run, s, phase);
+    if (c.t == 0) trace_clock(p, 2);
   } else {
     setmaxnreg_inc<kWg1Regs>();
     if (ntiles > 0) named_bar_arrive(kBarPFree, 256);  // the P buffer starts free
-    for (int i = 0; i < ntiles; ++i) {
-      uint8_t* kv = s_kv + s * kTileBytes;
-      if (t == 0) trace_stamp(p, kTraceWg1, i, 0);
-      mbar_wait(&roped[s], phase);
-      if (t == 0) trace_stamp(p, kTraceWg1, i, 1);
-      named_bar_sync(kBarPReady, 256);
-      if (t == 0) trace_stamp(p, kTraceWg1, i, 2);
-      // P and the rescale factors into registers, then the buffer back to warpgroup 0 before this P V.
-      uint32_t pb[16];
-      load_p(s_p, warp, lane, pb);
-      const bool rescale = s_rescale[warp];  // warpgroup 0's warp of the same 16 rows moved their maxima
-      const float alpha0 = s_alpha[frag_row], alpha1 = s_alpha[frag_row + 8];
-      if (i + 1 < ntiles) named_bar_arrive(kBarPFree, 256);
-      if (rescale) {
-#pragma unroll
-        for (int j = 0; j < 128; ++j) o[j] *= (j >> 1) & 1 ? alpha1 : alpha0;
-      }
-      // O += P V, columns 256 .. 511 (blocks 4 .. 7), P from registers.
-      const uint64_t db = make_desc_sw128(kv + 4 * kBlockBytes, kBlockBytes, 1024);
-      wgmma_fence();
-      issue_pv_from_registers(o, pb, db);
-      wgmma_commit();
-      wgmma_wait<0>();
-      if (t == 0) trace_stamp(p, kTraceWg1, i, 3);
-      release_stage();
-    }
+    for (int i = 0; i < ntiles; ++i) wg1_tile(p, sm, c, i, ntiles, o, s, phase);
   }
 
-  // The final row maxima and sums, from warpgroup 0 to both.
-  if (w == 0) {
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      l_run[h] += __shfl_xor_sync(0xffffffff, l_run[h], 1);
-      l_run[h] += __shfl_xor_sync(0xffffffff, l_run[h], 2);
-      if ((lane & 3) == 0) {
-        s_m[frag_row + 8 * h] = m_run[h];
-        s_l[frag_row + 8 * h] = l_run[h];
-      }
-    }
-  }
-  named_bar_sync(kBarRows, 256);
-  if (threadIdx.x == 0) trace_clock(p, 0, 1);  // (dev builds) warpgroup 1's last P V done, the sums shared
-  const float m_row[2] = {s_m[frag_row], s_m[frag_row + 8]}, l_row[2] = {s_l[frag_row], s_l[frag_row + 8]};
+  float m_row[2], l_row[2];
+  share_row_stats(p, sm, c, m_run, l_run, m_row, l_row);
   // Both warpgroups' last P V is done (kBarRows), so the ring's stages are free for the staged rows.
   if (p.bulk_store)
-    store_rows_staged(p, work, o, w, t, frag_row, frag_col, l_row, s_kv);
+    store_rows_staged(p, work, o, c.w, c.t, c.frag_row, c.frag_col, l_row, sm.kv);
   else
-    store_rows(p, work, o, w, frag_row, frag_col, m_row, l_row, w == 0 && (lane & 3) == 0);
+    store_rows(p, work, o, c.w, c.frag_row, c.frag_col, m_row, l_row, c.w == 0 && (c.lane & 3) == 0);
   if (threadIdx.x == 0) trace_clock(p, 6);  // (dev builds) its rows stored (issued; bulk: read from shared memory)
 }
 
 // The persistent s-once kernel (MlaConfig::persistent, one split only; a candidate, docs/mla-decode-notes.md finding
 // 37): gridDim.x CTAs (one an SM) each walk the work items blockIdx.x, blockIdx.x + gridDim.x, ... with the ring and
 // its barriers carried across items, the next item's first tiles loading under this one's last, and write each
-// item's rows straight from registers (store_rows_direct). The same per-tile schedule as the kernel above.
+// item's rows straight from registers (store_rows_direct). The same per-tile steps as the kernel above.
 template <bool kRopeFirst>
-__global__ void __launch_bounds__(kThreads, 1) mla_attention_s_once_persistent_kernel(const __grid_constant__ CUtensorMap tm_q,
-                                                                           const __grid_constant__ CUtensorMap tm_kv,
-                                                                           const Params p) {
+__global__ void __launch_bounds__(kThreads, 1) mla_attention_s_once_persistent_kernel(
+    const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_kv, const Params p) {
   extern __shared__ uint8_t smem_raw[];
-  uint8_t* base = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
-  uint8_t* s_q = base;
-  uint8_t* s_kv = s_q + kTileBytes;
-  uint8_t* s_p = s_kv + kStages * kTileBytes;                    // P [64 heads][64 positions] bf16, swizzled rows
-  float* s_alpha = reinterpret_cast<float*>(s_p + kBlockBytes);  // [64] this tile's rescale factors
-  float* s_m = s_alpha + kHG;                                    // [64] final row maxima (log2 domain)
-  float* s_l = s_m + kHG;                                        // [64] final row sums
-  int* s_rescale = reinterpret_cast<int*>(s_l + kHG);            // [4] per warp: this tile moved its rows' maxima
-  uint64_t* q_full = reinterpret_cast<uint64_t*>(s_rescale + 4);
-  uint64_t* full = q_full + 1;        // TMA landed (kRopeFirst: the rope block landed)
-  uint64_t* roped = full + kStages;   // ... and the rope columns rotated (kRopeFirst: and the latent blocks landed)
-  uint64_t* empty = roped + kStages;  // both consumer warpgroups done with the stage
-  uint64_t* q_free = empty + kStages;  // warpgroup 0's last S of an item landed, Q may be replaced
-
+  const SOnceSmem sm = s_once_smem<kRopeFirst>(smem_raw, p, true);
   const int items = kHeadGroups * p.bs;  // work items (b, hg); this CTA takes blockIdx.x and every gridDim.x-th after
-
-  if (threadIdx.x == 0) {
-    trace_clock(p, 4);  // (dev builds) the CTA's entry
-    mbar_init(q_full, 1);
-    for (int s = 0; s < kStages; ++s) {
-      mbar_init(&full[s], 1);
-      mbar_init(&roped[s], kRotators + (kRopeFirst ? 1 : 0));
-      mbar_init(&empty[s], 8);  // one arrive per consumer warp
-    }
-    mbar_init(q_free, 4);  // one arrive per warp of warpgroup 0
-    fence_mbar_init();
-  }
-  __syncthreads();
 
   if (threadIdx.x >= 256) {  // producer warpgroup: warp 0 loads, warps 1-3 rotate
     setmaxnreg_dec<kPersistentProducerRegs>();
     const int pt = threadIdx.x - 256;
     if (pt == 0) {
-      load_items(&tm_q, &tm_kv, s_q, s_kv, q_full, q_free, kRopeFirst ? roped : full, empty,
-                 kRopeFirst ? full : nullptr, p, items);
+      load_items(&tm_q, &tm_kv, sm.q, sm.kv, sm.q_full, sm.q_free, kRopeFirst ? sm.roped : sm.full, sm.empty,
+                 kRopeFirst ? sm.full : nullptr, p, items);
     } else if (pt >= 32) {
       int s = 0;
       uint32_t phase = 0;
       for (int item = blockIdx.x; item < items; item += gridDim.x)
-        rotate_tiles(pt - 32, cta_work(p, item), p, s_kv, full, roped, s, phase);
+        rotate_tiles(pt - 32, cta_work(p, item), p, sm.kv, sm.full, sm.roped, s, phase);
     }
     return;
   }
 
-  const int w = threadIdx.x / 128;  // this warpgroup's output columns: 256w .. 256w + 255
-  const int t = threadIdx.x % 128;
-  const int warp = t / 32, lane = t % 32;
-  const int frag_row = warp * 16 + lane / 4;  // heads frag_row and frag_row + 8 (within the CTA's 64)
-  const int frag_col = 2 * (lane % 4);
-
+  const Consumer c = consumer();
   float o[128];
-  // Warpgroup 0's softmax state. m_run: the row maxima (log2 domain); l_run: this thread's share of the row sums
-  // (its 16 positions of each tile), summed across the quad once at the end.
-  float m_run[2], l_run[2];
-
-  // One loop per warpgroup (their work differs; a shared loop branches around every wgmma).
+  float m_run[2], l_run[2];  // warpgroup 0's softmax state, as in the kernel above
   int s = 0;
   uint32_t phase = 0;
-  // After a warpgroup's last read of stage s (its P V waited for): hand the stage back to the producer, go to the next.
-  auto release_stage = [&]() {
-#pragma unroll
-    for (int j = 0; j < 128; ++j) reg_fence(o[j]);
-    __syncwarp();
-    if (lane == 0) mbar_arrive(&empty[s]);
-    ring_next(s, phase, kStages);
-  };
   // An item's start: O and the softmax state cleared.
   auto start_item = [&]() {
 #pragma unroll
@@ -551,137 +564,40 @@ __global__ void __launch_bounds__(kThreads, 1) mla_attention_s_once_persistent_k
     m_run[0] = m_run[1] = -INFINITY;
     l_run[0] = l_run[1] = 0.0f;
   };
-  // An item's end, in both warpgroups: the final row maxima and sums from warpgroup 0 to both, then the rows out.
-  // (Warpgroup 1 reads them right after the barrier, before its next item's first P, which warpgroup 0 publishes
-  // only after writing them again.)
+  // An item's end, in both warpgroups. (Warpgroup 1 reads the row sums right after the barrier, before its next
+  // item's first P, which warpgroup 0 publishes only after writing them again.)
   auto finish_item = [&](const CtaWork& work) {
-    if (w == 0) {
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        l_run[h] += __shfl_xor_sync(0xffffffff, l_run[h], 1);
-        l_run[h] += __shfl_xor_sync(0xffffffff, l_run[h], 2);
-        if ((lane & 3) == 0) {
-          s_m[frag_row + 8 * h] = m_run[h];
-          s_l[frag_row + 8 * h] = l_run[h];
-        }
-      }
-    }
-    named_bar_sync(kBarRows, 256);
-    if (threadIdx.x == 0) trace_clock(p, 0, 1);  // (dev builds) warpgroup 1's last P V done, the sums shared
-    const float l_row[2] = {s_l[frag_row], s_l[frag_row + 8]};
-    store_rows_direct(p, work, o, w, lane, frag_row, l_row);
+    float m_row[2], l_row[2];
+    share_row_stats(p, sm, c, m_run, l_run, m_row, l_row);
+    store_rows_direct(p, work, o, c.w, c.lane, c.frag_row, l_row);
   };
 
   // Each warpgroup's own item loop (setmaxnreg sets a register budget per branch; a loop shared past the branches'
   // merge would be compiled under the smaller one).
-  if (w == 0) {
+  if (c.w == 0) {
     setmaxnreg_inc<kPersistentWg0Regs>();
-    for (int item = blockIdx.x, k = 0; item < items; item += gridDim.x, ++k) {
-      const CtaWork work = cta_work(p, item);
-      const int kv_len = work.kv_len, tile0 = work.tile0;
-      const int ntiles = work.tile1 - tile0;
-      start_item();
-      uint32_t pa[16];  // P as bf16 pairs: pa[4j .. 4j+3] = the A fragment of positions 16j .. 16j+15
-      float sc[32];  // S of the tile being worked on (m64n64 accumulator)
-      // Waits until tile i (in stage st) is ready, then issues its S = Q K^T over the tile's 64 positions (one group).
-      auto issue_s = [&](int i, int st, uint32_t ph) {
-        if (t == 0) trace_stamp(p, kTraceWg0, i, 0);
-        mbar_wait(&roped[st], ph);
-        if (t == 0) trace_stamp(p, kTraceWg0, i, 1);
-        const uint8_t* kv = s_kv + st * kTileBytes;
-        wgmma_fence();
-#pragma unroll
-        for (int blk = 0; blk < kBlocks; ++blk) {
-          const uint64_t da = make_desc_sw128(s_q + blk * kBlockBytes);
-          const uint64_t db = make_desc_sw128(kv + blk * kBlockBytes);
-#pragma unroll
-          for (int q = 0; q < 4; ++q) wgmma_m64n64k16_bf16<0>(sc, da + 2 * q, db + 2 * q, blk > 0 || q > 0);
-        }
-        wgmma_commit();
-      };
-      auto s_landed = [&](int i) {  // after wgmma_wait: S of tile i in sc
-#pragma unroll
-        for (int j = 0; j < 32; ++j) reg_fence(sc[j]);
-        if (t == 0) trace_stamp(p, kTraceWg0, i, 2);
-      };
-      mbar_wait(q_full, k & 1);
-      if (t == 0) trace_clock(p, 0);
-      for (int i = 0; i < ntiles; ++i) {
-        const int tile = tile0 + i;
-        uint8_t* kv = s_kv + s * kTileBytes;
-        issue_s(i, s, phase);
-        wgmma_wait<0>();
-        s_landed(i);
-        if (i == ntiles - 1) {  // this item's Q is read for the last time: the next one may land
-          __syncwarp();
-          if (lane == 0) mbar_arrive(q_free);
-        }
-
-        float alpha[2];
-        const bool rescale = softmax_tile(sc, tile, kv_len, p.scale_log2, frag_col, m_run, l_run, alpha, pa);
-        // Hand P and the rescale factors to warpgroup 1 once it has read the previous tile's.
-        if (t == 0) trace_stamp(p, kTraceWg0, i, 3);
-        named_bar_sync(kBarPFree, 256);
-        if (t == 0) trace_stamp(p, kTraceWg0, i, 4);
-        store_p(s_p, warp, lane, pa);
-        if ((lane & 3) == 0) {
-          s_alpha[frag_row] = alpha[0];
-          s_alpha[frag_row + 8] = alpha[1];
-        }
-        if (lane == 0) s_rescale[warp] = rescale;
-        // Warpgroup 1 reads P with ldmatrix (the generic proxy, like these writes): the named barrier orders them, no
-        // proxy fence on this path.
-        named_bar_arrive(kBarPReady, 256);
-        if (rescale) {
-#pragma unroll
-          for (int j = 0; j < 128; ++j) o[j] *= alpha[(j >> 1) & 1];
-        }
-        // O += P V, columns 0 .. 255 (blocks 0 .. 3), P from registers.
-        const uint64_t db = make_desc_sw128(kv, kBlockBytes, 1024);
-        if (t == 0) trace_stamp(p, kTraceWg0, i, 5);
-        wgmma_fence();
-        issue_pv_from_registers(o, pa, db);
-        wgmma_commit();
-        wgmma_wait<0>();
-        if (t == 0) trace_stamp(p, kTraceWg0, i, 6);
-        release_stage();
-      }
-      if (t == 0) trace_clock(p, 2);
-      finish_item(work);
-    }
-  } else {
-    setmaxnreg_inc<kWg1Regs>();
     for (int item = blockIdx.x, k = 0; item < items; item += gridDim.x, ++k) {
       const CtaWork work = cta_work(p, item);
       const int ntiles = work.tile1 - work.tile0;
       start_item();
+      uint32_t pa[16];
+      float sc[32];
+      mbar_wait(sm.q_full, k & 1);
+      if (c.t == 0) trace_clock(p, 0);
+      for (int i = 0; i < ntiles; ++i)
+        wg0_tile(p, sm, c, i, work.tile0 + i, work.kv_len, i == ntiles - 1 ? sm.q_free : nullptr, o, sc, pa, m_run,
+                 l_run, s, phase);
+      if (c.t == 0) trace_clock(p, 2);
+      finish_item(work);
+    }
+  } else {
+    setmaxnreg_inc<kWg1Regs>();
+    for (int item = blockIdx.x; item < items; item += gridDim.x) {
+      const CtaWork work = cta_work(p, item);
+      const int ntiles = work.tile1 - work.tile0;
+      start_item();
       if (ntiles > 0) named_bar_arrive(kBarPFree, 256);  // the P buffer starts free
-      for (int i = 0; i < ntiles; ++i) {
-        uint8_t* kv = s_kv + s * kTileBytes;
-        if (t == 0) trace_stamp(p, kTraceWg1, i, 0);
-        mbar_wait(&roped[s], phase);
-        if (t == 0) trace_stamp(p, kTraceWg1, i, 1);
-        named_bar_sync(kBarPReady, 256);
-        if (t == 0) trace_stamp(p, kTraceWg1, i, 2);
-        // P and the rescale factors into registers, then the buffer back to warpgroup 0 before this P V.
-        uint32_t pb[16];
-        load_p(s_p, warp, lane, pb);
-        const bool rescale = s_rescale[warp];  // warpgroup 0's warp of the same 16 rows moved their maxima
-        const float alpha0 = s_alpha[frag_row], alpha1 = s_alpha[frag_row + 8];
-        if (i + 1 < ntiles) named_bar_arrive(kBarPFree, 256);
-        if (rescale) {
-#pragma unroll
-          for (int j = 0; j < 128; ++j) o[j] *= (j >> 1) & 1 ? alpha1 : alpha0;
-        }
-        // O += P V, columns 256 .. 511 (blocks 4 .. 7), P from registers.
-        const uint64_t db = make_desc_sw128(kv + 4 * kBlockBytes, kBlockBytes, 1024);
-        wgmma_fence();
-        issue_pv_from_registers(o, pb, db);
-        wgmma_commit();
-        wgmma_wait<0>();
-        if (t == 0) trace_stamp(p, kTraceWg1, i, 3);
-        release_stage();
-      }
+      for (int i = 0; i < ntiles; ++i) wg1_tile(p, sm, c, i, ntiles, o, s, phase);
       finish_item(work);
     }
   }
