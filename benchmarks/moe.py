@@ -49,6 +49,10 @@ CANDIDATES = {
     "sync-epi2": {"KBENCH_MOE_ASYNC_EPILOGUE": "1"},
     "sync-epi1": {"KBENCH_MOE_ASYNC_EPILOGUE": "2"},
     "shared-last": {"KBENCH_MOE_SHARED_FIRST": "0"},
+    "swap": {"KBENCH_MOE_SWAP": "1"},
+    "swap256": {"KBENCH_MOE_SWAP": "2"},
+    "swap-unsorted": {"KBENCH_MOE_SWAP": "3"},
+    "swap-kmajor-diag": {"KBENCH_MOE_SWAP": "4"},  # wrong results: timing only (--uniform)
 }
 
 
@@ -158,6 +162,35 @@ def time_case(case, cuda_mod, torch_mod, runs, candidates, revisions) -> dict:
     return row
 
 
+def uniform_stages(cuda_mod, runs: int, candidates: list, tokens=(2048, 8192), E=32, K=4) -> list:
+    """The GEMMs' efficiency apart from the routing: every routed expert gets exactly T*K/E rows (token t's slot k
+    goes to expert (t K + k) mod E), so no group has a partial tile in either kernel and every unit lasts as long as
+    its neighbours; official weights' shapes, random values. Rows: backend "<build>[uniform]/<stage>", metric kernel,
+    case the official case's keys but the seed."""
+    gpu, rows = torch.cuda.get_device_name(), []
+    d, dexp = 7168, 2048
+    gen = torch.Generator(device="cuda").manual_seed(7)
+    ws = [[(torch.randn(r, c, generator=gen, device="cuda") / c ** 0.5).half() for _ in range(E + 1)]
+          for r, c in ((d, dexp), (d, dexp), (dexp, d))]
+    for T in tokens:
+        x = torch.randn(T, d, generator=gen, device="cuda").half()
+        experts = ((torch.arange(T, device="cuda")[:, None] * K + torch.arange(K, device="cuda")) % E).long()
+        scores = torch.rand(T, K, generator=gen, device="cuda").half()
+        # the official case's keys without a seed (the routing is not drawn); the backend name says "[uniform]"
+        case = (f"dhidden: {d}; dexpert: {dexp}; nroutedexperts: {E}; nsharedexperts: 1; nexpertspertoken: {K}; "
+                f"bs: 1; seqlen: {T}")
+        for name, settings in [("cuda", {})] + [(f"cuda+{n}", CANDIDATES[n]) for n in candidates]:
+            with benchlib.knobs(settings):
+                stage_runs = [cuda_mod.ext.moe_forward_staged(x, experts, scores, *ws)[1] for _ in range(runs)]
+            for i, stage in enumerate(STAGES):
+                us = benchlib.median([r[i] * 1e3 for r in stage_runs])
+                rows.append(benchlib.Row(gpu, 1, f"{name}[uniform]/{stage}", "kernel", case, us))
+            print(f"{case} {name}: " + ", ".join(f"{s} {benchlib.median([r[i] * 1e3 for r in stage_runs]):.1f}"
+                                               for i, s in enumerate(STAGES)), flush=True)
+    del ws
+    return rows
+
+
 def stage_of(kernel: str) -> str:
     """The STAGES name of one of the backend's kernels, from its profiler name ("void moe::route_kernel(...)")."""
     name = kernel.split("(")[0].replace("void ", "").replace("moe::", "")
@@ -235,6 +268,9 @@ def main():
                          "these modes (comma-separated: benchmark,leaderboard)")
     ap.add_argument("--paths", action="store_true",
                     help="instead of timing: each kernel's device time through each entry point (kernel_paths)")
+    ap.add_argument("--uniform", action="store_true",
+                    help="instead of the official cases: every expert the same row count (uniform_stages)")
+    ap.add_argument("--tokens", default="2048,8192", help="with --uniform: the token counts")
     ap.add_argument("--rounds", type=int, default=1,
                     help="with --official: judge every configuration this many times, in alternating order")
     args = ap.parse_args()
@@ -247,6 +283,10 @@ def main():
     if args.paths:
         revisions, _ = benchlib.checked_revisions("moe", "cuda", args.rev, lambda mod: [], dev=True)
         kernel_paths(cuda_mod, revisions, args.runs)
+        return
+    if args.uniform:
+        benchlib.record("moe", uniform_stages(cuda_mod, args.runs, benchlib.selected(CANDIDATES, args.candidates),
+                                              tuple(int(t) for t in args.tokens.split(","))))
         return
     ref = problems.load_modules("moe").reference
     failures = official_checks(cuda_mod, ref)
