@@ -49,10 +49,6 @@ CANDIDATES = {
     "sync-epi2": {"KBENCH_MOE_ASYNC_EPILOGUE": "1"},
     "sync-epi1": {"KBENCH_MOE_ASYNC_EPILOGUE": "2"},
     "shared-last": {"KBENCH_MOE_SHARED_FIRST": "0"},
-    "swap": {"KBENCH_MOE_SWAP": "1"},
-    "swap256": {"KBENCH_MOE_SWAP": "2"},
-    "swap-unsorted": {"KBENCH_MOE_SWAP": "3"},
-    "swap-kmajor-diag": {"KBENCH_MOE_SWAP": "4"},  # wrong results: timing only (--uniform)
 }
 
 
@@ -164,8 +160,9 @@ def time_case(case, cuda_mod, torch_mod, runs, candidates, revisions) -> dict:
 
 def uniform_stages(cuda_mod, runs: int, candidates: list, tokens=(2048, 8192), E=32, K=4) -> list:
     """The GEMMs' efficiency apart from the routing: every routed expert gets exactly T*K/E rows (token t's slot k
-    goes to expert (t K + k) mod E), so no group has a partial tile in either kernel and every unit lasts as long as
-    its neighbours; official weights' shapes, random values. Rows: backend "<build>[uniform]/<stage>", metric kernel,
+    goes to expert (t K + k) mod E), so at the official token counts no group ends in a partial m-tile and every unit
+    lasts as long as its neighbours (against the official cases: what the padding costs, docs/moe-notes.md); the
+    official weights' shapes, random values. Rows: backend "<build>[uniform]/<stage>", metric kernel,
     case the official case's keys but the seed."""
     gpu, rows = torch.cuda.get_device_name(), []
     d, dexp = 7168, 2048

@@ -42,14 +42,13 @@ ROUTINGS = [(1, 4, 4, None), (7, 8, 2, None), (300, 8, 4, 4), (1000, 32, 4, None
 
 
 # the shipped configuration (the async epilogue), the candidates' knobs (kernels/moe/cuda/moe_api.h: MoeConfig) on
-# together with the consumers' own epilogue, the previous builds' combine pass and one-block routing, the
-# consumers' own epilogue alone and with Y written, and swap_gemm.cuh adding into the output and writing Y
+# together with the consumers' own epilogue, the previous builds' combine pass and one-block routing, and the
+# consumers' own epilogue alone and with Y written
 KNOBS = [{}, {"KBENCH_MOE_SKIP_EMPTY_HALVES": "1", "KBENCH_MOE_KEEP_WORKSPACES": "1", "KBENCH_MOE_STAGES": "3",
               "KBENCH_MOE_ASYNC_EPILOGUE": "0"},
          {"KBENCH_MOE_RED_COMBINE": "0", "KBENCH_MOE_SPLIT_ROUTE": "0"},
-         {"KBENCH_MOE_ASYNC_EPILOGUE": "0"}, {"KBENCH_MOE_ASYNC_EPILOGUE": "0", "KBENCH_MOE_RED_COMBINE": "0"},
-         {"KBENCH_MOE_SWAP": "1"}, {"KBENCH_MOE_SWAP": "1", "KBENCH_MOE_RED_COMBINE": "0"}]
-KNOB_IDS = ["default", "candidates", "combine-pass", "sync-epilogue", "sync-epilogue-y", "swap", "swap-y"]
+         {"KBENCH_MOE_ASYNC_EPILOGUE": "0"}, {"KBENCH_MOE_ASYNC_EPILOGUE": "0", "KBENCH_MOE_RED_COMBINE": "0"}]
+KNOB_IDS = ["default", "candidates", "combine-pass", "sync-epilogue", "sync-epilogue-y"]
 
 
 @pytest.mark.gpu

@@ -132,7 +132,6 @@ MoeArgs layer_args(const torch::Tensor& x, const std::vector<torch::Tensor>& gat
   a.stages = config.stages;
   a.split_route = config.split_route;
   a.async_epilogue = config.async_epilogue;
-  a.swap_ab = config.swap_ab;
   return a;
 }
 

@@ -73,8 +73,6 @@ struct GemmParams {
   int k;                          // reduction length (multiple of 64)
   int shared_out_row0;            // !kGlu: Y row of the shared group's first token (T*K)
   int skip_empty_halves;          // a consumer whose 64 rows all lie past its group's end issues no MMAs
-  int fixed_tile;                 // swap_gemm.cuh: every token tile this wide (0: a group's rows split evenly)
-  int group_order;                // swap_gemm.cuh: units in group order (0: groups with the widest tiles first)
 };
 
 struct Unit {

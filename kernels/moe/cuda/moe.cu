@@ -13,7 +13,6 @@
 #include "launch_error.h"
 #include "moe_api.h"
 #include "route.cuh"
-#include "swap_gemm.cuh"
 #include "tma_host.h"
 
 namespace moe {
@@ -57,16 +56,12 @@ bool map_f16(CUtensorMap* map, const void* ptr, uint64_t cols, uint64_t rows, ui
 // place that picks an instantiation, for the launches and the shared-memory attribute alike.
 // async (MoeConfig::async_epilogue) builds have 3 stages: the staging buffer takes the fourth's room.
 using GemmKernel = void (*)(GemmParams);
-GemmKernel gemm_kernel(bool glu, int stages, bool async, int swap_ab = 0) {
-  if (swap_ab == 4) return glu ? swap::swap_gemm_kernel<true, 0> : swap::swap_gemm_kernel<false, 0>;
-  if (swap_ab) return glu ? swap::swap_gemm_kernel<true> : swap::swap_gemm_kernel<false>;
+GemmKernel gemm_kernel(bool glu, int stages, bool async) {
   if (async) return glu ? grouped_gemm_kernel<true, 3, true> : grouped_gemm_kernel<false, 3, true>;
   if (stages == 3) return glu ? grouped_gemm_kernel<true, 3> : grouped_gemm_kernel<false, 3>;
   return glu ? grouped_gemm_kernel<true, 4> : grouped_gemm_kernel<false, 4>;
 }
-int gemm_smem_bytes(int stages, bool async, int swap_ab = 0) {
-  return swap_ab ? swap::smem_bytes() : async ? smem_bytes(3, true) : smem_bytes(stages);
-}
+int gemm_smem_bytes(int stages, bool async) { return async ? smem_bytes(3, true) : smem_bytes(stages); }
 
 struct DeviceInfo {
   int sms = 0;
@@ -86,36 +81,24 @@ const DeviceInfo& device_info() {
         for (const bool async : {false, true})
           cudaFuncSetAttribute(gemm_kernel(glu, stages, async), cudaFuncAttributeMaxDynamicSharedMemorySize,
                                gemm_smem_bytes(stages, async));
-    for (const bool glu : {false, true})
-      for (const int swap_ab : {1, 4})
-        cudaFuncSetAttribute(gemm_kernel(glu, 4, true, swap_ab), cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             gemm_smem_bytes(4, true, swap_ab));
   }
   return d;
 }
-
-// Rows a token tensor map's box takes: an m-tile of grouped_gemm.cuh, a quarter of swap_gemm.cuh's widest token tile.
-uint32_t token_box(const MoeArgs& a) { return a.swap_ab ? 64 : kBM; }
 
 // GEMM 1's parameters that do not depend on which groups a launch takes.
 GemmParams gemm1_params(const MoeArgs& a) {
   GemmParams g{};
   g.out = static_cast<__half*>(a.h);
   g.n_out = a.dexp;
-  g.n_tiles = a.dexp / (a.swap_ab ? 64 : 128);  // swap_ab: 64 gate + 64 up columns a unit
+  g.n_tiles = a.dexp / 128;
   g.k = a.d;
   g.skip_empty_halves = a.skip_empty_halves;
   return g;
 }
 
-void launch_gemm(GemmParams g, bool glu, const MoeArgs& a, cudaStream_t stream) {
-  // KBENCH_MOE_SWAP=2: every tile 256 wide, 3: groups in their numbered order, 4: the weights read as K-major
-  // (wrong results): diagnostics for docs/moe-notes.md
-  g.fixed_tile = a.swap_ab == 2 ? swap::kTileN : 0;
-  g.group_order = a.swap_ab == 3;
+void launch_gemm(const GemmParams& g, bool glu, const MoeArgs& a, cudaStream_t stream) {
   const bool async = a.async_epilogue & (glu ? 1 : 2);
-  gemm_kernel(glu, a.stages, async, a.swap_ab)<<<device_info().sms, kThreads,
-                                                 gemm_smem_bytes(a.stages, async, a.swap_ab), stream>>>(g);
+  gemm_kernel(glu, a.stages, async)<<<device_info().sms, kThreads, gemm_smem_bytes(a.stages, async), stream>>>(g);
 }
 
 }  // namespace
@@ -136,16 +119,15 @@ MoeConfig moe_config(int, int, int) {
   return MoeConfig{kb::env_int("KBENCH_MOE_SKIP_EMPTY_HALVES", 0) != 0,
                    kb::env_int("KBENCH_MOE_KEEP_WORKSPACES", 0) != 0, stages,
                    kb::env_int("KBENCH_MOE_RED_COMBINE", 1) != 0, kb::env_int("KBENCH_MOE_SPLIT_ROUTE", 1) != 0,
-                   kb::env_int("KBENCH_MOE_ASYNC_EPILOGUE", 3) & 3, kb::env_int("KBENCH_MOE_SHARED_FIRST", 1) != 0,
-                   kb::env_int("KBENCH_MOE_SWAP", 0)};
+                   kb::env_int("KBENCH_MOE_ASYNC_EPILOGUE", 3) & 3, kb::env_int("KBENCH_MOE_SHARED_FIRST", 1) != 0};
 }
 
 void moe_describe(const MoeConfig& c, char* buf, int size) {
   snprintf(buf, size,
            "MoeConfig{skip_empty_halves=%d, keep_workspaces=%d, stages=%d, red_combine=%d, split_route=%d, "
-           "async_epilogue=%d, shared_first=%d, swap_ab=%d}",
+           "async_epilogue=%d, shared_first=%d}",
            c.skip_empty_halves, c.keep_workspaces, c.stages, c.red_combine, c.split_route, c.async_epilogue,
-           c.shared_first, c.swap_ab);
+           c.shared_first);
 }
 
 const char* moe_run(const MoeArgs& a, cudaStream_t stream, cudaEvent_t* events) {
@@ -173,8 +155,8 @@ const char* moe_run(const MoeArgs& a, cudaStream_t stream, cudaEvent_t* events) 
   // groups of the meta only
   const int G1 = a.shared_done ? a.E : G;
   GemmParams g1 = gemm1_params(a), g2{};
-  bool ok = map_f16(&g1.a[0], a.xs, a.d, pairs, token_box(a)) && map_f16(&g1.a[1], a.x, a.d, a.T, token_box(a)) &&
-            map_f16(&g2.a[0], a.h, a.dexp, pairs + a.T, token_box(a));
+  bool ok = map_f16(&g1.a[0], a.xs, a.d, pairs, kBM) && map_f16(&g1.a[1], a.x, a.d, a.T, kBM) &&
+            map_f16(&g2.a[0], a.h, a.dexp, pairs + a.T, kBM);
   for (int g = 0; ok && g < G; ++g) {
     ok = (g >= G1 || (map_f16(&g1.b[g], a.w_gate[g], a.dexp, a.d, kBK) &&
                       map_f16(&g1.b[kMaxGroups + g], a.w_up[g], a.dexp, a.d, kBK))) &&
@@ -190,7 +172,7 @@ const char* moe_run(const MoeArgs& a, cudaStream_t stream, cudaEvent_t* events) 
   g2.out = static_cast<__half*>(a.y);
   g2.out_rows = a.rows_pair;
   g2.n_out = a.d;
-  g2.n_tiles = a.d / (a.swap_ab ? 128 : 256);
+  g2.n_tiles = a.d / 256;
   g2.k = a.dexp;
   g2.shared_out_row0 = pairs;
   g2.out_slot = out_slot;  // red_combine: GEMM 2 adds into the output the gather zeroed; Y is not used
@@ -209,7 +191,7 @@ const char* moe_run(const MoeArgs& a, cudaStream_t stream, cudaEvent_t* events) 
 const char* moe_run_shared_gemm1(const MoeArgs& a, cudaStream_t stream) {
   if (const char* why = moe_supported(a.T, a.K, a.E, a.d, a.dexp)) return why;
   GemmParams g = gemm1_params(a);
-  if (!map_f16(&g.a[1], a.x, a.d, a.T, token_box(a)) || !map_f16(&g.b[0], a.w_gate[a.E], a.dexp, a.d, kBK) ||
+  if (!map_f16(&g.a[1], a.x, a.d, a.T, kBM) || !map_f16(&g.b[0], a.w_gate[a.E], a.dexp, a.d, kBK) ||
       !map_f16(&g.b[kMaxGroups], a.w_up[a.E], a.dexp, a.d, kBK))
     return "moe cuda: cuTensorMapEncodeTiled failed (driver entry point missing or misaligned weights)";
   const int routed_rows = a.T * a.K;  // H keeps the routed rows first, then the shared expert's
