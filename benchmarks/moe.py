@@ -49,8 +49,6 @@ CANDIDATES = {
     "sync-epi2": {"KBENCH_MOE_ASYNC_EPILOGUE": "1"},
     "sync-epi1": {"KBENCH_MOE_ASYNC_EPILOGUE": "2"},
     "shared-last": {"KBENCH_MOE_SHARED_FIRST": "0"},
-    # the gather pass in the shared expert's GEMM 1 epilogue warps (its "gather" stage times that launch)
-    "shared-gather": {"KBENCH_MOE_SHARED_GATHER": "1"},
 }
 
 

@@ -73,13 +73,6 @@ struct GemmParams {
   int k;                          // reduction length (multiple of 64)
   int shared_out_row0;            // !kGlu: Y row of the shared group's first token (T*K)
   int skip_empty_halves;          // a consumer whose 64 rows all lie past its group's end issues no MMAs
-  // kGlu, kAsync, the shared expert's launch (MoeConfig::shared_gather): the epilogue warps also do the gather pass,
-  // x's rows to their K sorted rows of xs (and, with out_slot, the token's output row zeroed), a slice of the tokens
-  // per unit; gather_x null: no gather
-  const __half* gather_x;
-  const int* gather_pair_row;
-  __half* gather_xs;
-  int gather_T, gather_K, gather_d;
 };
 
 struct Unit {
@@ -180,41 +173,6 @@ __device__ __forceinline__ void produce(const GemmParams& p, const int* s_meta, 
   }
 }
 
-// The gather pass's share of unit u (of `units`) in the epilogue warps (e = 0..95): tokens [u per, u per + per), one
-// warp a token; each lane copies 16-byte chunks of the row, one load in flight, to the token's K rows of xs (lane k
-// holds pair k's sorted row) and zeroes the token's output row with out_slot (as gather_kernel).
-__device__ __forceinline__ void gather_slice(const GemmParams& p, int u, int units, int e) {
-  const int per = (p.gather_T + units - 1) / units;
-  const int t1 = min(p.gather_T, (u + 1) * per), K = p.gather_K, d = p.gather_d;
-  const int warp = e / 32, lane = e % 32;
-  __half* const zero_base = p.out_slot ? *p.out_slot : nullptr;
-  for (int t = u * per + warp; t < t1; t += kEpiThreads / 32) {
-    const int row_lo = lane < K ? p.gather_pair_row[t * K + lane] : 0;
-    const int row_hi = lane + 32 < K ? p.gather_pair_row[t * K + lane + 32] : 0;
-    const uint4* src = reinterpret_cast<const uint4*>(p.gather_x + static_cast<long long>(t) * d);
-    uint4* zero_row = zero_base ? reinterpret_cast<uint4*>(zero_base + static_cast<long long>(t) * d) : nullptr;
-    constexpr int kInFlight = 1;  // 2 spilled in the 56 registers the epilogue warps have
-    for (int base = 0; base < d / 8; base += 32 * kInFlight) {  // the same trip count in every lane (shfl below)
-      uint4 v[kInFlight];
-#pragma unroll
-      for (int j = 0; j < kInFlight; ++j)
-        if (base + 32 * j + lane < d / 8) v[j] = src[base + 32 * j + lane];
-      for (int k = 0; k < K; ++k) {
-        const int row = __shfl_sync(0xffffffffu, k < 32 ? row_lo : row_hi, k % 32);
-        uint4* dst = reinterpret_cast<uint4*>(p.gather_xs + static_cast<long long>(row) * d);
-#pragma unroll
-        for (int j = 0; j < kInFlight; ++j)
-          if (base + 32 * j + lane < d / 8) dst[base + 32 * j + lane] = v[j];
-      }
-      if (zero_row) {
-#pragma unroll
-        for (int j = 0; j < kInFlight; ++j)
-          if (base + 32 * j + lane < d / 8) zero_row[base + 32 * j + lane] = make_uint4(0, 0, 0, 0);
-      }
-    }
-  }
-}
-
 // kAsync: the producer warpgroup's warps 1-3 (e = 0..95) finish every unit's epilogue from the consumers' staging
 // buffers, warpgroup 0's rows then warpgroup 1's, while the consumers run the next unit's MMAs. A warp takes one
 // staged row at a time (512 bytes: 16 bytes a lane), so its global writes are whole row segments.
@@ -232,11 +190,6 @@ __device__ __forceinline__ void drain_epilogues(const GemmParams& p, const int* 
     for (int r = e; r < kBM; r += kEpiThreads)
       s_off[r] = row_target<kGlu>(p, w, w.mt * kBM + r, accumulate, s_scale[r]);
     named_bar_sync(3, kEpiThreads);
-    // the gather's share first, while the consumers run this unit's MMAs (after the last unit it would lengthen
-    // the kernel)
-    if constexpr (kGlu) {
-      if (p.gather_x) gather_slice(p, u, units, e);
-    }
     __half* const dst = out + w.nt * (kGlu ? 128 : 256);
     for (int cw = 0; cw < 2; ++cw) {
       mbar_wait(&stg_full[cw], phase);

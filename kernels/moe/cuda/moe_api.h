@@ -30,7 +30,6 @@ struct MoeArgs {
   int stages;             // MoeConfig::stages
   int split_route;        // MoeConfig::split_route
   int async_epilogue;     // MoeConfig::async_epilogue
-  int shared_gather;      // MoeConfig::shared_gather
   int shared_done;        // moe_run_shared_gemm1 already wrote the shared expert's H rows: GEMM 1 takes the routed
                           // experts only
   int* route_hist;        // split_route: [moe_route_blocks(T*K)][E] per-block expert counts
@@ -41,8 +40,7 @@ struct MoeArgs {
 // candidates that benchmarks/moe.py times beside it; KBENCH_MOE_ASYNC_EPILOGUE=0/1/2 (the consumers' own epilogue in
 // both GEMMs, in GEMM 2, in GEMM 1), KBENCH_MOE_RED_COMBINE=0 and KBENCH_MOE_SPLIT_ROUTE=0 bring back earlier builds'
 // epilogue, combine pass and one-block routing; KBENCH_MOE_SHARED_FIRST=0 moe_layer's GEMM 1 in one launch after the
-// router, as before; KBENCH_MOE_SHARED_GATHER=1 the gather pass inside the shared expert's GEMM 1 (a candidate,
-// docs/moe-notes.md).
+// router, as before (docs/moe-notes.md).
 struct MoeConfig {
   bool skip_empty_halves;  // GEMM consumers with no rows in the last m-tile of a group issue no MMAs
   bool keep_workspaces;    // the gather, H and Y workspaces stay allocated across calls of one shape
@@ -53,9 +51,6 @@ struct MoeConfig {
                            // (3 stages; KBENCH_MOE_ASYNC_EPILOGUE)
   bool shared_first;       // moe_layer launches the shared expert's GEMM 1 before the router (it needs only x), so
                            // the GPU works while the host routes (KBENCH_MOE_SHARED_FIRST)
-  bool shared_gather;      // the shared expert's GEMM 1 after the routing, its epilogue warps doing the gather pass
-                           // while its MMAs run (no gather launch; needs the asynchronous GEMM 1 epilogue; moe_layer
-                           // then routes first; KBENCH_MOE_SHARED_GATHER)
 };
 MoeConfig moe_config(int T, int K, int E);
 void moe_describe(const MoeConfig& c, char* buf, int size);
