@@ -265,6 +265,8 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_kernel(const __grid_
   const int wg = threadIdx.x / 128;
 
   if (wg == 0) {
+    // The CTA's pool is the 168 x 384 registers it launched with: 128 x 56 + 256 x 224 uses it exactly. More here
+    // (64) left the consumers' setmaxnreg_inc<224> waiting forever: every launch hung (twenty-first session).
     setmaxnreg_dec<56>();
     if (threadIdx.x == 0) produce<kGlu, kStages>(p, s_meta, s_a, s_b, full, empty, units, num_kb);
     if constexpr (kAsync) {
