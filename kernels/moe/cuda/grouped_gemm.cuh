@@ -46,6 +46,13 @@ constexpr int kStagePitch = 256 * 2 + 16;       // kAsync staging row: 256 fp16 
 constexpr int kStageCBytes = 64 * kStagePitch;  // kAsync: per consumer warpgroup, its 64 rows x 256 columns
 constexpr int kEpiThreads = 96;                 // kAsync: the producer warpgroup's warps 1-3
 constexpr int kRowTabBytes = kBM * 16;          // kAsync: per tile row, its output offset (8 bytes) and scale
+// Registers a thread after setmaxnreg. The CTA starts with kLaunchRegs a thread (ptxas's count under
+// __launch_bounds__(384, 1)) and setmaxnreg.inc waits until the pool can give what it asks for: consumers that take
+// more than the producer gives back wait forever (every launch hung with a 64-register producer, docs/moe-notes.md,
+// twenty-first session; mla-decode learnt it first, attention_s_once.cuh).
+constexpr int kLaunchRegs = 168, kConsumerRegs = 224, kProducerRegs = 56;
+static_assert(2 * (kConsumerRegs - kLaunchRegs) <= kLaunchRegs - kProducerRegs,
+              "setmaxnreg: the consumer warpgroups would wait forever for registers the producer does not free");
 constexpr int smem_bytes(int stages, bool async = false) {
   return 1024 + stages * kStageBytes + (async ? 2 * kStageCBytes + kRowTabBytes + 4 * 8 : 2 * kCBytes) +
          2 * stages * 8 + 2 * (kMaxGroups + 1) * 4;
@@ -265,9 +272,7 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_kernel(const __grid_
   const int wg = threadIdx.x / 128;
 
   if (wg == 0) {
-    // The CTA's pool is the 168 x 384 registers it launched with: 128 x 56 + 256 x 224 uses it exactly. More here
-    // (64) left the consumers' setmaxnreg_inc<224> waiting forever: every launch hung (twenty-first session).
-    setmaxnreg_dec<56>();
+    setmaxnreg_dec<kProducerRegs>();
     if (threadIdx.x == 0) produce<kGlu, kStages>(p, s_meta, s_a, s_b, full, empty, units, num_kb);
     if constexpr (kAsync) {
       if (threadIdx.x >= 32)
@@ -276,7 +281,7 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_kernel(const __grid_
     return;
   }
 
-  setmaxnreg_inc<224>();
+  setmaxnreg_inc<kConsumerRegs>();
   const int cw = wg - 1;  // consumer index: rows [64 cw, 64 cw + 64) of the tile
   const int t = threadIdx.x % 128;
   const int warp = t / 32, lane = t % 32;
