@@ -179,11 +179,9 @@ def uniform_stages(cuda_mod, runs: int, candidates: list, tokens=(2048, 8192), E
         for name, settings in [("cuda", {})] + [(f"cuda+{n}", CANDIDATES[n]) for n in candidates]:
             with benchlib.knobs(settings):
                 stage_runs = [cuda_mod.ext.moe_forward_staged(x, experts, scores, *ws)[1] for _ in range(runs)]
-            for i, stage in enumerate(STAGES):
-                us = benchlib.median([r[i] * 1e3 for r in stage_runs])
-                rows.append(benchlib.Row(gpu, 1, f"{name}[uniform]/{stage}", "kernel", case, us))
-            print(f"{case} {name}: " + ", ".join(f"{s} {benchlib.median([r[i] * 1e3 for r in stage_runs]):.1f}"
-                                               for i, s in enumerate(STAGES)), flush=True)
+            stage_us = {s: benchlib.median([r[i] * 1e3 for r in stage_runs]) for i, s in enumerate(STAGES)}
+            rows += [benchlib.Row(gpu, 1, f"{name}[uniform]/{s}", "kernel", case, us) for s, us in stage_us.items()]
+            print(f"{case} {name}: " + ", ".join(f"{s} {us:.1f}" for s, us in stage_us.items()), flush=True)
     del ws
     return rows
 
