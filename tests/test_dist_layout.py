@@ -1,20 +1,17 @@
 """CPU tier: the host-side layout of the distributed CUDA backends' symmetric buffers (kernels/all2all/cuda/layout.py)
 and the flag words every backend uses, for every official shape at world sizes 2, 4 and 8."""
-import importlib.util
 from pathlib import Path
 
 import pytest
 
 from kbench import problems
+from load_file import load_file
 
 KERNELS = Path(__file__).resolve().parents[1] / "kernels"
 
 
 def _module(path: Path):
-    spec = importlib.util.spec_from_file_location(path.stem + "_under_test", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_file(path, path.stem + "_under_test")
 
 
 LAYOUT = _module(KERNELS / "all2all" / "cuda" / "layout.py")

@@ -4,21 +4,16 @@ captured only when it comes twice in a row; at most `keep` graphs are held; tens
 address, shape, strides and dtype. torch.cuda's graph and stream API is replaced by a recorder (the GPU tests in
 test_mla_cuda_gpu.py and test_moe_cuda_gpu.py run the real one)."""
 import contextlib
-import importlib.util
-from pathlib import Path
 
 import pytest
 
-torch = pytest.importorskip("torch")
+from load_file import load_file
 
-ROOT = Path(__file__).resolve().parents[1]
+torch = pytest.importorskip("torch")
 
 
 def _load():
-    spec = importlib.util.spec_from_file_location("graph_replay", ROOT / "kernels" / "_common" / "graph_replay.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_file("kernels/_common/graph_replay.py", "graph_replay")
 
 
 class FakeGraph:

@@ -1,22 +1,16 @@
 """benchmarks/host_gap.py --leaderboard replays leaderboard mode's inputs: every run reseeded by the protocol's step,
 generated while the previous run's inputs are still held (so they land at new addresses), cloned where the protocol
 clones."""
-import importlib.util
 import weakref
-from pathlib import Path
 
 import torch
 
 from kbench import problems
-
-ROOT = Path(__file__).resolve().parent.parent
+from load_file import load_file
 
 
 def _host_gap():
-    spec = importlib.util.spec_from_file_location("host_gap", ROOT / "benchmarks" / "host_gap.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_file("benchmarks/host_gap.py", "host_gap")
 
 
 class _Reference:

@@ -1,21 +1,13 @@
 """mla-decode pieces that need no GPU: the arithmetic argument behind the keys' RoPE in bf16x2 instructions, and the
 phase-trace analysis of benchmarks/mla_decode.py."""
-import importlib.util
-
 import pytest
 import torch
 
-from kbench import generator
-
-ROOT = generator.kernels_root().parent
+from load_file import load_file
 
 
 def _mla_benchmark():
-    path = ROOT / "benchmarks" / "mla_decode.py"
-    spec = importlib.util.spec_from_file_location("mla_decode_under_test", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_file("benchmarks/mla_decode.py", "mla_decode_under_test")
 
 
 def _bf16_once(x: torch.Tensor) -> torch.Tensor:

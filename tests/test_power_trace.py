@@ -1,15 +1,9 @@
 """benchmarks/power_trace.py reads nvidia-smi's samples: busy ones only, the power-cap bit counted, bad lines skipped."""
-import importlib.util
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parent.parent
+from load_file import load_file
 
 
 def _power_trace():
-    spec = importlib.util.spec_from_file_location("power_trace", ROOT / "benchmarks" / "power_trace.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_file("benchmarks/power_trace.py", "power_trace")
 
 
 def test_the_summary_counts_busy_samples_and_the_power_cap():
