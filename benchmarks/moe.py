@@ -49,11 +49,6 @@ CANDIDATES = {
     "sync-epi2": {"KBENCH_MOE_ASYNC_EPILOGUE": "1"},
     "sync-epi1": {"KBENCH_MOE_ASYNC_EPILOGUE": "2"},
     "shared-last": {"KBENCH_MOE_SHARED_FIRST": "0"},
-    # the gather pass before GEMM 1 (xs by TMA), as before the twenty-second session
-    "gather-pass": {"KBENCH_MOE_GATHER_IN_GEMM": "0"},
-    # GEMM 1 with the consumers' own epilogue and 4 stages, so that all four producer warps copy the A rows; and the
-    # same epilogue with the gather pass
-    "sync-epi1-pass": {"KBENCH_MOE_ASYNC_EPILOGUE": "2", "KBENCH_MOE_GATHER_IN_GEMM": "0"},
 }
 
 

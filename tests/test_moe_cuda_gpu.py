@@ -47,9 +47,8 @@ ROUTINGS = [(1, 4, 4, None), (7, 8, 2, None), (300, 8, 4, 4), (1000, 32, 4, None
 KNOBS = [{}, {"KBENCH_MOE_SKIP_EMPTY_HALVES": "1", "KBENCH_MOE_KEEP_WORKSPACES": "1", "KBENCH_MOE_STAGES": "3",
               "KBENCH_MOE_ASYNC_EPILOGUE": "0"},
          {"KBENCH_MOE_RED_COMBINE": "0", "KBENCH_MOE_SPLIT_ROUTE": "0"},
-         {"KBENCH_MOE_ASYNC_EPILOGUE": "0"}, {"KBENCH_MOE_ASYNC_EPILOGUE": "0", "KBENCH_MOE_RED_COMBINE": "0"},
-         {"KBENCH_MOE_GATHER_IN_GEMM": "0"}]
-KNOB_IDS = ["default", "candidates", "combine-pass", "sync-epilogue", "sync-epilogue-y", "gather-pass"]
+         {"KBENCH_MOE_ASYNC_EPILOGUE": "0"}, {"KBENCH_MOE_ASYNC_EPILOGUE": "0", "KBENCH_MOE_RED_COMBINE": "0"}]
+KNOB_IDS = ["default", "candidates", "combine-pass", "sync-epilogue", "sync-epilogue-y"]
 
 
 @pytest.mark.gpu
@@ -83,21 +82,17 @@ def test_synthetic_routings_match_the_definition(moe, tokens, n_experts, k, skew
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("gather_in_gemm", ["1", "0"])
 @pytest.mark.parametrize("shared_first", ["1", "0"])
 @pytest.mark.parametrize("tokens,n_experts,k", [(300, 8, 4), (129, 4, 2), (1000, 32, 4)])
-def test_layer_with_its_router_matches_the_definition(moe, tokens, n_experts, k, shared_first, gather_in_gemm,
-                                                      monkeypatch):
+def test_layer_with_its_router_matches_the_definition(moe, tokens, n_experts, k, shared_first, monkeypatch):
     """moe_layer: the router's ops, then the experts; with KBENCH_MOE_SHARED_FIRST=1 (the default) the shared
     expert's GEMM 1 is its own launch before the router, writing H rows the routed GEMM 1 then leaves alone. The
     experts the reference's ops pick (F.linear, softmax, topk unsorted) must be the kernel's: its returned scores are
-    compared exactly, the output against the fp32 definition on those experts. With KBENCH_MOE_GATHER_IN_GEMM=1 (the
-    default) the launch that holds the shared expert's GEMM 1 also zeroes the output GEMM 2 adds into."""
+    compared exactly, the output against the fp32 definition on those experts."""
     import torch
     import torch.nn.functional as F
 
     monkeypatch.setenv("KBENCH_MOE_SHARED_FIRST", shared_first)
-    monkeypatch.setenv("KBENCH_MOE_GATHER_IN_GEMM", gather_in_gemm)
     gen = torch.Generator(device="cuda")
     gen.manual_seed(tokens * 7 + n_experts)
     d, dexp = 512, 256

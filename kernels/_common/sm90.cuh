@@ -151,17 +151,6 @@ __device__ __forceinline__ void fence_proxy_async_smem() {
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
 }
 
-// 16 bytes global -> shared by cp.async (L2 only, .cg), tracked by cp_async_arrive_noinc. Data it writes is
-// read by wgmma after the consumers' mbarrier wait and wgmma.fence (as TMA-written tiles are).
-__device__ __forceinline__ void cp_async_16(uint32_t dst_smem, const void* src) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst_smem), "l"(src) : "memory");
-}
-// One arrival on `bar`, made when every cp.async this thread issued before it has landed (.noinc: the arrival is
-// one of the count the barrier was initialised with).
-__device__ __forceinline__ void cp_async_arrive_noinc(uint64_t* bar) {
-  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(smem_u32(bar)) : "memory");
-}
-
 // A bulk copy of bytes (a multiple of 16, both addresses 16-byte aligned) from shared to global memory, in this
 // thread's bulk group; the thread waits for the copy's reads of shared memory (not for its writes to land) before the
 // buffer may change or the CTA exit. The source's generic-proxy writes need fence_proxy_async_smem first.

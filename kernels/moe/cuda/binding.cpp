@@ -35,10 +35,9 @@ Workspaces make_workspaces(const torch::Tensor& x, int64_t T, int64_t K, int64_t
                            const MoeConfig& config) {
   const auto i32 = x.options().dtype(torch::kInt);
   const int64_t y_rows = config.red_combine ? 0 : T * K + T;
-  const int64_t xs_rows = config.gather_in_gemm ? 0 : T * K;  // GEMM 1 reads x itself then
   return Workspaces{torch::empty({2 * (E + 2)}, i32), torch::empty({T * K}, i32), torch::empty({T * K}, i32),
                     torch::empty({moe_route_blocks(static_cast<int>(T * K)) * E}, i32),
-                    torch::empty({xs_rows, d}, x.options()),
+                    torch::empty({T * K, d}, x.options()),
                     torch::empty({T * K + T, dexp}, x.options()), torch::empty({y_rows, d}, x.options())};
 }
 
@@ -51,7 +50,7 @@ Workspaces workspaces(const torch::Tensor& x, int64_t T, int64_t K, int64_t E, i
   static std::mutex mu;
   // device -> (shape, workspaces); never destroyed: tensors freed after the CUDA context at exit would fail
   static auto* kept = new std::map<int, std::pair<std::vector<int64_t>, Workspaces>>();
-  const std::vector<int64_t> shape{T, K, E, d, dexp, config.red_combine, config.gather_in_gemm};
+  const std::vector<int64_t> shape{T, K, E, d, dexp, config.red_combine};
   std::lock_guard<std::mutex> lock(mu);
   auto& slot = (*kept)[x.get_device()];
   if (slot.first != shape) {
@@ -133,7 +132,6 @@ MoeArgs layer_args(const torch::Tensor& x, const std::vector<torch::Tensor>& gat
   a.stages = config.stages;
   a.split_route = config.split_route;
   a.async_epilogue = config.async_epilogue;
-  a.gather_in_gemm = config.gather_in_gemm;
   return a;
 }
 
@@ -263,13 +261,8 @@ std::tuple<c10::optional<torch::Tensor>, torch::Tensor> moe_layer(torch::Tensor 
     check_layer(x2, K, gate, up, down);
     TORCH_CHECK(x2.is_contiguous(), "moe_layer: x must be contiguous");
     ws = workspaces(x2, T, K, E, d, gate[0].size(1), config);
-    MoeArgs a = layer_args(x2, gate, up, down, K, ws, config);
-    // with the gather in GEMM 1 this launch zeroes the output GEMM 2 adds into (moe_output published it; run_moe
-    // checks that it is this call's `out`)
-    OutputSlot& slot = output_slot(x2);
-    if (config.red_combine && out.has_value() && out->defined() && out->data_ptr() == slot.published)
-      a.out_slot = reinterpret_cast<void* const*>(slot.word.data_ptr());
-    const char* err = moe_run_shared_gemm1(a, c10::cuda::getCurrentCUDAStream().stream());
+    const char* err = moe_run_shared_gemm1(layer_args(x2, gate, up, down, K, ws, config),
+                                           c10::cuda::getCurrentCUDAStream().stream());
     TORCH_CHECK(err == nullptr, err ? err : "");
   }
   const auto [top_scores, top_experts] = at::topk(at::linear(x, router_w).softmax(-1), K, -1, true, false);

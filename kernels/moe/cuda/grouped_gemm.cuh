@@ -55,7 +55,7 @@ static_assert(2 * (kConsumerRegs - kLaunchRegs) <= kLaunchRegs - kProducerRegs,
               "setmaxnreg: the consumer warpgroups would wait forever for registers the producer does not free");
 constexpr int smem_bytes(int stages, bool async = false) {
   return 1024 + stages * kStageBytes + (async ? 2 * kStageCBytes + kRowTabBytes + 4 * 8 : 2 * kCBytes) +
-         2 * stages * 8 + 2 * (kMaxGroups + 1) * 4 + kBM * 4;
+         2 * stages * 8 + 2 * (kMaxGroups + 1) * 4;
 }
 
 // meta (int32, written by route_kernel): [0, G]: first sorted row of group g (G = groups, so [G] = the end),
@@ -80,16 +80,6 @@ struct GemmParams {
   int k;                          // reduction length (multiple of 64)
   int shared_out_row0;            // !kGlu: Y row of the shared group's first token (T*K)
   int skip_empty_halves;          // a consumer whose 64 rows all lie past its group's end issues no MMAs
-  // kGlu, gather in the GEMM (MoeConfig::gather_in_gemm): a routed group's A rows come straight from x, row r of
-  // the sorted order being token a_pairs[r] / K, copied by the producer warp's 32 lanes with cp.async (xs and the
-  // gather pass are not used); null: A by TMA from the gathered xs. a_rows: the routed rows (T*K); past them a tile
-  // reads the last one again (real data: zero rows slow the tensor cores, eighth session).
-  const int* a_pairs;
-  const __half* x;
-  int a_rows;
-  // kGlu and kAsync: the shared group's units also zero the output's rows of their tokens (the columns of their
-  // n-tile's share), which GEMM 2 then adds into; null: the gather pass (or a zeroing pass) did it.
-  __half* const* zero_slot;
 };
 
 struct Unit {
@@ -156,59 +146,25 @@ __device__ __forceinline__ void red_add_f16x8(__half* out, const uint4& v) {
                : "memory");
 }
 
-// The producer: for each of this CTA's units, every k-block's A tile and four B boxes into the next free stage.
-// Thread 0 issues the TMA loads. With the gather in the GEMM (p.a_pairs) `loaders` threads (whole warps of the
-// producer warpgroup: kLoaders) run this: they copy a routed unit's A rows from x by cp.async (each warp
-// instruction 4 whole 128-byte row pieces) and each arrives on the stage's full barrier once its copies land (the
-// barrier counts 1 + loaders arrivals then; a unit whose A comes by TMA gets their arrivals at once).
-// s_tok: kBM ints, the unit's token of each row.
+// The producer (one thread): for each of this CTA's units, every k-block's A tile and four B boxes into the next
+// free stage.
 template <bool kGlu, int kStages>
 __device__ __forceinline__ void produce(const GemmParams& p, const int* s_meta, uint8_t* s_a, uint8_t* s_b,
-                                        uint64_t* full, uint64_t* empty, int units, int num_kb, int* s_tok,
-                                        int lane, int loaders) {
+                                        uint64_t* full, uint64_t* empty, int units, int num_kb) {
   const int G = p.groups;
-  const bool warp_gather = kGlu && p.a_pairs != nullptr;
   int s = 0;
   uint32_t phase = 0;
   for (int u = blockIdx.x; u < units; u += gridDim.x) {
     const Unit w = decode(s_meta, G, p.n_tiles, u);
     const bool shared_x = kGlu && w.g == p.shared_group;  // GEMM 1 reads the shared expert's rows from x itself
-    const bool rows_by_lanes = warp_gather && !shared_x;
     const CUtensorMap* amap = &p.a[shared_x ? 1 : 0];
     // A group's last m-tile reads on into the next group's rows (its results there are never stored). Keep it so:
     // the same rows as zeros made GEMM 1 ~35% slower on an H100 (docs/moe-notes.md, eighth session).
     const int a_row = (shared_x ? 0 : w.row0) + w.mt * kBM;
-    if (rows_by_lanes) {
-      named_bar_sync(4, loaders);  // every loader has issued its copies from the previous unit's table
-      for (int r = lane; r < kBM; r += loaders) s_tok[r] = p.a_pairs[min(a_row + r, p.a_rows - 1)] / p.K;
-      named_bar_sync(4, loaders);
-    }
     for (int kb = 0; kb < num_kb; ++kb) {
       mbar_wait(&empty[s], phase ^ 1);
-      if (rows_by_lanes) {
-        // loader `lane`: 16-byte chunk lane % 8 of rows lane / 8 + (loaders / 8) i, at its 128B-swizzled place
-        // (what TMA would write)
-        const uint32_t a_tile = smem_u32(s_a + s * kABytes);
-        const int chunk = lane & 7;
-        const __half* src = p.x + kb * kBK + chunk * 8;
-#pragma unroll 8
-        for (int r = lane >> 3; r < kBM; r += loaders / 8) {
-          cp_async_16(a_tile + sw128_offset(r, chunk), src + static_cast<long long>(s_tok[r]) * p.k);
-        }
-        cp_async_arrive_noinc(&full[s]);
-      } else if (warp_gather) {
-        mbar_arrive(&full[s]);
-      }
-      if (lane != 0) {
-        ring_next(s, phase, kStages);
-        continue;
-      }
-      if (rows_by_lanes) {
-        mbar_arrive_expect_tx(&full[s], kBBytes);
-      } else {
-        mbar_arrive_expect_tx(&full[s], kStageBytes);
-        tma_load_2d(s_a + s * kABytes, amap, &full[s], kb * kBK, a_row);
-      }
+      mbar_arrive_expect_tx(&full[s], kStageBytes);
+      tma_load_2d(s_a + s * kABytes, amap, &full[s], kb * kBK, a_row);
       uint8_t* sb = s_b + s * kBBytes;
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
@@ -274,25 +230,12 @@ __device__ __forceinline__ void drain_epilogues(const GemmParams& p, const int* 
       mbar_arrive(&stg_empty[cw]);  // every thread: its own reads are ordered before the consumers' next writes
     }
     phase ^= 1;
-    if (kGlu && p.zero_slot && w.g == p.shared_group) {
-      // the output rows of this unit's tokens, the n-tile's share of their 16-byte columns (p.k = d columns)
-      __half* const zero_out = *p.zero_slot;
-      const int per_row = p.k / 8, share = (per_row + p.n_tiles - 1) / p.n_tiles;
-      const int c0 = w.nt * share, c1 = min(per_row, c0 + share), width = c1 - c0;
-      const int rows = min(kBM, w.rows - w.mt * kBM);
-      for (int i = e; i < rows * width; i += kEpiThreads) {
-        const long long t = w.mt * kBM + i / width;
-        reinterpret_cast<uint4*>(zero_out + t * p.k)[c0 + i % width] = make_uint4(0, 0, 0, 0);
-      }
-    }
   }
 }
 
 template <bool kGlu, int kStages, bool kAsync = false>
 __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_kernel(const __grid_constant__ GemmParams p) {
   static_assert(kStages >= 2 && kStages <= kMaxStages, "the ring needs two stages and fits four");
-  // the gather in the GEMM: warp 0 copies the A rows where warps 1-3 drain the epilogue (kAsync), else all four
-  constexpr int kLoaders = kAsync ? 32 : 128;
   extern __shared__ uint8_t smem_raw[];
   // 128B-swizzled TMA tiles and wgmma descriptors both assume 1024-byte aligned tiles.
   uint8_t* base = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
@@ -306,16 +249,13 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_kernel(const __grid_
   uint64_t* stg_full = empty + kStages;  // kAsync: per consumer warpgroup, its staged rows are there
   uint64_t* stg_empty = stg_full + 2;    // kAsync: the epilogue warps are done with them
   int* s_meta = reinterpret_cast<int*>(kAsync ? stg_empty + 2 : empty + kStages);
-  int* s_tok = s_meta + 2 * (kMaxGroups + 1);  // kGlu with p.a_pairs: the producer's unit's token of each row
 
   const int G = p.groups;
   for (int i = threadIdx.x; i < 2 * (G + 1); i += blockDim.x)
     s_meta[i] = p.meta ? p.meta[i <= G ? i : i + p.meta_groups - G] : p.fixed_meta[i];
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) {
-      // the producer's arrive_expect_tx (the TMA bytes complete the phase), and with the gather in the GEMM one
-      // arrival per loader thread (their cp.async copies landed)
-      mbar_init(&full[s], kGlu && p.a_pairs ? 1 + kLoaders : 1);
+      mbar_init(&full[s], 1);  // the producer's arrive_expect_tx (the TMA bytes complete the phase)
       mbar_init(&empty[s], 8);  // one arrive per consumer warp
     }
     if constexpr (kAsync) {
@@ -333,8 +273,7 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_kernel(const __grid_
 
   if (wg == 0) {
     setmaxnreg_dec<kProducerRegs>();
-    if (threadIdx.x < (kGlu && p.a_pairs ? kLoaders : 1))
-      produce<kGlu, kStages>(p, s_meta, s_a, s_b, full, empty, units, num_kb, s_tok, threadIdx.x, kLoaders);
+    if (threadIdx.x == 0) produce<kGlu, kStages>(p, s_meta, s_a, s_b, full, empty, units, num_kb);
     if constexpr (kAsync) {
       if (threadIdx.x >= 32)
         drain_epilogues<kGlu>(p, s_meta, s_c, s_off, s_scale, stg_full, stg_empty, units, threadIdx.x - 32);

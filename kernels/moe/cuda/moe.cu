@@ -93,18 +93,8 @@ GemmParams gemm1_params(const MoeArgs& a) {
   g.n_tiles = a.dexp / 128;
   g.k = a.d;
   g.skip_empty_halves = a.skip_empty_halves;
-  if (a.gather_in_gemm) {
-    g.a_pairs = a.rows_pair;
-    g.x = static_cast<const __half*>(a.x);
-    g.a_rows = a.T * a.K;
-    g.K = a.K;
-  }
   return g;
 }
-
-// The output's zeroing for GEMM 2's red.add happens in GEMM 1's shared-expert units (their epilogue warps) when the
-// gather moved into GEMM 1 and GEMM 1 has those warps; otherwise in the gather pass (or a zeroing-only pass).
-bool zero_in_gemm1(const MoeArgs& a) { return a.gather_in_gemm && (a.async_epilogue & 1) && a.out_slot; }
 
 void launch_gemm(const GemmParams& g, bool glu, const MoeArgs& a, cudaStream_t stream) {
   const bool async = a.async_epilogue & (glu ? 1 : 2);
@@ -129,16 +119,15 @@ MoeConfig moe_config(int, int, int) {
   return MoeConfig{kb::env_int("KBENCH_MOE_SKIP_EMPTY_HALVES", 0) != 0,
                    kb::env_int("KBENCH_MOE_KEEP_WORKSPACES", 0) != 0, stages,
                    kb::env_int("KBENCH_MOE_RED_COMBINE", 1) != 0, kb::env_int("KBENCH_MOE_SPLIT_ROUTE", 1) != 0,
-                   kb::env_int("KBENCH_MOE_ASYNC_EPILOGUE", 3) & 3, kb::env_int("KBENCH_MOE_SHARED_FIRST", 1) != 0,
-                   kb::env_int("KBENCH_MOE_GATHER_IN_GEMM", 1) != 0};
+                   kb::env_int("KBENCH_MOE_ASYNC_EPILOGUE", 3) & 3, kb::env_int("KBENCH_MOE_SHARED_FIRST", 1) != 0};
 }
 
 void moe_describe(const MoeConfig& c, char* buf, int size) {
   snprintf(buf, size,
            "MoeConfig{skip_empty_halves=%d, keep_workspaces=%d, stages=%d, red_combine=%d, split_route=%d, "
-           "async_epilogue=%d, shared_first=%d, gather_in_gemm=%d}",
+           "async_epilogue=%d, shared_first=%d}",
            c.skip_empty_halves, c.keep_workspaces, c.stages, c.red_combine, c.split_route, c.async_epilogue,
-           c.shared_first, c.gather_in_gemm);
+           c.shared_first);
 }
 
 const char* moe_run(const MoeArgs& a, cudaStream_t stream, cudaEvent_t* events) {
@@ -159,18 +148,14 @@ const char* moe_run(const MoeArgs& a, cudaStream_t stream, cudaEvent_t* events) 
   }
   mark(1);
   __half* const* out_slot = reinterpret_cast<__half* const*>(a.out_slot);
-  if (!a.gather_in_gemm) {
-    gather_kernel<<<a.T, 256, 0, stream>>>(static_cast<const __half*>(a.x), a.pair_row, static_cast<__half*>(a.xs),
-                                          a.K, a.d, out_slot);
-  } else if (out_slot && !zero_in_gemm1(a)) {  // K = 0: the pass only zeroes the output rows
-    gather_kernel<<<a.T, 256, 0, stream>>>(nullptr, nullptr, nullptr, 0, a.d, out_slot);
-  }
+  gather_kernel<<<a.T, 256, 0, stream>>>(static_cast<const __half*>(a.x), a.pair_row, static_cast<__half*>(a.xs),
+                                        a.K, a.d, out_slot);
   mark(2);
   // shared_done: GEMM 1 of the shared expert already ran (moe_run_shared_gemm1); this GEMM 1 takes the routed
   // groups of the meta only
   const int G1 = a.shared_done ? a.E : G;
   GemmParams g1 = gemm1_params(a), g2{};
-  bool ok = (a.gather_in_gemm || map_f16(&g1.a[0], a.xs, a.d, pairs, kBM)) && map_f16(&g1.a[1], a.x, a.d, a.T, kBM) &&
+  bool ok = map_f16(&g1.a[0], a.xs, a.d, pairs, kBM) && map_f16(&g1.a[1], a.x, a.d, a.T, kBM) &&
             map_f16(&g2.a[0], a.h, a.dexp, pairs + a.T, kBM);
   for (int g = 0; ok && g < G; ++g) {
     ok = (g >= G1 || (map_f16(&g1.b[g], a.w_gate[g], a.dexp, a.d, kBK) &&
@@ -183,7 +168,6 @@ const char* moe_run(const MoeArgs& a, cudaStream_t stream, cudaEvent_t* events) 
   g1.groups = G1;
   g2.groups = G;
   g1.shared_group = a.shared_done ? -1 : a.E;
-  if (!a.shared_done && zero_in_gemm1(a)) g1.zero_slot = out_slot;
   g2.shared_group = a.E;
   g2.out = static_cast<__half*>(a.y);
   g2.out_rows = a.rows_pair;
@@ -217,7 +201,6 @@ const char* moe_run_shared_gemm1(const MoeArgs& a, cudaStream_t stream) {
   g.fixed_meta[1] = routed_rows + a.T;
   g.fixed_meta[2] = 0;
   g.fixed_meta[3] = (a.T + kBM - 1) / kBM;
-  if (zero_in_gemm1(a)) g.zero_slot = reinterpret_cast<__half* const*>(a.out_slot);
   launch_gemm(g, true, a, stream);
   return kb::launch_error("moe cuda shared GEMM 1");
 }

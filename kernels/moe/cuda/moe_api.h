@@ -33,7 +33,6 @@ struct MoeArgs {
   int shared_done;        // moe_run_shared_gemm1 already wrote the shared expert's H rows: GEMM 1 takes the routed
                           // experts only
   int* route_hist;        // split_route: [moe_route_blocks(T*K)][E] per-block expert counts
-  int gather_in_gemm;     // MoeConfig::gather_in_gemm (xs unused then)
 };
 
 // A named configuration (KBENCH_PRINT_CONFIG=1 prints the one picked for each shape). The defaults are the measured
@@ -52,9 +51,6 @@ struct MoeConfig {
                            // (3 stages; KBENCH_MOE_ASYNC_EPILOGUE)
   bool shared_first;       // moe_layer launches the shared expert's GEMM 1 before the router (it needs only x), so
                            // the GPU works while the host routes (KBENCH_MOE_SHARED_FIRST)
-  bool gather_in_gemm;     // GEMM 1's producer warp copies the routed rows from x by cp.async (no gather pass, no
-                           // xs); with GEMM 1's asynchronous epilogue and red_combine the shared expert's units zero
-                           // the output too, else a zeroing pass does (KBENCH_MOE_GATHER_IN_GEMM)
 };
 MoeConfig moe_config(int T, int K, int E);
 void moe_describe(const MoeConfig& c, char* buf, int size);

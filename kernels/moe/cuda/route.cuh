@@ -174,10 +174,8 @@ __global__ void gather_kernel(const __half* __restrict__ x, const int* __restric
   const uint4* src = reinterpret_cast<const uint4*>(x + static_cast<long long>(t) * d);
   uint4* zero_row = out_slot ? reinterpret_cast<uint4*>(*out_slot + static_cast<long long>(t) * d) : nullptr;
   for (int c = threadIdx.x; c < d / 8; c += blockDim.x) {
-    if (K) {  // K = 0 (the gather in GEMM 1, MoeConfig::gather_in_gemm): only the zeroing
-      const uint4 v = src[c];
-      for (int k = 0; k < K; ++k) dst[k][c] = v;
-    }
+    const uint4 v = src[c];
+    for (int k = 0; k < K; ++k) dst[k][c] = v;
     if (zero_row) zero_row[c] = make_uint4(0, 0, 0, 0);
   }
 }
