@@ -47,8 +47,9 @@ ROUTINGS = [(1, 4, 4, None), (7, 8, 2, None), (300, 8, 4, 4), (1000, 32, 4, None
 KNOBS = [{}, {"KBENCH_MOE_SKIP_EMPTY_HALVES": "1", "KBENCH_MOE_KEEP_WORKSPACES": "1", "KBENCH_MOE_STAGES": "3",
               "KBENCH_MOE_ASYNC_EPILOGUE": "0"},
          {"KBENCH_MOE_RED_COMBINE": "0", "KBENCH_MOE_SPLIT_ROUTE": "0"},
-         {"KBENCH_MOE_ASYNC_EPILOGUE": "0"}, {"KBENCH_MOE_ASYNC_EPILOGUE": "0", "KBENCH_MOE_RED_COMBINE": "0"}]
-KNOB_IDS = ["default", "candidates", "combine-pass", "sync-epilogue", "sync-epilogue-y"]
+         {"KBENCH_MOE_ASYNC_EPILOGUE": "0"}, {"KBENCH_MOE_ASYNC_EPILOGUE": "0", "KBENCH_MOE_RED_COMBINE": "0"},
+         {"KBENCH_MOE_SHARED_GATHER": "0"}]
+KNOB_IDS = ["default", "candidates", "combine-pass", "sync-epilogue", "sync-epilogue-y", "gather-pass"]
 
 
 @pytest.mark.gpu
@@ -82,17 +83,22 @@ def test_synthetic_routings_match_the_definition(moe, tokens, n_experts, k, skew
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("shared_gather", ["1", "0"])
 @pytest.mark.parametrize("shared_first", ["1", "0"])
 @pytest.mark.parametrize("tokens,n_experts,k", [(300, 8, 4), (129, 4, 2), (1000, 32, 4)])
-def test_layer_with_its_router_matches_the_definition(moe, tokens, n_experts, k, shared_first, monkeypatch):
+def test_layer_with_its_router_matches_the_definition(moe, tokens, n_experts, k, shared_first, shared_gather,
+                                                      monkeypatch):
     """moe_layer: the router's ops, then the experts; with KBENCH_MOE_SHARED_FIRST=1 (the default) the shared
     expert's GEMM 1 is its own launch before the router, writing H rows the routed GEMM 1 then leaves alone. The
     experts the reference's ops pick (F.linear, softmax, topk unsorted) must be the kernel's: its returned scores are
-    compared exactly, the output against the fp32 definition on those experts."""
+    compared exactly, the output against the fp32 definition on those experts. KBENCH_MOE_SHARED_GATHER=1 (the
+    default) overrides shared_first: the shared expert's GEMM 1 runs after the routing and gathers xs and zeroes the
+    output in its epilogue warps."""
     import torch
     import torch.nn.functional as F
 
     monkeypatch.setenv("KBENCH_MOE_SHARED_FIRST", shared_first)
+    monkeypatch.setenv("KBENCH_MOE_SHARED_GATHER", shared_gather)
     gen = torch.Generator(device="cuda")
     gen.manual_seed(tokens * 7 + n_experts)
     d, dexp = 512, 256

@@ -151,6 +151,15 @@ __device__ __forceinline__ void fence_proxy_async_smem() {
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
 }
 
+// A bulk copy of bytes (a multiple of 16, both addresses 16-byte aligned) from global to shared memory; the bytes
+// complete the transaction count of `bar` (arm it with mbar_arrive_expect_tx first).
+__device__ __forceinline__ void bulk_load_g2s(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+                   smem_u32(dst)),
+               "l"(src), "r"(bytes), "r"(smem_u32(bar))
+               : "memory");
+}
+
 // A bulk copy of bytes (a multiple of 16, both addresses 16-byte aligned) from shared to global memory, in this
 // thread's bulk group; the thread waits for the copy's reads of shared memory (not for its writes to land) before the
 // buffer may change or the CTA exit. The source's generic-proxy writes need fence_proxy_async_smem first.

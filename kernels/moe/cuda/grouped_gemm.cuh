@@ -46,6 +46,8 @@ constexpr int kStagePitch = 256 * 2 + 16;       // kAsync staging row: 256 fp16 
 constexpr int kStageCBytes = 64 * kStagePitch;  // kAsync: per consumer warpgroup, its 64 rows x 256 columns
 constexpr int kEpiThreads = 96;                 // kAsync: the producer warpgroup's warps 1-3
 constexpr int kRowTabBytes = kBM * 16;          // kAsync: per tile row, its output offset (8 bytes) and scale
+constexpr int kGatherChains = kEpiThreads / 32;  // kAsync: the gather's copy chains, one a drain warp (its lane 0)
+constexpr int kGatherBytes = 4096;              // kAsync: a chain's bounce buffer (a row goes in pieces of this)
 // Registers a thread after setmaxnreg. The CTA starts with kLaunchRegs a thread (ptxas's count under
 // __launch_bounds__(384, 1)) and setmaxnreg.inc waits until the pool can give what it asks for: consumers that take
 // more than the producer gives back wait forever (every launch hung with a 64-register producer, docs/moe-notes.md,
@@ -55,7 +57,7 @@ static_assert(2 * (kConsumerRegs - kLaunchRegs) <= kLaunchRegs - kProducerRegs,
               "setmaxnreg: the consumer warpgroups would wait forever for registers the producer does not free");
 constexpr int smem_bytes(int stages, bool async = false) {
   return 1024 + stages * kStageBytes + (async ? 2 * kStageCBytes + kRowTabBytes + 4 * 8 : 2 * kCBytes) +
-         2 * stages * 8 + 2 * (kMaxGroups + 1) * 4;
+         2 * stages * 8 + 2 * (kMaxGroups + 1) * 4 + (async ? 128 + kGatherChains * (kGatherBytes + 8) : 0);
 }
 
 // meta (int32, written by route_kernel): [0, G]: first sorted row of group g (G = groups, so [G] = the end),
@@ -80,6 +82,14 @@ struct GemmParams {
   int k;                          // reduction length (multiple of 64)
   int shared_out_row0;            // !kGlu: Y row of the shared group's first token (T*K)
   int skip_empty_halves;          // a consumer whose 64 rows all lie past its group's end issues no MMAs
+  // kGlu and kAsync, the shared expert's own launch after the routing (MoeConfig::shared_gather): besides H, each
+  // unit's epilogue warps copy a slice of the tokens' rows of x to their K sorted rows of xs by bulk copies through
+  // shared memory (the gather pass's job, under the MMAs), and zero those tokens' output rows, which GEMM 2 adds
+  // into. gather_x null: neither.
+  const __half* gather_x;         // x [T][d] (d = k)
+  __half* gather_xs;              // xs [T*K][d]
+  const int* gather_pair_row;     // [T*K]: the sorted row of pair t*K + k
+  __half* const* zero_slot;       // the output's address in device memory; null: not zeroed here
 };
 
 struct Unit {
@@ -180,23 +190,63 @@ __device__ __forceinline__ void produce(const GemmParams& p, const int* s_meta, 
   }
 }
 
+// GemmParams::gather_x: unit u of the shared expert's launch copies tokens [u T / units, (u + 1) T / units) of x to
+// their K rows of xs and zeroes their output rows, while the consumers compute unit u. Lane 0 of each drain warp is
+// a copy chain (every third token: a piece of its row into the chain's bounce buffer by one bulk copy, then K bulk
+// copies out of it; the chains' round trips overlap), the other lanes zero. (One chain of 7 KB pieces left the 8192
+// case's shared GEMM 1 ~250 us longer: the copies' latency, not their bytes, sets their pace.)
+__device__ __forceinline__ void gather_slice(const GemmParams& p, int u, int units, int T, uint8_t* s_gbuf,
+                                             uint64_t* gbar, uint32_t& gphase, int e) {
+  const int t0 = static_cast<int>(static_cast<long long>(u) * T / units);
+  const int t1 = static_cast<int>(static_cast<long long>(u + 1) * T / units);
+  const int d = p.k, chain = e / 32, lane = e % 32;
+  if (lane == 0) {
+    const uint32_t row_bytes = d * 2;
+    s_gbuf += chain * kGatherBytes;
+    gbar += chain;
+    for (int t = t0 + chain; t < t1; t += kGatherChains) {
+      const uint8_t* src = reinterpret_cast<const uint8_t*>(p.gather_x + static_cast<long long>(t) * d);
+      for (uint32_t off = 0; off < row_bytes; off += kGatherBytes) {
+        const uint32_t bytes = min(row_bytes - off, static_cast<uint32_t>(kGatherBytes));
+        mbar_arrive_expect_tx(gbar, bytes);
+        bulk_load_g2s(s_gbuf, src + off, bytes, gbar);
+        mbar_wait(gbar, gphase);
+        gphase ^= 1;
+        for (int k = 0; k < p.K; ++k) {
+          const long long row = p.gather_pair_row[static_cast<long long>(t) * p.K + k];
+          bulk_store_s2g(reinterpret_cast<uint8_t*>(p.gather_xs + row * d) + off, s_gbuf, bytes);
+        }
+        bulk_wait_read();  // the buffer is read: the next piece may land in it
+      }
+    }
+  } else if (p.zero_slot) {
+    __half* const zero_out = *p.zero_slot;
+    const int per_row = d / 8;
+    const long long n = static_cast<long long>(t1 - t0) * per_row;
+    for (long long i = chain * 31 + lane - 1; i < n; i += kEpiThreads - kGatherChains)
+      reinterpret_cast<uint4*>(zero_out + static_cast<long long>(t0) * d)[i] = make_uint4(0, 0, 0, 0);
+  }
+}
+
 // kAsync: the producer warpgroup's warps 1-3 (e = 0..95) finish every unit's epilogue from the consumers' staging
 // buffers, warpgroup 0's rows then warpgroup 1's, while the consumers run the next unit's MMAs. A warp takes one
 // staged row at a time (512 bytes: 16 bytes a lane), so its global writes are whole row segments.
 template <bool kGlu>
 __device__ __forceinline__ void drain_epilogues(const GemmParams& p, const int* s_meta, const uint8_t* s_stage,
                                                 long long* s_off, __half2* s_scale, uint64_t* stg_full,
-                                                uint64_t* stg_empty, int units, int e) {
+                                                uint64_t* stg_empty, int units, int e, uint8_t* s_gbuf,
+                                                uint64_t* gbar) {
   const bool accumulate = !kGlu && p.out_slot != nullptr;
   __half* const out = accumulate ? *p.out_slot : p.out;
   const int warp = e / 32, lane = e % 32;
-  uint32_t phase = 0;
+  uint32_t phase = 0, gphase = 0;
   for (int u = blockIdx.x; u < units; u += gridDim.x) {
     const Unit w = decode(s_meta, p.groups, p.n_tiles, u);
     named_bar_sync(3, kEpiThreads);  // every warp is done with the previous unit's table
     for (int r = e; r < kBM; r += kEpiThreads)
       s_off[r] = row_target<kGlu>(p, w, w.mt * kBM + r, accumulate, s_scale[r]);
     named_bar_sync(3, kEpiThreads);
+    if (kGlu && p.gather_x && w.g == p.shared_group) gather_slice(p, u, units, w.rows, s_gbuf, gbar, gphase, e);
     __half* const dst = out + w.nt * (kGlu ? 128 : 256);
     for (int cw = 0; cw < 2; ++cw) {
       mbar_wait(&stg_full[cw], phase);
@@ -249,6 +299,10 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_kernel(const __grid_
   uint64_t* stg_full = empty + kStages;  // kAsync: per consumer warpgroup, its staged rows are there
   uint64_t* stg_empty = stg_full + 2;    // kAsync: the epilogue warps are done with them
   int* s_meta = reinterpret_cast<int*>(kAsync ? stg_empty + 2 : empty + kStages);
+  // kAsync: GemmParams::gather_x's bounce buffers (128-byte aligned) and their barriers, one a copy chain
+  uint8_t* s_gbuf = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(s_meta + 2 * (kMaxGroups + 1)) + 127) &
+                                               ~uintptr_t(127));
+  uint64_t* gbar = reinterpret_cast<uint64_t*>(s_gbuf + kGatherChains * kGatherBytes);
 
   const int G = p.groups;
   for (int i = threadIdx.x; i < 2 * (G + 1); i += blockDim.x)
@@ -263,6 +317,7 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_kernel(const __grid_
         mbar_init(&stg_full[c], 128);         // one arrive per consumer thread
         mbar_init(&stg_empty[c], kEpiThreads);  // one arrive per epilogue thread
       }
+      for (int c = 0; c < kGatherChains; ++c) mbar_init(&gbar[c], 1);  // its chain's arrive_expect_tx
     }
     fence_mbar_init();
   }
@@ -276,7 +331,8 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_kernel(const __grid_
     if (threadIdx.x == 0) produce<kGlu, kStages>(p, s_meta, s_a, s_b, full, empty, units, num_kb);
     if constexpr (kAsync) {
       if (threadIdx.x >= 32)
-        drain_epilogues<kGlu>(p, s_meta, s_c, s_off, s_scale, stg_full, stg_empty, units, threadIdx.x - 32);
+        drain_epilogues<kGlu>(p, s_meta, s_c, s_off, s_scale, stg_full, stg_empty, units, threadIdx.x - 32, s_gbuf,
+                              gbar);
     }
     return;
   }

@@ -96,6 +96,25 @@ GemmParams gemm1_params(const MoeArgs& a) {
   return g;
 }
 
+// MoeArgs::shared_gather where GEMM 1 has the asynchronous epilogue's warps to do it.
+bool gather_in_shared(const MoeArgs& a) { return a.shared_gather && (a.async_epilogue & 1); }
+
+// The shared expert's GEMM 1 alone: one group, its meta in the parameters (H rows T*K .. T*K + T - 1).
+bool shared_gemm1_params(const MoeArgs& a, GemmParams& g) {
+  g = gemm1_params(a);
+  if (!map_f16(&g.a[1], a.x, a.d, a.T, kBM) || !map_f16(&g.b[0], a.w_gate[a.E], a.dexp, a.d, kBK) ||
+      !map_f16(&g.b[kMaxGroups], a.w_up[a.E], a.dexp, a.d, kBK))
+    return false;
+  const int routed_rows = a.T * a.K;  // H keeps the routed rows first, then the shared expert's
+  g.groups = g.meta_groups = 1;
+  g.shared_group = 0;
+  g.fixed_meta[0] = routed_rows;
+  g.fixed_meta[1] = routed_rows + a.T;
+  g.fixed_meta[2] = 0;
+  g.fixed_meta[3] = (a.T + kBM - 1) / kBM;
+  return true;
+}
+
 void launch_gemm(const GemmParams& g, bool glu, const MoeArgs& a, cudaStream_t stream) {
   const bool async = a.async_epilogue & (glu ? 1 : 2);
   gemm_kernel(glu, a.stages, async)<<<device_info().sms, kThreads, gemm_smem_bytes(a.stages, async), stream>>>(g);
@@ -119,15 +138,16 @@ MoeConfig moe_config(int, int, int) {
   return MoeConfig{kb::env_int("KBENCH_MOE_SKIP_EMPTY_HALVES", 0) != 0,
                    kb::env_int("KBENCH_MOE_KEEP_WORKSPACES", 0) != 0, stages,
                    kb::env_int("KBENCH_MOE_RED_COMBINE", 1) != 0, kb::env_int("KBENCH_MOE_SPLIT_ROUTE", 1) != 0,
-                   kb::env_int("KBENCH_MOE_ASYNC_EPILOGUE", 3) & 3, kb::env_int("KBENCH_MOE_SHARED_FIRST", 1) != 0};
+                   kb::env_int("KBENCH_MOE_ASYNC_EPILOGUE", 3) & 3, kb::env_int("KBENCH_MOE_SHARED_FIRST", 1) != 0,
+                   kb::env_int("KBENCH_MOE_SHARED_GATHER", 1) != 0};
 }
 
 void moe_describe(const MoeConfig& c, char* buf, int size) {
   snprintf(buf, size,
            "MoeConfig{skip_empty_halves=%d, keep_workspaces=%d, stages=%d, red_combine=%d, split_route=%d, "
-           "async_epilogue=%d, shared_first=%d}",
+           "async_epilogue=%d, shared_first=%d, shared_gather=%d}",
            c.skip_empty_halves, c.keep_workspaces, c.stages, c.red_combine, c.split_route, c.async_epilogue,
-           c.shared_first);
+           c.shared_first, c.shared_gather);
 }
 
 const char* moe_run(const MoeArgs& a, cudaStream_t stream, cudaEvent_t* events) {
@@ -148,12 +168,26 @@ const char* moe_run(const MoeArgs& a, cudaStream_t stream, cudaEvent_t* events) 
   }
   mark(1);
   __half* const* out_slot = reinterpret_cast<__half* const*>(a.out_slot);
-  gather_kernel<<<a.T, 256, 0, stream>>>(static_cast<const __half*>(a.x), a.pair_row, static_cast<__half*>(a.xs),
-                                        a.K, a.d, out_slot);
+  const bool shared_gather = gather_in_shared(a) && !a.shared_done;
+  if (shared_gather) {  // the shared expert's GEMM 1, its epilogue warps gathering xs and zeroing the output
+    GemmParams gs;
+    if (!shared_gemm1_params(a, gs))
+      return "moe cuda: cuTensorMapEncodeTiled failed (driver entry point missing or misaligned weights)";
+    gs.gather_x = static_cast<const __half*>(a.x);
+    gs.gather_xs = static_cast<__half*>(a.xs);
+    gs.gather_pair_row = a.pair_row;
+    gs.K = a.K;
+    gs.zero_slot = out_slot;
+    launch_gemm(gs, true, a, stream);
+  } else {
+    gather_kernel<<<a.T, 256, 0, stream>>>(static_cast<const __half*>(a.x), a.pair_row, static_cast<__half*>(a.xs),
+                                          a.K, a.d, out_slot);
+  }
   mark(2);
-  // shared_done: GEMM 1 of the shared expert already ran (moe_run_shared_gemm1); this GEMM 1 takes the routed
-  // groups of the meta only
-  const int G1 = a.shared_done ? a.E : G;
+  // shared_done (moe_run_shared_gemm1 ran before the router) or shared_gather (just above): this GEMM 1 takes the
+  // routed groups of the meta only
+  const bool shared_ran = a.shared_done || shared_gather;
+  const int G1 = shared_ran ? a.E : G;
   GemmParams g1 = gemm1_params(a), g2{};
   bool ok = map_f16(&g1.a[0], a.xs, a.d, pairs, kBM) && map_f16(&g1.a[1], a.x, a.d, a.T, kBM) &&
             map_f16(&g2.a[0], a.h, a.dexp, pairs + a.T, kBM);
@@ -167,7 +201,7 @@ const char* moe_run(const MoeArgs& a, cudaStream_t stream, cudaEvent_t* events) 
   g1.meta_groups = g2.meta_groups = G;
   g1.groups = G1;
   g2.groups = G;
-  g1.shared_group = a.shared_done ? -1 : a.E;
+  g1.shared_group = shared_ran ? -1 : a.E;
   g2.shared_group = a.E;
   g2.out = static_cast<__half*>(a.y);
   g2.out_rows = a.rows_pair;
@@ -190,17 +224,9 @@ const char* moe_run(const MoeArgs& a, cudaStream_t stream, cudaEvent_t* events) 
 
 const char* moe_run_shared_gemm1(const MoeArgs& a, cudaStream_t stream) {
   if (const char* why = moe_supported(a.T, a.K, a.E, a.d, a.dexp)) return why;
-  GemmParams g = gemm1_params(a);
-  if (!map_f16(&g.a[1], a.x, a.d, a.T, kBM) || !map_f16(&g.b[0], a.w_gate[a.E], a.dexp, a.d, kBK) ||
-      !map_f16(&g.b[kMaxGroups], a.w_up[a.E], a.dexp, a.d, kBK))
+  GemmParams g;
+  if (!shared_gemm1_params(a, g))
     return "moe cuda: cuTensorMapEncodeTiled failed (driver entry point missing or misaligned weights)";
-  const int routed_rows = a.T * a.K;  // H keeps the routed rows first, then the shared expert's
-  g.groups = g.meta_groups = 1;
-  g.shared_group = 0;
-  g.fixed_meta[0] = routed_rows;
-  g.fixed_meta[1] = routed_rows + a.T;
-  g.fixed_meta[2] = 0;
-  g.fixed_meta[3] = (a.T + kBM - 1) / kBM;
   launch_gemm(g, true, a, stream);
   return kb::launch_error("moe cuda shared GEMM 1");
 }

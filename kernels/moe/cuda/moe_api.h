@@ -33,6 +33,8 @@ struct MoeArgs {
   int shared_done;        // moe_run_shared_gemm1 already wrote the shared expert's H rows: GEMM 1 takes the routed
                           // experts only
   int* route_hist;        // split_route: [moe_route_blocks(T*K)][E] per-block expert counts
+  int shared_gather;      // MoeConfig::shared_gather: moe_run launches the shared expert's GEMM 1 after the routing,
+                          // and that launch gathers xs and zeroes the output (no gather pass)
 };
 
 // A named configuration (KBENCH_PRINT_CONFIG=1 prints the one picked for each shape). The defaults are the measured
@@ -51,6 +53,9 @@ struct MoeConfig {
                            // (3 stages; KBENCH_MOE_ASYNC_EPILOGUE)
   bool shared_first;       // moe_layer launches the shared expert's GEMM 1 before the router (it needs only x), so
                            // the GPU works while the host routes (KBENCH_MOE_SHARED_FIRST)
+  bool shared_gather;      // the shared expert's GEMM 1 runs after the routing, its epilogue warps doing the gather
+                           // pass's copies and zeroing under its MMAs (KBENCH_MOE_SHARED_GATHER; needs GEMM 1's
+                           // asynchronous epilogue, else the gather pass runs; takes precedence over shared_first)
 };
 MoeConfig moe_config(int T, int K, int E);
 void moe_describe(const MoeConfig& c, char* buf, int size);
@@ -63,7 +68,8 @@ const char* moe_supported(int T, int K, int E, int d, int dexp);
 // span is empty with out_slot).
 const char* moe_run(const MoeArgs& args, cudaStream_t stream, cudaEvent_t* events = nullptr);
 // GEMM 1 of the shared expert alone (its H rows T*K .. T*K + T - 1), from x, w_gate[E], w_up[E] and h; the other
-// fields as moe_run takes them. moe_run with shared_done then skips that group.
+// fields as moe_run takes them. moe_run with shared_done then skips that group. (With shared_gather moe_run makes
+// this launch itself, after the routing.)
 const char* moe_run_shared_gemm1(const MoeArgs& args, cudaStream_t stream);
 // Blocks of the split routing sort for `pairs` (token, slot) pairs (the size of MoeArgs::route_hist's first dim).
 int moe_route_blocks(int pairs);
