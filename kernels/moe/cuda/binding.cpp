@@ -259,7 +259,7 @@ std::tuple<c10::optional<torch::Tensor>, torch::Tensor> moe_layer(torch::Tensor 
   const MoeConfig config = moe_config(static_cast<int>(T), static_cast<int>(K), static_cast<int>(E));
   Workspaces ws;
   // (shared_gather: moe_run launches it after the routing instead, where it can gather)
-  const bool shared_first = config.shared_first && !(config.shared_gather && (config.async_epilogue & 1));
+  const bool shared_first = config.shared_first && !config.shared_gather;
   if (shared_first) {  // the shared expert's GEMM 1 needs only x: launched before the router
     check_layer(x2, K, gate, up, down);
     TORCH_CHECK(x2.is_contiguous(), "moe_layer: x must be contiguous");

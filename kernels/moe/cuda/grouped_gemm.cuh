@@ -193,8 +193,8 @@ __device__ __forceinline__ void produce(const GemmParams& p, const int* s_meta, 
 // GemmParams::gather_x: unit u of the shared expert's launch copies tokens [u T / units, (u + 1) T / units) of x to
 // their K rows of xs and zeroes their output rows, while the consumers compute unit u. Lane 0 of each drain warp is
 // a copy chain (every third token: a piece of its row into the chain's bounce buffer by one bulk copy, then K bulk
-// copies out of it; the chains' round trips overlap), the other lanes zero. (One chain of 7 KB pieces left the 8192
-// case's shared GEMM 1 ~250 us longer: the copies' latency, not their bytes, sets their pace.)
+// copies out of it), the other lanes zero. (One chain of 7 KB pieces measured the same: back to back at 8192 tokens,
+// under the power cap, the copies lengthen the shared GEMM 1 by ~250 us either way; docs/moe-notes.md.)
 __device__ __forceinline__ void gather_slice(const GemmParams& p, int u, int units, int T, uint8_t* s_gbuf,
                                              uint64_t* gbar, uint32_t& gphase, int e) {
   const int t0 = static_cast<int>(static_cast<long long>(u) * T / units);

@@ -96,9 +96,6 @@ GemmParams gemm1_params(const MoeArgs& a) {
   return g;
 }
 
-// MoeArgs::shared_gather where GEMM 1 has the asynchronous epilogue's warps to do it.
-bool gather_in_shared(const MoeArgs& a) { return a.shared_gather && (a.async_epilogue & 1); }
-
 // The shared expert's GEMM 1 alone: one group, its meta in the parameters (H rows T*K .. T*K + T - 1).
 bool shared_gemm1_params(const MoeArgs& a, GemmParams& g) {
   g = gemm1_params(a);
@@ -135,11 +132,13 @@ const char* moe_supported(int T, int K, int E, int d, int dexp) {
 
 MoeConfig moe_config(int, int, int) {
   const int stages = kb::env_int("KBENCH_MOE_STAGES", 4) == 3 ? 3 : 4;
+  const int async_epilogue = kb::env_int("KBENCH_MOE_ASYNC_EPILOGUE", 3) & 3;
+  // the gather needs GEMM 1's epilogue warps (async_epilogue bit 0); without them the gather pass runs
+  const bool shared_gather = kb::env_int("KBENCH_MOE_SHARED_GATHER", 1) != 0 && (async_epilogue & 1);
   return MoeConfig{kb::env_int("KBENCH_MOE_SKIP_EMPTY_HALVES", 0) != 0,
                    kb::env_int("KBENCH_MOE_KEEP_WORKSPACES", 0) != 0, stages,
                    kb::env_int("KBENCH_MOE_RED_COMBINE", 1) != 0, kb::env_int("KBENCH_MOE_SPLIT_ROUTE", 1) != 0,
-                   kb::env_int("KBENCH_MOE_ASYNC_EPILOGUE", 3) & 3, kb::env_int("KBENCH_MOE_SHARED_FIRST", 1) != 0,
-                   kb::env_int("KBENCH_MOE_SHARED_GATHER", 1) != 0};
+                   async_epilogue, kb::env_int("KBENCH_MOE_SHARED_FIRST", 1) != 0, shared_gather};
 }
 
 void moe_describe(const MoeConfig& c, char* buf, int size) {
@@ -168,7 +167,7 @@ const char* moe_run(const MoeArgs& a, cudaStream_t stream, cudaEvent_t* events) 
   }
   mark(1);
   __half* const* out_slot = reinterpret_cast<__half* const*>(a.out_slot);
-  const bool shared_gather = gather_in_shared(a) && !a.shared_done;
+  const bool shared_gather = a.shared_gather && !a.shared_done;
   if (shared_gather) {  // the shared expert's GEMM 1, its epilogue warps gathering xs and zeroing the output
     GemmParams gs;
     if (!shared_gemm1_params(a, gs))

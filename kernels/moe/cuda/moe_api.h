@@ -54,8 +54,8 @@ struct MoeConfig {
   bool shared_first;       // moe_layer launches the shared expert's GEMM 1 before the router (it needs only x), so
                            // the GPU works while the host routes (KBENCH_MOE_SHARED_FIRST)
   bool shared_gather;      // the shared expert's GEMM 1 runs after the routing, its epilogue warps doing the gather
-                           // pass's copies and zeroing under its MMAs (KBENCH_MOE_SHARED_GATHER; needs GEMM 1's
-                           // asynchronous epilogue, else the gather pass runs; takes precedence over shared_first)
+                           // pass's copies and zeroing under its MMAs (KBENCH_MOE_SHARED_GATHER; off where GEMM 1
+                           // has no asynchronous epilogue, whose warps do it; takes precedence over shared_first)
 };
 MoeConfig moe_config(int T, int K, int E);
 void moe_describe(const MoeConfig& c, char* buf, int size);
