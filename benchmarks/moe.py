@@ -51,8 +51,6 @@ CANDIDATES = {
     "shared-last": {"KBENCH_MOE_SHARED_FIRST": "0"},
     # the gather pass (and the shared expert's GEMM 1 before the router), as before the twenty-second session
     "gather-pass": {"KBENCH_MOE_SHARED_GATHER": "0"},
-    # the shipped setting again, for an A B A order against gather-pass
-    "shared-gather": {"KBENCH_MOE_SHARED_GATHER": "1"},
 }
 
 
