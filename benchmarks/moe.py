@@ -51,12 +51,6 @@ CANDIDATES = {
     "shared-last": {"KBENCH_MOE_SHARED_FIRST": "0"},
     # the gather pass (and the shared expert's GEMM 1 before the router), as before the twenty-second session
     "gather-pass": {"KBENCH_MOE_SHARED_GATHER": "0"},
-    # clusters of two CTAs multicasting the B tile of neighbouring m-tiles: both GEMMs, GEMM 1 only, GEMM 2 only
-    "multicast": {"KBENCH_MOE_PAIR_MULTICAST": "3"},
-    "multicast1": {"KBENCH_MOE_PAIR_MULTICAST": "1"},
-    "multicast2": {"KBENCH_MOE_PAIR_MULTICAST": "2"},
-    # the same with the consumers' own epilogue and a 4-stage ring (beside sync-epi)
-    "multicast-sync": {"KBENCH_MOE_PAIR_MULTICAST": "3", "KBENCH_MOE_ASYNC_EPILOGUE": "0"},
 }
 
 

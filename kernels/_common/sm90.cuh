@@ -1,4 +1,4 @@
-// Hopper (sm_90a) PTX the kbench kernels share: mbarriers, TMA tile loads (multicast too), clusters, wgmma fences and
+// Hopper (sm_90a) PTX the kbench kernels share: mbarriers, TMA tile loads, clusters, wgmma fences and
 // shared-memory matrix descriptors, register budgets, named barriers, proxy fences, the dependent launch's wait and
 // system-scope flags.
 // No torch, no CUTLASS: compiles standalone with nvcc. Backends include it through kernel.yml
@@ -69,18 +69,6 @@ __device__ __forceinline__ void tma_load_2d(void* dst, const CUtensorMap* map, u
       : "memory");
 }
 
-// The same box into the same shared-memory offset of every CTA of the cluster in `cta_mask` (bit r: rank r), each
-// CTA's barrier at `bar`'s offset receiving the bytes. A CTA's barrier may receive them before its own expect_tx:
-// the phase cannot complete while that CTA's arrival is still pending.
-__device__ __forceinline__ void tma_load_2d_multicast(void* dst, const CUtensorMap* map, uint64_t* bar, int c0,
-                                                      int c1, uint16_t cta_mask) {
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster"
-      " [%0], [%1, {%3, %4}], [%2], %5;" ::"r"(smem_u32(dst)),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_u32(bar)), "r"(c0), "r"(c1), "h"(cta_mask)
-      : "memory");
-}
-
 // ---- clusters -------------------------------------------------------------------------------------------
 __device__ __forceinline__ uint32_t cluster_ctarank() {
   uint32_t r;
@@ -93,28 +81,11 @@ __device__ __forceinline__ void cluster_sync() {
   asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
 }
 
-// cluster_sync for threads that may reach it apart within a warp (after divergent roles).
-__device__ __forceinline__ void cluster_sync_any() {
-  asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;" ::: "memory");
-}
-
 // The shared::cluster address of CTA `rank`'s shared memory at the offset `local` has in this CTA.
 __device__ __forceinline__ uint32_t mapa_shared(uint32_t local, uint32_t rank) {
   uint32_t remote;
   asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(local), "r"(rank));
   return remote;
-}
-
-// Arrive once on CTA `rank`'s mbarrier at the offset `bar` has here, with the instruction's default semantics
-// (release at CTA scope), as a consumer hands a stage back after wgmma_wait: its reads are complete by then.
-// (KBENCH_SM90_ARRIVE_CLUSTER_RELEASE=1 at build time: .release.cluster, measured first; docs/moe-notes.md.)
-__device__ __forceinline__ void mbar_arrive_cluster(uint64_t* bar, uint32_t rank) {
-#if defined(KBENCH_SM90_ARRIVE_CLUSTER_RELEASE)
-  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" ::"r"(mapa_shared(smem_u32(bar), rank))
-               : "memory");
-#else
-  asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];" ::"r"(mapa_shared(smem_u32(bar), rank)) : "memory");
-#endif
 }
 
 // ---- wgmma bookkeeping ----------------------------------------------------------------------------------

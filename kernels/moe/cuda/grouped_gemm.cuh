@@ -18,12 +18,6 @@
 // accumulators to fp16 into a per-warpgroup staging buffer (the whole 64 x 256 tile) and start the next unit's MMAs;
 // the producer warpgroup's three idle warps finish the epilogue (GEMM 1's silu * up, GEMM 2's score and red.add /
 // store) while the tensor cores run. The staging buffer takes a ring stage's room: kAsync builds have 3 stages.
-//
-// kPair (MoeConfig::pair_multicast): the grid runs as clusters of two CTAs, the cluster's ranks
-// taking units 2p and 2p + 1 (the very units CTAs 2c and 2c + 1 take without clusters). Where the two units share
-// their group and n-tile (neighbouring m-tiles of one group), each CTA loads half of the B tile and multicasts it to
-// both, so the expert weights cross from L2 to the SMs once a pair instead of twice: 32 KB a stage a CTA instead of
-// 48, less traffic and energy where the GEMMs run at the power cap (docs/moe-notes.md, twenty-first session).
 #pragma once
 #include <cstdint>
 #include <cuda.h>
@@ -103,21 +97,6 @@ struct Unit {
   int row0;             // the group's first sorted row
 };
 
-// Which unit a CTA computes at the pair step whose first unit is u0 (kPair: rank = the CTA's rank in its cluster; else
-// rank 0 and u0 = blockIdx.x + i gridDim.x). Both ranks of a cluster walk the same steps, so their rings stay at
-// the same stage: past an odd unit count rank 1 gets a discarded copy of unit u0, loading only its half of B (no A,
-// no MMAs, no epilogue).
-struct Step {
-  int u;
-  bool discard;
-};
-template <bool kPair>
-__device__ __forceinline__ Step step_of(int u0, int rank, int units) {
-  if constexpr (!kPair) return Step{u0, false};
-  const bool discard = u0 + rank >= units;
-  return Step{discard ? u0 : u0 + rank, discard};
-}
-
 // Units go group by group, n-tile by n-tile, m-tile fastest: CTAs working at the same time share B tiles (the
 // expert weights, read from DRAM once and from L2 by the group's other m-tiles).
 __device__ __forceinline__ Unit decode(const int* s_meta, int G, int n_tiles, int u) {
@@ -179,26 +158,14 @@ __device__ __forceinline__ void red_add_f16x8(__half* out, const uint4& v) {
 
 // The producer (one thread): for each of this CTA's units, every k-block's A tile and four B boxes into the next
 // free stage.
-// kPair: a stage is free when both CTAs' consumers released it (the empty barrier counts the peer's warps too), since
-// the peer's multicast writes this CTA's stage as well.
-template <bool kGlu, int kStages, bool kPair>
+template <bool kGlu, int kStages>
 __device__ __forceinline__ void produce(const GemmParams& p, const int* s_meta, uint8_t* s_a, uint8_t* s_b,
-                                        uint64_t* full, uint64_t* empty, int units, int num_kb, int rank) {
+                                        uint64_t* full, uint64_t* empty, int units, int num_kb) {
   const int G = p.groups;
   int s = 0;
   uint32_t phase = 0;
-  for (int u0 = blockIdx.x - rank; u0 < units; u0 += gridDim.x) {
-    const Step st = step_of<kPair>(u0, rank, units);
-    const Unit w = decode(s_meta, G, p.n_tiles, st.u);
-    bool share = false;  // kPair: the peer's unit multiplies the same B tile (both ranks find the same answer)
-    if constexpr (kPair) {
-      if (u0 + 1 >= units) {
-        share = true;  // rank 1 repeats unit u0
-      } else {
-        const Unit o = decode(s_meta, G, p.n_tiles, u0 + (rank ^ 1));
-        share = o.g == w.g && o.nt == w.nt;
-      }
-    }
+  for (int u = blockIdx.x; u < units; u += gridDim.x) {
+    const Unit w = decode(s_meta, G, p.n_tiles, u);
     const bool shared_x = kGlu && w.g == p.shared_group;  // GEMM 1 reads the shared expert's rows from x itself
     const CUtensorMap* amap = &p.a[shared_x ? 1 : 0];
     // A group's last m-tile reads on into the next group's rows (its results there are never stored). Keep it so:
@@ -206,19 +173,17 @@ __device__ __forceinline__ void produce(const GemmParams& p, const int* s_meta, 
     const int a_row = (shared_x ? 0 : w.row0) + w.mt * kBM;
     for (int kb = 0; kb < num_kb; ++kb) {
       mbar_wait(&empty[s], phase ^ 1);
-      mbar_arrive_expect_tx(&full[s], st.discard ? kBBytes : kStageBytes);  // shared or not, 32 KB of B land here
-      if (!st.discard) tma_load_2d(s_a + s * kABytes, amap, &full[s], kb * kBK, a_row);
+      mbar_arrive_expect_tx(&full[s], kStageBytes);
+      tma_load_2d(s_a + s * kABytes, amap, &full[s], kb * kBK, a_row);
       uint8_t* sb = s_b + s * kBBytes;
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
-        if (share && (j >> 1) != rank) continue;  // the peer's half: chunks 2 rank .. 2 rank + 1 are this CTA's
-        // chunks 0, 1: GEMM 1's gate columns n0 .. n0 + 127, chunks 2, 3: the same up columns; GEMM 2: 64 columns each
-        const CUtensorMap* bmap = kGlu ? &p.b[(j < 2 ? 0 : kMaxGroups) + w.g] : &p.b[w.g];
-        const int col = kGlu ? w.nt * 128 + (j & 1) * 64 : w.nt * 256 + j * 64;
-        if (share)
-          tma_load_2d_multicast(sb + j * kBChunk, bmap, &full[s], col, kb * kBK, 0x3);
-        else
-          tma_load_2d(sb + j * kBChunk, bmap, &full[s], col, kb * kBK);
+        if constexpr (kGlu) {  // chunks 0, 1: gate columns n0 .. n0 + 127; chunks 2, 3: the same up columns
+          const CUtensorMap* bmap = &p.b[(j < 2 ? 0 : kMaxGroups) + w.g];
+          tma_load_2d(sb + j * kBChunk, bmap, &full[s], w.nt * 128 + (j & 1) * 64, kb * kBK);
+        } else {
+          tma_load_2d(sb + j * kBChunk, &p.b[w.g], &full[s], w.nt * 256 + j * 64, kb * kBK);
+        }
       }
       ring_next(s, phase, kStages);
     }
@@ -266,19 +231,16 @@ __device__ __forceinline__ void gather_slice(const GemmParams& p, int u, int uni
 // kAsync: the producer warpgroup's warps 1-3 (e = 0..95) finish every unit's epilogue from the consumers' staging
 // buffers, warpgroup 0's rows then warpgroup 1's, while the consumers run the next unit's MMAs. A warp takes one
 // staged row at a time (512 bytes: 16 bytes a lane), so its global writes are whole row segments.
-template <bool kGlu, bool kPair>
+template <bool kGlu>
 __device__ __forceinline__ void drain_epilogues(const GemmParams& p, const int* s_meta, const uint8_t* s_stage,
                                                 long long* s_off, __half2* s_scale, uint64_t* stg_full,
                                                 uint64_t* stg_empty, int units, int e, uint8_t* s_gbuf,
-                                                uint64_t* gbar, int rank) {
+                                                uint64_t* gbar) {
   const bool accumulate = !kGlu && p.out_slot != nullptr;
   __half* const out = accumulate ? *p.out_slot : p.out;
   const int warp = e / 32, lane = e % 32;
   uint32_t phase = 0, gphase = 0;
-  for (int u0 = blockIdx.x - rank; u0 < units; u0 += gridDim.x) {
-    const Step st = step_of<kPair>(u0, rank, units);
-    if (st.discard) continue;  // its consumers stage nothing
-    const int u = st.u;
+  for (int u = blockIdx.x; u < units; u += gridDim.x) {
     const Unit w = decode(s_meta, p.groups, p.n_tiles, u);
     named_bar_sync(3, kEpiThreads);  // every warp is done with the previous unit's table
     for (int r = e; r < kBM; r += kEpiThreads)
@@ -321,19 +283,7 @@ __device__ __forceinline__ void drain_epilogues(const GemmParams& p, const int* 
   }
 }
 
-// A consumer warp hands back the ring stage its previous wgmma group read (release_after_wgmma); kPair: to the peer's
-// producer as well, whose multicast writes this CTA's stage too.
-template <bool kPair>
-__device__ __forceinline__ void release_stage(uint64_t* empty_bar, int lane, uint32_t peer) {
-  wgmma_wait<1>();
-  __syncwarp();
-  if (lane == 0) {
-    mbar_arrive(empty_bar);
-    if constexpr (kPair) mbar_arrive_cluster(empty_bar, peer);
-  }
-}
-
-template <bool kGlu, int kStages, bool kAsync = false, bool kPair = false>
+template <bool kGlu, int kStages, bool kAsync = false>
 __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_kernel(const __grid_constant__ GemmParams p) {
   static_assert(kStages >= 2 && kStages <= kMaxStages, "the ring needs two stages and fits four");
   extern __shared__ uint8_t smem_raw[];
@@ -360,7 +310,7 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_kernel(const __grid_
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) {
       mbar_init(&full[s], 1);  // the producer's arrive_expect_tx (the TMA bytes complete the phase)
-      mbar_init(&empty[s], kPair ? 16 : 8);  // one arrive per consumer warp (kPair: of both CTAs)
+      mbar_init(&empty[s], 8);  // one arrive per consumer warp
     }
     if constexpr (kAsync) {
       for (int c = 0; c < 2; ++c) {
@@ -371,22 +321,19 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_kernel(const __grid_
     }
     fence_mbar_init();
   }
-  // kPair: the peer's multicasts and arrivals may target this CTA's barriers only once they are initialized
-  if constexpr (kPair) cluster_sync(); else __syncthreads();
+  __syncthreads();
   const int units = s_meta[2 * G + 1] * p.n_tiles;
   const int num_kb = p.k / kBK;
   const int wg = threadIdx.x / 128;
-  const int rank = kPair ? static_cast<int>(cluster_ctarank()) : 0;
 
   if (wg == 0) {
     setmaxnreg_dec<kProducerRegs>();
-    if (threadIdx.x == 0) produce<kGlu, kStages, kPair>(p, s_meta, s_a, s_b, full, empty, units, num_kb, rank);
+    if (threadIdx.x == 0) produce<kGlu, kStages>(p, s_meta, s_a, s_b, full, empty, units, num_kb);
     if constexpr (kAsync) {
       if (threadIdx.x >= 32)
-        drain_epilogues<kGlu, kPair>(p, s_meta, s_c, s_off, s_scale, stg_full, stg_empty, units, threadIdx.x - 32, s_gbuf,
-                              gbar, rank);
+        drain_epilogues<kGlu>(p, s_meta, s_c, s_off, s_scale, stg_full, stg_empty, units, threadIdx.x - 32, s_gbuf,
+                              gbar);
     }
-    if constexpr (kPair) cluster_sync_any();  // the peer's consumers may still arrive on this CTA's empty barriers
     return;
   }
 
@@ -403,17 +350,13 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_kernel(const __grid_
   uint32_t phase = 0;
   uint32_t stg_phase = 0;  // kAsync
 
-  const uint32_t peer = rank ^ 1;
-  for (int u0 = blockIdx.x - rank; u0 < units; u0 += gridDim.x) {
-    const Step st = step_of<kPair>(u0, rank, units);
-    const Unit w = decode(s_meta, G, p.n_tiles, st.u);
+  for (int u = blockIdx.x; u < units; u += gridDim.x) {
+    const Unit w = decode(s_meta, G, p.n_tiles, u);
     // The last m-tile of a group often holds 64 rows or fewer: its second half is empty. With skip_empty_halves
-    // that warpgroup only releases the stages (same arrivals), and the other one has the tensor cores to itself; so
-    // does a discarded unit (kPair), both warpgroups.
+    // that warpgroup only releases the stages (same arrivals), and the other one has the tensor cores to itself.
     // (Broadcast from lane 0: the compiler must see the branch around the wgmma as warp-uniform, or it serializes
     // every wgmma of the kernel, ptxas C7518.)
-    const bool idle =
-        __shfl_sync(0xffffffffu, st.discard || (p.skip_empty_halves && w.mt * kBM + cw * 64 >= w.rows), 0);
+    const bool idle = __shfl_sync(0xffffffffu, p.skip_empty_halves && w.mt * kBM + cw * 64 >= w.rows, 0);
     float acc[128];
     int prev = -1;
     for (int kb = 0; kb < num_kb; ++kb) {
@@ -427,7 +370,7 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_kernel(const __grid_
           wgmma_m64n256k16_f16<1>(acc, da + 2 * q, db + (2048 >> 4) * q, kb > 0 || q > 0);
         wgmma_commit();
       }
-      if (prev >= 0) release_stage<kPair>(&empty[prev], lane, peer);
+      if (prev >= 0) release_after_wgmma(&empty[prev], lane);
       prev = s;
       ring_next(s, phase, kStages);
     }
@@ -448,12 +391,8 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_kernel(const __grid_
 #pragma unroll
     for (int i = 0; i < 128; ++i) reg_fence(acc[i]);
     __syncwarp();
-    if (lane == 0 && prev >= 0) {
-      mbar_arrive(&empty[prev]);
-      if constexpr (kPair) mbar_arrive_cluster(&empty[prev], peer);
-    }
+    if (lane == 0 && prev >= 0) mbar_arrive(&empty[prev]);
     if constexpr (kAsync) {  // fp16 into the staging buffer once the epilogue warps have drained the last unit's
-      if (st.discard) continue;  // nothing to stage, and the epilogue warps skip it too
       mbar_wait(&stg_empty[cw], stg_phase ^ 1);
       if (!idle) {
         uint8_t* rows = s_c + cw * kStageCBytes;
@@ -507,7 +446,6 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_kernel(const __grid_
       }
     }
   }
-  if constexpr (kPair) cluster_sync_any();  // no CTA leaves while its peer may still arrive on its barriers
 }
 
 }  // namespace moe

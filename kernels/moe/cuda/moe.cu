@@ -54,12 +54,9 @@ bool map_f16(CUtensorMap* map, const void* ptr, uint64_t cols, uint64_t rows, ui
 
 // The grouped GEMM for one use (glu: GEMM 1, else GEMM 2) and ring depth (MoeConfig::stages, 3 or 4): the one
 // place that picks an instantiation, for the launches and the shared-memory attribute alike.
-// async (MoeConfig::async_epilogue) builds have 3 stages: the staging buffer takes the fourth's room; pair
-// (MoeConfig::pair_multicast) runs in clusters of two CTAs, with the asynchronous epilogue or with 4 stages.
+// async (MoeConfig::async_epilogue) builds have 3 stages: the staging buffer takes the fourth's room.
 using GemmKernel = void (*)(GemmParams);
-GemmKernel gemm_kernel(bool glu, int stages, bool async, bool pair = false) {
-  if (async && pair) return glu ? grouped_gemm_kernel<true, 3, true, true> : grouped_gemm_kernel<false, 3, true, true>;
-  if (pair) return glu ? grouped_gemm_kernel<true, 4, false, true> : grouped_gemm_kernel<false, 4, false, true>;
+GemmKernel gemm_kernel(bool glu, int stages, bool async) {
   if (async) return glu ? grouped_gemm_kernel<true, 3, true> : grouped_gemm_kernel<false, 3, true>;
   if (stages == 3) return glu ? grouped_gemm_kernel<true, 3> : grouped_gemm_kernel<false, 3>;
   return glu ? grouped_gemm_kernel<true, 4> : grouped_gemm_kernel<false, 4>;
@@ -68,23 +65,7 @@ int gemm_smem_bytes(int stages, bool async) { return async ? smem_bytes(3, true)
 
 struct DeviceInfo {
   int sms = 0;
-  int pair_clusters[2][2] = {};  // [glu][async]: clusters of two the pair kernel keeps resident (a wave)
 };
-
-cudaLaunchConfig_t pair_launch_config(int clusters, bool async, cudaLaunchAttribute* attr, cudaStream_t stream) {
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(2 * clusters);
-  cfg.blockDim = dim3(kThreads);
-  cfg.dynamicSmemBytes = gemm_smem_bytes(4, async);
-  cfg.stream = stream;
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = 2;
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  return cfg;
-}
 
 const DeviceInfo& device_info() {
   static DeviceInfo info[64];
@@ -100,21 +81,6 @@ const DeviceInfo& device_info() {
         for (const bool async : {false, true})
           cudaFuncSetAttribute(gemm_kernel(glu, stages, async), cudaFuncAttributeMaxDynamicSharedMemorySize,
                                gemm_smem_bytes(stages, async));
-    for (const bool glu : {false, true})
-      for (const bool async : {false, true}) {
-        const GemmKernel k = gemm_kernel(glu, 4, async, true);
-        cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, gemm_smem_bytes(4, async));
-        cudaLaunchAttribute attr[1];
-        const cudaLaunchConfig_t cfg = pair_launch_config(d.sms / 2, async, attr, nullptr);
-        int& clusters = d.pair_clusters[glu][async];
-        if (cudaOccupancyMaxActiveClusters(&clusters, k, &cfg) != cudaSuccess) {
-          clusters = 0;
-          cudaGetLastError();  // not sticky: the launch reports that pair multicast is not available
-        }
-        if (kb::env_int("KBENCH_PRINT_CONFIG", 0))
-          printf("moe: GEMM %d (async %d) pair multicast: %d clusters of two on %d SMs\n", glu ? 1 : 2, async,
-                 clusters, d.sms);
-      }
   }
   return d;
 }
@@ -146,20 +112,9 @@ bool shared_gemm1_params(const MoeArgs& a, GemmParams& g) {
   return true;
 }
 
-const char* launch_gemm(const GemmParams& g, bool glu, const MoeArgs& a, cudaStream_t stream) {
-  const int bit = glu ? 1 : 2;
-  const bool async = a.async_epilogue & bit;
-  const DeviceInfo& dev = device_info();
-  if (a.pair_multicast & bit) {  // (with the consumers' own epilogue: 4 stages)
-    const int clusters = dev.pair_clusters[glu][async];
-    if (clusters < 1) return "moe cuda: no cluster of two fits this GPU; unset KBENCH_MOE_PAIR_MULTICAST";
-    cudaLaunchAttribute attr[1];
-    const cudaLaunchConfig_t cfg = pair_launch_config(clusters, async, attr, stream);
-    cudaLaunchKernelEx(&cfg, gemm_kernel(glu, 4, async, true), g);
-    return nullptr;
-  }
-  gemm_kernel(glu, a.stages, async)<<<dev.sms, kThreads, gemm_smem_bytes(a.stages, async), stream>>>(g);
-  return nullptr;
+void launch_gemm(const GemmParams& g, bool glu, const MoeArgs& a, cudaStream_t stream) {
+  const bool async = a.async_epilogue & (glu ? 1 : 2);
+  gemm_kernel(glu, a.stages, async)<<<device_info().sms, kThreads, gemm_smem_bytes(a.stages, async), stream>>>(g);
 }
 
 }  // namespace
@@ -180,19 +135,18 @@ MoeConfig moe_config(int, int, int) {
   const int async_epilogue = kb::env_int("KBENCH_MOE_ASYNC_EPILOGUE", 3) & 3;
   // the gather needs GEMM 1's epilogue warps (async_epilogue bit 0); without them the gather pass runs
   const bool shared_gather = kb::env_int("KBENCH_MOE_SHARED_GATHER", 1) != 0 && (async_epilogue & 1);
-  const int pair_multicast = kb::env_int("KBENCH_MOE_PAIR_MULTICAST", 0) & 3;  // bit 0: GEMM 1, bit 1: GEMM 2
   return MoeConfig{kb::env_int("KBENCH_MOE_SKIP_EMPTY_HALVES", 0) != 0,
                    kb::env_int("KBENCH_MOE_KEEP_WORKSPACES", 0) != 0, stages,
                    kb::env_int("KBENCH_MOE_RED_COMBINE", 1) != 0, kb::env_int("KBENCH_MOE_SPLIT_ROUTE", 1) != 0,
-                   async_epilogue, kb::env_int("KBENCH_MOE_SHARED_FIRST", 1) != 0, shared_gather, pair_multicast};
+                   async_epilogue, kb::env_int("KBENCH_MOE_SHARED_FIRST", 1) != 0, shared_gather};
 }
 
 void moe_describe(const MoeConfig& c, char* buf, int size) {
   snprintf(buf, size,
            "MoeConfig{skip_empty_halves=%d, keep_workspaces=%d, stages=%d, red_combine=%d, split_route=%d, "
-           "async_epilogue=%d, shared_first=%d, shared_gather=%d, pair_multicast=%d}",
+           "async_epilogue=%d, shared_first=%d, shared_gather=%d}",
            c.skip_empty_halves, c.keep_workspaces, c.stages, c.red_combine, c.split_route, c.async_epilogue,
-           c.shared_first, c.shared_gather, c.pair_multicast);
+           c.shared_first, c.shared_gather);
 }
 
 const char* moe_run(const MoeArgs& a, cudaStream_t stream, cudaEvent_t* events) {
@@ -223,7 +177,7 @@ const char* moe_run(const MoeArgs& a, cudaStream_t stream, cudaEvent_t* events) 
     gs.gather_pair_row = a.pair_row;
     gs.K = a.K;
     gs.zero_slot = out_slot;
-    if (const char* why = launch_gemm(gs, true, a, stream)) return why;
+    launch_gemm(gs, true, a, stream);
   } else {
     gather_kernel<<<a.T, 256, 0, stream>>>(static_cast<const __half*>(a.x), a.pair_row, static_cast<__half*>(a.xs),
                                           a.K, a.d, out_slot);
@@ -258,9 +212,9 @@ const char* moe_run(const MoeArgs& a, cudaStream_t stream, cudaEvent_t* events) 
   g2.scores = static_cast<const __half*>(a.scores);
   g2.K = a.K;
   g2.skip_empty_halves = a.skip_empty_halves;
-  if (const char* why = launch_gemm(g1, true, a, stream)) return why;
+  launch_gemm(g1, true, a, stream);
   mark(3);
-  if (const char* why = launch_gemm(g2, false, a, stream)) return why;
+  launch_gemm(g2, false, a, stream);
   mark(4);
   if (a.out && !out_slot) moe_run_combine(a.y, a.scores, a.out, a.T, a.K, a.d, stream);
   mark(5);
@@ -272,7 +226,7 @@ const char* moe_run_shared_gemm1(const MoeArgs& a, cudaStream_t stream) {
   GemmParams g;
   if (!shared_gemm1_params(a, g))
     return "moe cuda: cuTensorMapEncodeTiled failed (driver entry point missing or misaligned weights)";
-  if (const char* why = launch_gemm(g, true, a, stream)) return why;
+  launch_gemm(g, true, a, stream);
   return kb::launch_error("moe cuda shared GEMM 1");
 }
 

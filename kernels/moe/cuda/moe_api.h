@@ -35,12 +35,11 @@ struct MoeArgs {
   int* route_hist;        // split_route: [moe_route_blocks(T*K)][E] per-block expert counts
   int shared_gather;      // MoeConfig::shared_gather: moe_run launches the shared expert's GEMM 1 after the routing,
                           // and that launch gathers xs and zeroes the output (no gather pass)
-  int pair_multicast;     // MoeConfig::pair_multicast
 };
 
 // A named configuration (KBENCH_PRINT_CONFIG=1 prints the one picked for each shape). The defaults are the measured
-// build; the knobs KBENCH_MOE_SKIP_EMPTY_HALVES=1, KBENCH_MOE_KEEP_WORKSPACES=1, KBENCH_MOE_STAGES=3 and
-// KBENCH_MOE_PAIR_MULTICAST=1/2/3 turn on candidates that benchmarks/moe.py times beside it; KBENCH_MOE_ASYNC_EPILOGUE=0/1/2 (the consumers' own epilogue in
+// build; the knobs KBENCH_MOE_SKIP_EMPTY_HALVES=1, KBENCH_MOE_KEEP_WORKSPACES=1 and KBENCH_MOE_STAGES=3 turn on
+// candidates that benchmarks/moe.py times beside it; KBENCH_MOE_ASYNC_EPILOGUE=0/1/2 (the consumers' own epilogue in
 // both GEMMs, in GEMM 2, in GEMM 1), KBENCH_MOE_RED_COMBINE=0 and KBENCH_MOE_SPLIT_ROUTE=0 bring back earlier builds'
 // epilogue, combine pass and one-block routing; KBENCH_MOE_SHARED_FIRST=0 moe_layer's GEMM 1 in one launch after the
 // router, as before (docs/moe-notes.md).
@@ -57,8 +56,6 @@ struct MoeConfig {
   bool shared_gather;      // the shared expert's GEMM 1 runs after the routing, its epilogue warps doing the gather
                            // pass's copies and zeroing under its MMAs (KBENCH_MOE_SHARED_GATHER; off where GEMM 1
                            // has no asynchronous epilogue, whose warps do it; takes precedence over shared_first)
-  int pair_multicast;      // bit 0: GEMM 1, bit 1: GEMM 2 run as clusters of two CTAs that multicast the B tile of
-                           // neighbouring m-tiles (KBENCH_MOE_PAIR_MULTICAST)
 };
 MoeConfig moe_config(int T, int K, int E);
 void moe_describe(const MoeConfig& c, char* buf, int size);
