@@ -82,23 +82,34 @@ def test_synthetic_routings_match_the_definition(moe, tokens, n_experts, k, skew
         assert ratio <= 1, f"call {attempt + 1}: worst error {ratio:.3f}x the tolerance"
 
 
+# moe_layer's launch orders (kernels/moe/cuda/moe_api.h: MoeConfig): the shared expert's GEMM 1 gathering after the
+# routing (the default), before the router, after the router with the gather pass, and beside the router and the
+# routing on another stream (with the output added into, with Y written, and with every token left to the gather pass)
+LAYER_ORDERS = {"shared-gather": {}, "shared-first": {"KBENCH_MOE_SHARED_GATHER": "0"},
+                "shared-last": {"KBENCH_MOE_SHARED_GATHER": "0", "KBENCH_MOE_SHARED_FIRST": "0"},
+                "router-overlap": {"KBENCH_MOE_ROUTER_OVERLAP": "1"},
+                "router-overlap-y": {"KBENCH_MOE_ROUTER_OVERLAP": "1", "KBENCH_MOE_RED_COMBINE": "0"},
+                "router-overlap-pass": {"KBENCH_MOE_ROUTER_OVERLAP": "2"}}
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("shared_gather", ["1", "0"])
-@pytest.mark.parametrize("shared_first", ["1", "0"])
-@pytest.mark.parametrize("tokens,n_experts,k", [(300, 8, 4), (129, 4, 2), (1000, 32, 4)])
-def test_layer_with_its_router_matches_the_definition(moe, tokens, n_experts, k, shared_first, shared_gather,
-                                                      monkeypatch):
-    """moe_layer: the router's ops, then the experts; with KBENCH_MOE_SHARED_FIRST=1 (the default) the shared
-    expert's GEMM 1 is its own launch before the router, writing H rows the routed GEMM 1 then leaves alone. The
-    experts the reference's ops pick (F.linear, softmax, topk unsorted) must be the kernel's: its returned scores are
-    compared exactly, the output against the fp32 definition on those experts. KBENCH_MOE_SHARED_GATHER=1 (the
-    default) overrides shared_first: the shared expert's GEMM 1 runs after the routing and gathers xs and zeroes the
-    output in its epilogue warps."""
+# (20000, 8, 2): the shared expert's launch has 314 units, two or three a CTA, so with router-overlap a CTA may find
+# the routing done at a later unit and copy the slices it had left then
+@pytest.mark.parametrize("order", list(LAYER_ORDERS))
+@pytest.mark.parametrize("tokens,n_experts,k", [(300, 8, 4), (129, 4, 2), (1000, 32, 4), (20000, 8, 2)])
+def test_layer_with_its_router_matches_the_definition(moe, tokens, n_experts, k, order, monkeypatch):
+    """moe_layer: the router's ops, then the experts, in each launch order (LAYER_ORDERS). The experts the reference's
+    ops pick (F.linear, softmax, topk unsorted) must be the kernel's: its returned scores are compared exactly, the
+    output against the fp32 definition on those experts. With KBENCH_MOE_SHARED_FIRST=1 the shared expert's GEMM 1 is
+    its own launch before the router, writing H rows the routed GEMM 1 then leaves alone; KBENCH_MOE_SHARED_GATHER=1
+    (the default) overrides it: that launch runs after the routing and gathers xs and zeroes the output in its
+    epilogue warps; KBENCH_MOE_ROUTER_OVERLAP=1 runs it beside the router and the routing (another stream), copying
+    the slices of the units that find the routing done, and a gather pass after the join the rest (=2: all of it)."""
     import torch
     import torch.nn.functional as F
 
-    monkeypatch.setenv("KBENCH_MOE_SHARED_FIRST", shared_first)
-    monkeypatch.setenv("KBENCH_MOE_SHARED_GATHER", shared_gather)
+    for name, value in LAYER_ORDERS[order].items():
+        monkeypatch.setenv(name, value)
     gen = torch.Generator(device="cuda")
     gen.manual_seed(tokens * 7 + n_experts)
     d, dexp = 512, 256
@@ -136,7 +147,8 @@ def test_generated_submission_passes_every_official_case(moe, tmp_path):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("knobs", [KNOBS[0], KNOBS[2]], ids=[KNOB_IDS[0], KNOB_IDS[2]])
+@pytest.mark.parametrize("knobs", [KNOBS[0], KNOBS[2], LAYER_ORDERS["router-overlap"]],
+                         ids=[KNOB_IDS[0], KNOB_IDS[2], "router-overlap"])
 def test_graph_replays_follow_the_inputs(moe, knobs, monkeypatch):
     """The shipped graph path as benchmark mode calls it: the same tensors call after call, their values rewritten in
     place between calls (x and every weight). Each call must pass the reference's check and match the eager path
