@@ -288,7 +288,11 @@ static std::tuple<c10::optional<torch::Tensor>, torch::Tensor> layer_with_router
   torch::Tensor scores;
   {
     const c10::cuda::CUDAStreamGuard on_side(side);
-    const auto [top_scores, top_experts] = at::topk(at::linear(x, router_w).softmax(-1), K, -1, true, false);
+    const torch::Tensor logits = at::linear(x, router_w);
+    // The shared launch waits for the router's GEMM: cuBLAS's kernel (a 1x2 cluster kernel on the H100) crawled
+    // through the four SMs the launch leaves when a graph replay started both together (docs/moe-notes.md).
+    stream_wait(home.stream(), side.stream());
+    const auto [top_scores, top_experts] = at::topk(logits.softmax(-1), K, -1, true, false);
     scores = top_scores.view({-1, K});
     const torch::Tensor experts = top_experts.view({-1, K});
     a.experts = experts.data_ptr<int64_t>();
