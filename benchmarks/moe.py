@@ -51,8 +51,6 @@ CANDIDATES = {
     "shared-last": {"KBENCH_MOE_SHARED_FIRST": "0"},
     # the gather pass (and the shared expert's GEMM 1 before the router), as before the twenty-second session
     "gather-pass": {"KBENCH_MOE_SHARED_GATHER": "0"},
-    # the router and the routing on another stream beside the shared expert's GEMM 1 (on all SMs but four)
-    "router-overlap": {"KBENCH_MOE_ROUTER_OVERLAP": "1"},
 }
 
 

@@ -83,18 +83,14 @@ def test_synthetic_routings_match_the_definition(moe, tokens, n_experts, k, skew
 
 
 # moe_layer's launch orders (kernels/moe/cuda/moe_api.h: MoeConfig): the shared expert's GEMM 1 gathering after the
-# routing (the default), before the router, after the router with the gather pass, and beside the router and the
-# routing on another stream (with the output added into, with Y written, and with every token left to the gather pass)
+# routing (the default), before the router, and after the router with the gather pass
 LAYER_ORDERS = {"shared-gather": {}, "shared-first": {"KBENCH_MOE_SHARED_GATHER": "0"},
-                "shared-last": {"KBENCH_MOE_SHARED_GATHER": "0", "KBENCH_MOE_SHARED_FIRST": "0"},
-                "router-overlap": {"KBENCH_MOE_ROUTER_OVERLAP": "1"},
-                "router-overlap-y": {"KBENCH_MOE_ROUTER_OVERLAP": "1", "KBENCH_MOE_RED_COMBINE": "0"},
-                "router-overlap-pass": {"KBENCH_MOE_ROUTER_OVERLAP": "2"}}
+                "shared-last": {"KBENCH_MOE_SHARED_GATHER": "0", "KBENCH_MOE_SHARED_FIRST": "0"}}
 
 
 @pytest.mark.gpu
-# (20000, 8, 2): the shared expert's launch has 314 units, two or three a CTA, so with router-overlap a CTA may find
-# the routing done at a later unit and copy the slices it had left then
+# (20000, 8, 2): the shared expert's launch has 314 units, two or three a CTA, so each CTA's epilogue warps copy
+# several slices
 @pytest.mark.parametrize("order", list(LAYER_ORDERS))
 @pytest.mark.parametrize("tokens,n_experts,k", [(300, 8, 4), (129, 4, 2), (1000, 32, 4), (20000, 8, 2)])
 def test_layer_with_its_router_matches_the_definition(moe, tokens, n_experts, k, order, monkeypatch):
@@ -103,8 +99,7 @@ def test_layer_with_its_router_matches_the_definition(moe, tokens, n_experts, k,
     output against the fp32 definition on those experts. With KBENCH_MOE_SHARED_FIRST=1 the shared expert's GEMM 1 is
     its own launch before the router, writing H rows the routed GEMM 1 then leaves alone; KBENCH_MOE_SHARED_GATHER=1
     (the default) overrides it: that launch runs after the routing and gathers xs and zeroes the output in its
-    epilogue warps; KBENCH_MOE_ROUTER_OVERLAP=1 runs it beside the router and the routing (another stream), copying
-    the slices of the units that find the routing done, and a gather pass after the join the rest (=2: all of it)."""
+    epilogue warps."""
     import torch
     import torch.nn.functional as F
 
@@ -147,8 +142,7 @@ def test_generated_submission_passes_every_official_case(moe, tmp_path):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("knobs", [KNOBS[0], KNOBS[2], LAYER_ORDERS["router-overlap"]],
-                         ids=[KNOB_IDS[0], KNOB_IDS[2], "router-overlap"])
+@pytest.mark.parametrize("knobs", [KNOBS[0], KNOBS[2]], ids=[KNOB_IDS[0], KNOB_IDS[2]])
 def test_graph_replays_follow_the_inputs(moe, knobs, monkeypatch):
     """The shipped graph path as benchmark mode calls it: the same tensors call after call, their values rewritten in
     place between calls (x and every weight). Each call must pass the reference's check and match the eager path

@@ -28,7 +28,6 @@ void check_weights(const std::vector<torch::Tensor>& ws, int64_t rows, int64_t c
 
 struct Workspaces {
   torch::Tensor meta, rows_pair, pair_row, route_hist, xs, h, y;
-  torch::Tensor overlap_words;  // router_overlap: int32 [1 + kMoeMaxGatherCtas]: MoeArgs::route_ready, gather_left
 };
 
 // y only without red_combine (GEMM 2 then adds into the output instead: 587 MB less at 8192 tokens).
@@ -39,8 +38,7 @@ Workspaces make_workspaces(const torch::Tensor& x, int64_t T, int64_t K, int64_t
   return Workspaces{torch::empty({2 * (E + 2)}, i32), torch::empty({T * K}, i32), torch::empty({T * K}, i32),
                     torch::empty({moe_route_blocks(static_cast<int>(T * K)) * E}, i32),
                     torch::empty({T * K, d}, x.options()),
-                    torch::empty({T * K + T, dexp}, x.options()), torch::empty({y_rows, d}, x.options()),
-                    torch::empty({config.router_overlap ? 1 + kMoeMaxGatherCtas : 0}, i32)};
+                    torch::empty({T * K + T, dexp}, x.options()), torch::empty({y_rows, d}, x.options())};
 }
 
 // The call's workspaces. keep: the last shape's stay allocated per device and are reused by the next call of the
@@ -52,7 +50,7 @@ Workspaces workspaces(const torch::Tensor& x, int64_t T, int64_t K, int64_t E, i
   static std::mutex mu;
   // device -> (shape, workspaces); never destroyed: tensors freed after the CUDA context at exit would fail
   static auto* kept = new std::map<int, std::pair<std::vector<int64_t>, Workspaces>>();
-  const std::vector<int64_t> shape{T, K, E, d, dexp, config.red_combine, config.router_overlap};
+  const std::vector<int64_t> shape{T, K, E, d, dexp, config.red_combine};
   std::lock_guard<std::mutex> lock(mu);
   auto& slot = (*kept)[x.get_device()];
   if (slot.first != shape) {
@@ -138,30 +136,6 @@ MoeArgs layer_args(const torch::Tensor& x, const std::vector<torch::Tensor>& gat
   return a;
 }
 
-// One stream waits for what another has enqueued so far (a fork or a join, inside a graph capture too).
-void stream_wait(cudaStream_t waiter, cudaStream_t on) {
-  cudaEvent_t e;
-  C10_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
-  C10_CUDA_CHECK(cudaEventRecord(e, on));
-  C10_CUDA_CHECK(cudaStreamWaitEvent(waiter, e, 0));
-  C10_CUDA_CHECK(cudaEventDestroy(e));  // released once its work is done
-}
-
-void print_config(int64_t T, int64_t K, int64_t E, const MoeConfig& config) {
-  kb::print_config_once([&](char* buf, int size) {
-    const int len = snprintf(buf, size, "moe_forward T=%lld K=%lld E=%lld: ", (long long)T, (long long)K,
-                             (long long)E);
-    moe_describe(config, buf + len, size - len);
-  });
-}
-
-// red_combine: the output a call adds into must be the tensor moe_output just published for x's device.
-void check_published(const torch::Tensor& x, const c10::optional<torch::Tensor>& published, const OutputSlot& slot) {
-  TORCH_CHECK(published.has_value() && published->defined() && published->sizes() == x.sizes() &&
-                  published->scalar_type() == at::kHalf && published->data_ptr() == slot.published,
-              "moe_experts: with KBENCH_MOE_RED_COMBINE=1 pass the [T, d] tensor moe_output just returned");
-}
-
 }  // namespace
 
 // x [T, d] fp16; experts [T, K] int64 and scores [T, K] fp16 (torch.topk of the router's softmax); gate, up
@@ -190,7 +164,11 @@ static torch::Tensor run_moe(torch::Tensor x, torch::Tensor experts, torch::Tens
 
   // moe_layer passes the configuration its shared-expert launch used (pre's workspaces were made for it)
   const MoeConfig config = chosen ? *chosen : moe_config(static_cast<int>(T), static_cast<int>(K), static_cast<int>(E));
-  print_config(T, K, E, config);
+  kb::print_config_once([&](char* buf, int size) {
+    const int len = snprintf(buf, size, "moe_forward T=%lld K=%lld E=%lld: ", (long long)T, (long long)K,
+                             (long long)E);
+    moe_describe(config, buf + len, size - len);
+  });
   const Workspaces ws = pre ? *pre : workspaces(x, T, K, E, d, dexp, config);
   torch::Tensor out;
   OutputSlot* const slot = config.red_combine ? &output_slot(x) : nullptr;
@@ -198,7 +176,9 @@ static torch::Tensor run_moe(torch::Tensor x, torch::Tensor experts, torch::Tens
     if (combine) {
       out = publish_output(x, *slot);
     } else {
-      check_published(x, published, *slot);
+      TORCH_CHECK(published.has_value() && published->defined() && published->sizes() == x.sizes() &&
+                      published->scalar_type() == at::kHalf && published->data_ptr() == slot->published,
+                  "moe_experts: with KBENCH_MOE_RED_COMBINE=1 pass the [T, d] tensor moe_output just returned");
     }
   } else if (combine) {
     out = torch::empty({T, d}, x.options());
@@ -258,59 +238,6 @@ c10::optional<torch::Tensor> moe_experts(torch::Tensor x, torch::Tensor experts,
   return y;
 }
 
-// MoeConfig::router_overlap: moe_layer with the router's ops and the routing sort on another stream, beside the shared
-// expert's GEMM 1 (on all SMs but four), joined before the routed GEMM 1. That launch gathers xs and zeroes the
-// output once the routing has set its word (MoeArgs::route_ready).
-static std::tuple<c10::optional<torch::Tensor>, torch::Tensor> layer_with_router_beside(
-    const torch::Tensor& x, const torch::Tensor& router_w, int64_t K, const std::vector<torch::Tensor>& gate,
-    const std::vector<torch::Tensor>& up, const std::vector<torch::Tensor>& down,
-    const c10::optional<torch::Tensor>& out, const MoeConfig& config) {
-  const torch::Tensor x2 = x.view({-1, x.size(-1)});
-  const int64_t T = x2.size(0), d = x2.size(1), E = static_cast<int64_t>(gate.size()) - 1;
-  check_layer(x2, K, gate, up, down);
-  TORCH_CHECK(x2.is_contiguous(), "moe_layer: x must be contiguous");
-  print_config(T, K, E, config);
-  const Workspaces ws = workspaces(x2, T, K, E, d, gate[0].size(1), config);
-  OutputSlot* const slot = config.red_combine ? &output_slot(x2) : nullptr;
-  if (slot) check_published(x2, out, *slot);
-  MoeArgs a = layer_args(x2, gate, up, down, K, ws, config);
-  a.out_slot = slot ? reinterpret_cast<void* const*>(slot->word.data_ptr()) : nullptr;
-  a.route_ready = reinterpret_cast<uint32_t*>(ws.overlap_words.data_ptr<int>());
-  a.gather_left = ws.overlap_words.data_ptr<int>() + 1;
-  a.router_overlap = config.router_overlap;
-  const c10::cuda::CUDAStream home = c10::cuda::getCurrentCUDAStream();
-  // the word is cleared before the router's stream forks, so the routing's store comes after the clear
-  C10_CUDA_CHECK(cudaMemsetAsync(a.route_ready, 0, sizeof(uint32_t), home.stream()));
-  const c10::cuda::CUDAStream side = c10::cuda::getStreamFromPool(false, x.get_device());
-  stream_wait(side.stream(), home.stream());
-  // The router's side is enqueued before the shared launch: its CTAs only look at the routing's word, but a launch
-  // that waited for it deadlocked (docs/moe-notes.md), so nothing after it on the host may depend on the router.
-  torch::Tensor scores;
-  {
-    const c10::cuda::CUDAStreamGuard on_side(side);
-    const torch::Tensor logits = at::linear(x, router_w);
-    // The shared launch waits for the router's GEMM: cuBLAS's kernel (a 1x2 cluster kernel on the H100) crawled
-    // through the four SMs the launch leaves when a graph replay started both together (docs/moe-notes.md).
-    stream_wait(home.stream(), side.stream());
-    const auto [top_scores, top_experts] = at::topk(logits.softmax(-1), K, -1, true, false);
-    scores = top_scores.view({-1, K});
-    const torch::Tensor experts = top_experts.view({-1, K});
-    a.experts = experts.data_ptr<int64_t>();
-    a.scores = scores.data_ptr();
-    const char* err = moe_run_route(a, side.stream());
-    TORCH_CHECK(err == nullptr, err ? err : "");
-  }
-  const char* err = moe_run_shared_gemm1(a, home.stream());
-  TORCH_CHECK(err == nullptr, err ? err : "");
-  stream_wait(home.stream(), side.stream());
-  scores.record_stream(home);  // GEMM 2 reads the scores on the call's stream
-  a.shared_done = 1;
-  err = moe_run(a, home.stream());
-  TORCH_CHECK(err == nullptr, err ? err : "");
-  if (config.red_combine) return {c10::nullopt, scores};
-  return {ws.y, scores};
-}
-
 // The router and then moe_experts in one call: x [..., d] fp16 (the layer's input as it comes), router_w [E, d] fp16;
 // scores = softmax(x router_w^T) and their top K unsorted, through the same ATen ops as the reference's
 // F.linear / softmax / topk, so the same experts win every tie. Returns (moe_experts' result, top scores [T, K]).
@@ -330,7 +257,6 @@ std::tuple<c10::optional<torch::Tensor>, torch::Tensor> moe_layer(torch::Tensor 
   const torch::Tensor x2 = x.view({-1, x.size(-1)});
   const int64_t T = x2.size(0), d = x2.size(1), E = static_cast<int64_t>(gate.size()) - 1;
   const MoeConfig config = moe_config(static_cast<int>(T), static_cast<int>(K), static_cast<int>(E));
-  if (config.router_overlap) return layer_with_router_beside(x, router_w, K, gate, up, down, out, config);
   Workspaces ws;
   // (shared_gather: moe_run launches it after the routing instead, where it can gather)
   const bool shared_first = config.shared_first && !config.shared_gather;

@@ -57,7 +57,7 @@ static_assert(2 * (kConsumerRegs - kLaunchRegs) <= kLaunchRegs - kProducerRegs,
               "setmaxnreg: the consumer warpgroups would wait forever for registers the producer does not free");
 constexpr int smem_bytes(int stages, bool async = false) {
   return 1024 + stages * kStageBytes + (async ? 2 * kStageCBytes + kRowTabBytes + 4 * 8 : 2 * kCBytes) +
-         2 * stages * 8 + 2 * (kMaxGroups + 1) * 4 + (async ? 128 + kGatherChains * (kGatherBytes + 8) + 16 : 0);
+         2 * stages * 8 + 2 * (kMaxGroups + 1) * 4 + (async ? 128 + kGatherChains * (kGatherBytes + 8) : 0);
 }
 
 // meta (int32, written by route_kernel): [0, G]: first sorted row of group g (G = groups, so [G] = the end),
@@ -90,14 +90,6 @@ struct GemmParams {
   __half* gather_xs;              // xs [T*K][d]
   const int* gather_pair_row;     // [T*K]: the sorted row of pair t*K + k
   __half* const* zero_slot;       // the output's address in device memory; null: not zeroed here
-  // MoeConfig::router_overlap: the router and the routing run on another stream beside this launch and set *route_ready
-  // to 1 when pair_row is written. A unit whose epilogue finds the word set copies its slice and the CTA's earlier
-  // ones; nothing waits for it (the router's kernels may need SMs this launch holds), and gather_left[blockIdx.x]
-  // gets the CTA's first unit whose slice it did not copy, for the gather pass after the join. null: the routing ran
-  // before this launch.
-  const uint32_t* route_ready;
-  int* gather_left;
-  int gather_never;               // with route_ready: copy nothing here (tests the gather pass's share)
 };
 
 struct Unit {
@@ -243,27 +235,18 @@ template <bool kGlu>
 __device__ __forceinline__ void drain_epilogues(const GemmParams& p, const int* s_meta, const uint8_t* s_stage,
                                                 long long* s_off, __half2* s_scale, uint64_t* stg_full,
                                                 uint64_t* stg_empty, int units, int e, uint8_t* s_gbuf,
-                                                uint64_t* gbar, uint32_t* s_ready) {
+                                                uint64_t* gbar) {
   const bool accumulate = !kGlu && p.out_slot != nullptr;
   __half* const out = accumulate ? *p.out_slot : p.out;
   const int warp = e / 32, lane = e % 32;
   uint32_t phase = 0, gphase = 0;
-  int pending = blockIdx.x;  // route_ready: this CTA's first unit whose slice is not copied yet
   for (int u = blockIdx.x; u < units; u += gridDim.x) {
     const Unit w = decode(s_meta, p.groups, p.n_tiles, u);
     named_bar_sync(3, kEpiThreads);  // every warp is done with the previous unit's table
     for (int r = e; r < kBM; r += kEpiThreads)
       s_off[r] = row_target<kGlu>(p, w, w.mt * kBM + r, accumulate, s_scale[r]);
-    if (kGlu && p.route_ready && e == 0)  // one look at the routing's word a unit
-      *s_ready = !p.gather_never && ld_acquire_sys(p.route_ready) != 0;
-    named_bar_sync(3, kEpiThreads);  // (also orders the other threads' pair_row reads after the acquire)
-    if (kGlu && p.gather_x && w.g == p.shared_group) {
-      if (!p.route_ready) {
-        gather_slice(p, u, units, w.rows, s_gbuf, gbar, gphase, e);
-      } else if (*s_ready) {
-        for (; pending <= u; pending += gridDim.x) gather_slice(p, pending, units, w.rows, s_gbuf, gbar, gphase, e);
-      }
-    }
+    named_bar_sync(3, kEpiThreads);
+    if (kGlu && p.gather_x && w.g == p.shared_group) gather_slice(p, u, units, w.rows, s_gbuf, gbar, gphase, e);
     __half* const dst = out + w.nt * (kGlu ? 128 : 256);
     for (int cw = 0; cw < 2; ++cw) {
       mbar_wait(&stg_full[cw], phase);
@@ -298,7 +281,6 @@ __device__ __forceinline__ void drain_epilogues(const GemmParams& p, const int* 
     }
     phase ^= 1;
   }
-  if (kGlu && p.route_ready && e == 0) p.gather_left[blockIdx.x] = pending;
 }
 
 template <bool kGlu, int kStages, bool kAsync = false>
@@ -321,7 +303,6 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_kernel(const __grid_
   uint8_t* s_gbuf = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(s_meta + 2 * (kMaxGroups + 1)) + 127) &
                                                ~uintptr_t(127));
   uint64_t* gbar = reinterpret_cast<uint64_t*>(s_gbuf + kGatherChains * kGatherBytes);
-  uint32_t* s_ready = reinterpret_cast<uint32_t*>(gbar + kGatherChains);  // GemmParams::route_ready, as last read
 
   const int G = p.groups;
   for (int i = threadIdx.x; i < 2 * (G + 1); i += blockDim.x)
@@ -351,7 +332,7 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_kernel(const __grid_
     if constexpr (kAsync) {
       if (threadIdx.x >= 32)
         drain_epilogues<kGlu>(p, s_meta, s_c, s_off, s_scale, stg_full, stg_empty, units, threadIdx.x - 32, s_gbuf,
-                              gbar, s_ready);
+                              gbar);
     }
     return;
   }

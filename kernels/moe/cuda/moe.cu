@@ -112,19 +112,10 @@ bool shared_gemm1_params(const MoeArgs& a, GemmParams& g) {
   return true;
 }
 
-// ctas: the grid (persistent: one CTA an SM); 0: every SM.
-// The shared expert's GEMM 1 launch's units (shared_gemm1_params: one group of T rows, dexp / 128 n-tiles).
-int shared_gemm1_units(const MoeArgs& a) { return (a.T + kBM - 1) / kBM * (a.dexp / 128); }
-
-void launch_gemm(const GemmParams& g, bool glu, const MoeArgs& a, cudaStream_t stream, int ctas = 0) {
+void launch_gemm(const GemmParams& g, bool glu, const MoeArgs& a, cudaStream_t stream) {
   const bool async = a.async_epilogue & (glu ? 1 : 2);
-  gemm_kernel(glu, a.stages, async)<<<ctas > 0 ? ctas : device_info().sms, kThreads, gemm_smem_bytes(a.stages, async),
-                                      stream>>>(g);
+  gemm_kernel(glu, a.stages, async)<<<device_info().sms, kThreads, gemm_smem_bytes(a.stages, async), stream>>>(g);
 }
-
-// router_overlap: SMs the shared expert's GEMM 1 leaves to the router and the routing beside it. Four keep its units
-// in whole waves at the official token counts (256 and 1024 units on 128 CTAs, as on 132).
-constexpr int kRouterSms = 4;
 
 }  // namespace
 }  // namespace moe
@@ -144,22 +135,18 @@ MoeConfig moe_config(int, int, int) {
   const int async_epilogue = kb::env_int("KBENCH_MOE_ASYNC_EPILOGUE", 3) & 3;
   // the gather needs GEMM 1's epilogue warps (async_epilogue bit 0); without them the gather pass runs
   const bool shared_gather = kb::env_int("KBENCH_MOE_SHARED_GATHER", 1) != 0 && (async_epilogue & 1);
-  // the concurrent routing's gather is the shared expert's launch's (shared_gather) and splits the routing in two
-  // (2: the shared launch copies nothing, the gather pass after the join does it all: a test of that pass)
-  const int router_overlap = shared_gather && kb::env_int("KBENCH_MOE_SPLIT_ROUTE", 1)
-                                 ? kb::env_int("KBENCH_MOE_ROUTER_OVERLAP", 0) & 3 : 0;
   return MoeConfig{kb::env_int("KBENCH_MOE_SKIP_EMPTY_HALVES", 0) != 0,
                    kb::env_int("KBENCH_MOE_KEEP_WORKSPACES", 0) != 0, stages,
                    kb::env_int("KBENCH_MOE_RED_COMBINE", 1) != 0, kb::env_int("KBENCH_MOE_SPLIT_ROUTE", 1) != 0,
-                   async_epilogue, kb::env_int("KBENCH_MOE_SHARED_FIRST", 1) != 0, shared_gather, router_overlap};
+                   async_epilogue, kb::env_int("KBENCH_MOE_SHARED_FIRST", 1) != 0, shared_gather};
 }
 
 void moe_describe(const MoeConfig& c, char* buf, int size) {
   snprintf(buf, size,
            "MoeConfig{skip_empty_halves=%d, keep_workspaces=%d, stages=%d, red_combine=%d, split_route=%d, "
-           "async_epilogue=%d, shared_first=%d, shared_gather=%d, router_overlap=%d}",
+           "async_epilogue=%d, shared_first=%d, shared_gather=%d}",
            c.skip_empty_halves, c.keep_workspaces, c.stages, c.red_combine, c.split_route, c.async_epilogue,
-           c.shared_first, c.shared_gather, c.router_overlap);
+           c.shared_first, c.shared_gather);
 }
 
 const char* moe_run(const MoeArgs& a, cudaStream_t stream, cudaEvent_t* events) {
@@ -170,9 +157,7 @@ const char* moe_run(const MoeArgs& a, cudaStream_t stream, cudaEvent_t* events) 
   };
   // The routing and the gather launch first; the ~100 tensor maps are made (or found in the cache) while they run.
   mark(0);
-  if (a.route_ready) {
-    // router_overlap: moe_run_route sorted on the router's stream, the shared expert's launch gathered what it could
-  } else if (a.split_route) {
+  if (a.split_route) {
     const int blocks = route_blocks(pairs);
     route_count_kernel<<<blocks, kRouteThreads, 0, stream>>>(a.experts, pairs, a.E, a.route_hist);
     route_place_kernel<<<blocks, kRouteThreads, 0, stream>>>(a.experts, a.T, a.K, a.E, a.route_hist, blocks, a.meta,
@@ -193,10 +178,6 @@ const char* moe_run(const MoeArgs& a, cudaStream_t stream, cudaEvent_t* events) 
     gs.K = a.K;
     gs.zero_slot = out_slot;
     launch_gemm(gs, true, a, stream);
-  } else if (a.route_ready) {  // the tokens the shared expert's launch did not copy
-    gather_kernel<<<a.T, 256, 0, stream>>>(static_cast<const __half*>(a.x), a.pair_row, static_cast<__half*>(a.xs),
-                                          a.K, a.d, out_slot, a.gather_left, shared_gemm1_units(a),
-                                          device_info().sms - kRouterSms);
   } else {
     gather_kernel<<<a.T, 256, 0, stream>>>(static_cast<const __half*>(a.x), a.pair_row, static_cast<__half*>(a.xs),
                                           a.K, a.d, out_slot);
@@ -245,33 +226,8 @@ const char* moe_run_shared_gemm1(const MoeArgs& a, cudaStream_t stream) {
   GemmParams g;
   if (!shared_gemm1_params(a, g))
     return "moe cuda: cuTensorMapEncodeTiled failed (driver entry point missing or misaligned weights)";
-  int ctas = 0;
-  if (a.route_ready) {  // router_overlap: gathers and zeroes once the routing beside it is done
-    if (!(a.async_epilogue & 1)) return "moe cuda: router_overlap needs GEMM 1's asynchronous epilogue";
-    g.gather_x = static_cast<const __half*>(a.x);
-    g.gather_xs = static_cast<__half*>(a.xs);
-    g.gather_pair_row = a.pair_row;
-    g.K = a.K;
-    g.zero_slot = reinterpret_cast<__half* const*>(a.out_slot);
-    g.route_ready = a.route_ready;
-    g.gather_left = a.gather_left;
-    g.gather_never = a.router_overlap == 2;
-    ctas = device_info().sms - kRouterSms;
-    if (ctas > kMoeMaxGatherCtas) return "moe cuda: router_overlap takes at most 1024 CTAs";
-  }
-  launch_gemm(g, true, a, stream, ctas);
+  launch_gemm(g, true, a, stream);
   return kb::launch_error("moe cuda shared GEMM 1");
-}
-
-const char* moe_run_route(const MoeArgs& a, cudaStream_t stream) {
-  if (const char* why = moe_supported(a.T, a.K, a.E, a.d, a.dexp)) return why;
-  if (!a.route_ready) return "moe cuda: moe_run_route is router_overlap's routing (MoeArgs::route_ready unset)";
-  const int pairs = a.T * a.K, blocks = route_blocks(pairs);
-  route_count_kernel<<<blocks, kRouteThreads, 0, stream>>>(a.experts, pairs, a.E, a.route_hist);
-  route_place_kernel<<<blocks, kRouteThreads, 0, stream>>>(a.experts, a.T, a.K, a.E, a.route_hist, blocks, a.meta,
-                                                           a.rows_pair, a.pair_row);
-  route_ready_kernel<<<1, 1, 0, stream>>>(a.route_ready);
-  return kb::launch_error("moe cuda route");
 }
 
 const char* moe_run_combine(const void* y, const void* scores, void* out, int T, int K, int d, cudaStream_t stream) {

@@ -5,7 +5,6 @@
 #include <cstdint>
 
 constexpr int kMoeMaxRouted = 64;  // routed experts the kernels take (the shared expert is one more group)
-constexpr int kMoeMaxGatherCtas = 1024;  // MoeArgs::gather_left's length
 
 struct MoeArgs {
   const void* x;          // fp16 [T][d] tokens
@@ -36,16 +35,11 @@ struct MoeArgs {
   int* route_hist;        // split_route: [moe_route_blocks(T*K)][E] per-block expert counts
   int shared_gather;      // MoeConfig::shared_gather: moe_run launches the shared expert's GEMM 1 after the routing,
                           // and that launch gathers xs and zeroes the output (no gather pass)
-  uint32_t* route_ready;  // MoeConfig::router_overlap: a device word the routing sets (moe_run_route) and the shared
-                          // expert's GEMM 1 looks at before it gathers a slice; moe_run then gathers the rest and runs
-                          // GEMM 1 and 2. Zeroed by the caller before both launches. null: the other orders
-  int* gather_left;       // router_overlap: [kMoeMaxGatherCtas], per CTA of the shared launch its first uncopied unit
-  int router_overlap;     // MoeConfig::router_overlap
 };
 
 // A named configuration (KBENCH_PRINT_CONFIG=1 prints the one picked for each shape). The defaults are the measured
-// build; the knobs KBENCH_MOE_SKIP_EMPTY_HALVES=1, KBENCH_MOE_KEEP_WORKSPACES=1, KBENCH_MOE_STAGES=3 and
-// KBENCH_MOE_ROUTER_OVERLAP=1 turn on candidates that benchmarks/moe.py times beside it; KBENCH_MOE_ASYNC_EPILOGUE=0/1/2 (the consumers' own epilogue in
+// build; the knobs KBENCH_MOE_SKIP_EMPTY_HALVES=1, KBENCH_MOE_KEEP_WORKSPACES=1 and KBENCH_MOE_STAGES=3 turn on
+// candidates that benchmarks/moe.py times beside it; KBENCH_MOE_ASYNC_EPILOGUE=0/1/2 (the consumers' own epilogue in
 // both GEMMs, in GEMM 2, in GEMM 1), KBENCH_MOE_RED_COMBINE=0 and KBENCH_MOE_SPLIT_ROUTE=0 bring back earlier builds'
 // epilogue, combine pass and one-block routing; KBENCH_MOE_SHARED_FIRST=0 moe_layer's GEMM 1 in one launch after the
 // router, as before (docs/moe-notes.md).
@@ -62,10 +56,6 @@ struct MoeConfig {
   bool shared_gather;      // the shared expert's GEMM 1 runs after the routing, its epilogue warps doing the gather
                            // pass's copies and zeroing under its MMAs (KBENCH_MOE_SHARED_GATHER; off where GEMM 1
                            // has no asynchronous epilogue, whose warps do it; takes precedence over shared_first)
-  int router_overlap;      // moe_layer runs the router and the routing on another stream beside the shared expert's
-                           // GEMM 1 (shared_gather's, on all SMs but four); that launch copies a unit's slice once the
-                           // routing is done, the gather pass after the join the rest (KBENCH_MOE_ROUTER_OVERLAP; 2:
-                           // the gather pass copies everything)
 };
 MoeConfig moe_config(int T, int K, int E);
 void moe_describe(const MoeConfig& c, char* buf, int size);
@@ -80,11 +70,7 @@ const char* moe_run(const MoeArgs& args, cudaStream_t stream, cudaEvent_t* event
 // GEMM 1 of the shared expert alone (its H rows T*K .. T*K + T - 1), from x, w_gate[E], w_up[E] and h; the other
 // fields as moe_run takes them. moe_run with shared_done then skips that group. (With shared_gather moe_run makes
 // this launch itself, after the routing.)
-// With route_ready (router_overlap): on all SMs but four, gathering xs and zeroing the output for the units that find
-// *route_ready set (the others are left to moe_run's gather pass, MoeArgs::gather_left).
 const char* moe_run_shared_gemm1(const MoeArgs& args, cudaStream_t stream);
-// router_overlap's routing sort (from experts), then *route_ready = 1, on the router's stream.
-const char* moe_run_route(const MoeArgs& args, cudaStream_t stream);
 // Blocks of the split routing sort for `pairs` (token, slot) pairs (the size of MoeArgs::route_hist's first dim).
 int moe_route_blocks(int pairs);
 // Writes `out`'s address to the device word `slot` on `stream` (the red_combine path reads it there, so one captured

@@ -3,11 +3,9 @@
 //   route_count_kernel, route_place_kernel   the same sort over many blocks (MoeConfig::split_route)
 //   gather_kernel   copy each token's row to its K places in expert order (GEMM 1's A operand, read by TMA; loading
 //                   one row a TMA box inside GEMM 1 instead made it 4.5x slower, docs/moe-notes.md); with
-//                   red_combine also zero the token's output row, which GEMM 2 then adds into; with router_overlap
-//                   only the tokens the shared expert's launch left
+//                   red_combine also zero the token's output row, which GEMM 2 then adds into
 //   combine_kernel  out[t] = shared(t) + sum_k score[t, k] * expert_k(t), summed in fp32 in slot order, rounded once
 //   publish_kernel  the output's address into device memory for red_combine (a graph replays with a new output)
-//   route_ready_kernel  router_overlap: the routing is done (the shared expert's GEMM 1 beside it may gather)
 #pragma once
 #include <cstdint>
 #include <cuda_fp16.h>
@@ -166,18 +164,10 @@ __global__ void __launch_bounds__(kRouteThreads) route_place_kernel(const int64_
 // Token order: each row of x is read once (in expert order each is read K times, and x outgrows L2 at 8192
 // tokens: 117 MB). out_slot (red_combine): also zero row t of the output *out_slot, in stream order before GEMM 2
 // adds into it.
-// left (router_overlap: GemmParams::gather_left of the shared expert's launch, `ctas` CTAs over `units` units, unit u
-// holding tokens [u T / units, (u + 1) T / units)): the token is skipped if its unit's CTA copied it.
 __global__ void gather_kernel(const __half* __restrict__ x, const int* __restrict__ pair_row, __half* __restrict__ xs,
-                              int K, int d, __half* const* __restrict__ out_slot, const int* __restrict__ left = nullptr,
-                              int units = 0, int ctas = 0) {
+                              int K, int d, __half* const* __restrict__ out_slot) {
   __shared__ uint4* dst[kMaxGroups];  // the token's K rows of xs (K <= routed experts < kMaxGroups)
   const int t = blockIdx.x;
-  if (left) {
-    const int T = gridDim.x;
-    const int u = static_cast<int>((static_cast<long long>(t + 1) * units + T - 1) / T) - 1;
-    if (u < left[u % ctas]) return;
-  }
   if (threadIdx.x < K)
     dst[threadIdx.x] = reinterpret_cast<uint4*>(xs + static_cast<long long>(pair_row[t * K + threadIdx.x]) * d);
   __syncthreads();
@@ -191,10 +181,6 @@ __global__ void gather_kernel(const __half* __restrict__ x, const int* __restric
 }
 
 __global__ void publish_kernel(void** slot, void* out) { *slot = out; }
-
-// MoeConfig::router_overlap: the routing is written (the kernels before this one on its stream are done); the shared
-// expert's GEMM 1, running beside it, may gather.
-__global__ void route_ready_kernel(uint32_t* flag) { kb::sm90::st_release_sys(flag, 1); }
 
 // out[t] = fp16(y_shared[t] + sum_k score[t, k] * y[t*K + k]) in fp32; one thread per 8 columns of a token.
 // y: [T*K + T][d] (pair rows, then the shared expert's rows); scores fp16 [T][K].
