@@ -63,7 +63,8 @@ def profile_rows(log: str, gpu: str, backend: str, kernels: dict[str, str]) -> l
 def ncu_rows(log: str, gpu: str, backend: str, kernels: dict[str, str]) -> list[benchlib.Row]:
     """Rows from an Nsight Compute log of benchmarks/calls.py: the k-th profiled launch ("==PROF== Profiling") ran in
     the case whose "<case>: N calls" line came next; its gpu__time_duration.sum (the k-th result section) is the
-    figure, named after the pattern its kernel matches."""
+    figure, named after the pattern its kernel matches. A name list "a,b" names a case's successive launches of one
+    kernel (moe's two GEMM 1 launches); launches past the list are left out."""
     launch_cases, pending = [], 0
     sections = []  # (kernel line, duration us)
     for line in log.splitlines():
@@ -77,11 +78,15 @@ def ncu_rows(log: str, gpu: str, backend: str, kernels: dict[str, str]) -> list[
         elif "gpu__time_duration.sum" in line and sections:  # "<metric>  <unit>  <value>"
             *_, unit, value = line.split()
             sections[-1][1] = _us(f"{value} {unit}")
-    rows = []
+    rows, seen = [], {}  # (case, names) -> launches matched so far
     for (kernel, us), case in zip(sections, launch_cases):
-        for name, pattern in kernels.items():
-            if us is not None and re.search(pattern, kernel):
-                rows.append(benchlib.Row(gpu, 1, f"{backend}/{name}", "ncu", case, us))
+        for names, pattern in kernels.items():
+            if us is None or not re.search(pattern, kernel):
+                continue
+            listed = names.split(",")
+            i = seen[case, names] = seen.get((case, names), -1) + 1
+            if len(listed) == 1 or i < len(listed):
+                rows.append(benchlib.Row(gpu, 1, f"{backend}/{listed[min(i, len(listed) - 1)]}", "ncu", case, us))
     return rows
 
 

@@ -28,6 +28,16 @@ def test_ncu_rows_follow_the_launch_order_of_the_cases():
         ("cuda/attention", "ncu", CASE_4096, 259.10), ("cuda/attention", "ncu", CASE_6144, 371.94)]
 
 
+def test_ncu_rows_name_a_kernels_successive_launches_in_a_case():
+    # moe at 2048 tokens, clocks free: the shared expert's GEMM 1 and the routed one are the same kernel
+    rows = collect.ncu_rows((LOGS / "ncu_moe.log").read_text(), "H100", "cuda",
+                            {"gather,gemm1": r"grouped_gemm_kernel<1", "gemm2": r"grouped_gemm_kernel<0"})
+    case = ("dhidden: 7168; dexpert: 2048; nroutedexperts: 32; nsharedexperts: 1; nexpertspertoken: 4; bs: 1; "
+            "seqlen: 2048; seed: 9371")
+    assert [(r.backend, r.case, r.us) for r in rows] == [
+        ("cuda/gather", case, 210.08), ("cuda/gemm1", case, 891.87), ("cuda/gemm2", case, 575.97)]
+
+
 def test_a_time_without_a_unit_is_refused():
     with pytest.raises(ValueError, match="not a time"):
         collect._us("256.3")
