@@ -258,9 +258,7 @@ std::tuple<c10::optional<torch::Tensor>, torch::Tensor> moe_layer(torch::Tensor 
   const int64_t T = x2.size(0), d = x2.size(1), E = static_cast<int64_t>(gate.size()) - 1;
   const MoeConfig config = moe_config(static_cast<int>(T), static_cast<int>(K), static_cast<int>(E));
   Workspaces ws;
-  // (shared_gather: moe_run launches it after the routing instead, where it can gather)
-  const bool shared_first = config.shared_first && !config.shared_gather;
-  if (shared_first) {  // the shared expert's GEMM 1 needs only x: launched before the router
+  if (config.shared_first) {  // the shared expert's GEMM 1 needs only x: launched before the router
     check_layer(x2, K, gate, up, down);
     TORCH_CHECK(x2.is_contiguous(), "moe_layer: x must be contiguous");
     ws = workspaces(x2, T, K, E, d, gate[0].size(1), config);
@@ -271,7 +269,7 @@ std::tuple<c10::optional<torch::Tensor>, torch::Tensor> moe_layer(torch::Tensor 
   const auto [top_scores, top_experts] = at::topk(at::linear(x, router_w).softmax(-1), K, -1, true, false);
   const torch::Tensor scores = top_scores.view({-1, K});
   torch::Tensor y = run_moe(x2, top_experts.view({-1, K}), scores, gate, up, down, nullptr, false, out,
-                            shared_first ? &ws : nullptr, &config);
+                            config.shared_first ? &ws : nullptr, &config);
   if (!y.defined()) return {c10::nullopt, scores};
   return {y, scores};
 }

@@ -135,10 +135,12 @@ MoeConfig moe_config(int, int, int) {
   const int async_epilogue = kb::env_int("KBENCH_MOE_ASYNC_EPILOGUE", 3) & 3;
   // the gather needs GEMM 1's epilogue warps (async_epilogue bit 0); without them the gather pass runs
   const bool shared_gather = kb::env_int("KBENCH_MOE_SHARED_GATHER", 1) != 0 && (async_epilogue & 1);
+  // the gathering launch must follow the routing, so it cannot also go before the router
+  const bool shared_first = kb::env_int("KBENCH_MOE_SHARED_FIRST", 1) != 0 && !shared_gather;
   return MoeConfig{kb::env_int("KBENCH_MOE_SKIP_EMPTY_HALVES", 0) != 0,
                    kb::env_int("KBENCH_MOE_KEEP_WORKSPACES", 0) != 0, stages,
                    kb::env_int("KBENCH_MOE_RED_COMBINE", 1) != 0, kb::env_int("KBENCH_MOE_SPLIT_ROUTE", 1) != 0,
-                   async_epilogue, kb::env_int("KBENCH_MOE_SHARED_FIRST", 1) != 0, shared_gather};
+                   async_epilogue, shared_first, shared_gather};
 }
 
 void moe_describe(const MoeConfig& c, char* buf, int size) {

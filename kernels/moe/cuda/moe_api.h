@@ -52,7 +52,7 @@ struct MoeConfig {
   int async_epilogue;      // bit 0: GEMM 1, bit 1: GEMM 2 hand their epilogue to the producer warpgroup's idle warps
                            // (3 stages; KBENCH_MOE_ASYNC_EPILOGUE)
   bool shared_first;       // moe_layer launches the shared expert's GEMM 1 before the router (it needs only x), so
-                           // the GPU works while the host routes (KBENCH_MOE_SHARED_FIRST)
+                           // the GPU works while the host routes (KBENCH_MOE_SHARED_FIRST; off with shared_gather)
   bool shared_gather;      // the shared expert's GEMM 1 runs after the routing, its epilogue warps doing the gather
                            // pass's copies and zeroing under its MMAs (KBENCH_MOE_SHARED_GATHER; off where GEMM 1
                            // has no asynchronous epilogue, whose warps do it; takes precedence over shared_first)
