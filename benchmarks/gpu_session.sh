@@ -4,7 +4,7 @@
 # Parts (one GPU): build (compile the CUDA backends in parallel first: saves minutes on a fresh machine; BUILD_SPECS
 #   = "problem:dev ..." picks which), probe,
 #   fp8-check, fp8-perf, moe-check, moe-perf, mla-check, mla-perf (checks, then the benchmark scripts with their
-#   candidates, then kbench perf; moe-bench, mla-bench: only the benchmark script, BENCH_CANDIDATES = which, BENCH_REV = a git revision timed beside; mla-rope-cost: the attention with and without its RoPE, a dev build: BUILD_SPECS mla-decode:1; mla-trace: the attention's per-phase clock64 trace, the same dev build; mla-projections: each projection GEMM alone, cuBLAS against linear.cuh; mla-scaling: the attention alone over cache lengths and batches, BENCH_CANDIDATES beside it; mla-scaling-clean: the same
+#   candidates, then kbench perf; moe-bench, mla-bench: only the benchmark script, BENCH_CANDIDATES = which, BENCH_REV = a git revision timed beside; mla-rope-cost: the attention with and without its RoPE, a dev build: BUILD_SPECS mla-decode:1; mla-trace: the attention's per-phase clock64 trace, the same dev build; moe-trace: every GEMM unit's stamps, official and back to back (a dev build: BUILD_SPECS moe:1); mla-projections: each projection GEMM alone, cuBLAS against linear.cuh; mla-scaling: the attention alone over cache lengths and batches, BENCH_CANDIDATES beside it; mla-scaling-clean: the same
 #   with the L2 flushed by reading; mla-head-gemm: the per-head GEMMs alone, head_gemm.cuh against cuBLAS), tier (the GPU test tier), profile (kbench profile of moe and mla-decode cuda),
 #   sanitize (compute-sanitizer on small cases of the CUDA backends), ncu (Nsight Compute's sections for the kernels
 #   matching NCU_KERNELS in benchmarks/calls.py NCU_PROBLEM: NCU_SKIP launches skipped, NCU_COUNT profiled), moe-official, mla-official (kbench perf of the
@@ -81,6 +81,7 @@ for part in "$@"; do
                        --runs "${BENCH_RUNS:-10}" --candidates "${BENCH_CANDIDATES:-}" ;;
   mla-projections) step "${BENCH_S:-300}" mla_projections python3 benchmarks/mla_decode.py --projections ;;
   mla-head-gemm) step "${BENCH_S:-300}" mla_head_gemm python3 benchmarks/mla_decode.py --head-gemm ;;
+  moe-trace) TAIL=40 step "${BENCH_S:-400}" moe_trace python3 benchmarks/moe.py --trace --runs "${BENCH_RUNS:-5}" ;;
   mla-trace) TAIL=40 step "${BENCH_S:-300}" mla_trace python3 benchmarks/mla_decode.py --phase-trace --trace-out "$W/records/mla_trace" ;;
   mla-check) step 500 mla_check python3 -m pytest -q -x -p no:cacheprovider tests/test_mla_cuda_gpu.py ;;
   mla-perf) step 400 mla_bench python3 benchmarks/mla_decode.py

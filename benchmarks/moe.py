@@ -188,6 +188,107 @@ def uniform_stages(cuda_mod, runs: int, candidates: list, tokens=(2048, 8192), E
     return rows
 
 
+# --trace: the dev build's per-unit stamps (grouped_gemm.cuh, kTraceFields) of each GEMM launch of one call
+TRACE_LAUNCHES = ("shared-gemm1", "gemm1", "gemm2", "shared-gemm1-first")  # moe.cu's launch index
+TRACE_UNITS, TRACE_FIELDS = 16384, 8
+MMA_CYCLES_PER_KB = 1024  # 8 wgmma m64n256k16 a k-block (two consumer warpgroups, 4 k16 steps), 128 cycles each
+
+
+def unit_stats(stamps: torch.Tensor, num_kb: int) -> dict | None:
+    """One GEMM launch's units from its stamps (int64 or float64 [units, TRACE_FIELDS]; rows never written are zero).
+    Times in us, `mhz` the SM clock over the units (clock64 against the global timer); per unit means: `unit` (loop
+    start to last MMA done), `peak` (its MMAs at the tensor cores' peak at that clock), `wait` (on full barriers),
+    `first` (loop start to its first stage landed), `handover` (last MMA done to the staging written); `span` (first
+    unit's start to the last unit's end), `tail` (the last SM's end after the median SM's), `mma_share` = peak
+    work / (SMs x span), and the same unit means over `tail_units` (a group's last m-tile with <= 64 rows) and
+    `full_units` (128 rows). None without stamps."""
+    t = stamps.double()
+    t = t[t[:, 1] > 0]
+    if len(t) == 0:
+        return None
+    word = stamps[stamps[:, 1] > 0][:, 0]
+    sm, rows = (word & 255), (word >> 24) & 255
+    ns, clk = t[:, 3] - t[:, 1], t[:, 5] - t[:, 4]
+    mhz = clk.sum().item() / (t[:, 3] - t[:, 2]).sum().item() * 1e3
+    peak_us = num_kb * MMA_CYCLES_PER_KB / mhz
+
+    def means(sel) -> dict:
+        if not bool(sel.any()):
+            return {"n": 0}
+        return {"n": int(sel.sum()), "unit": ns[sel].mean().item() / 1e3,
+                "wait": (t[sel, 6].mean() / mhz).item(), "first": (t[sel, 2] - t[sel, 1]).mean().item() / 1e3,
+                "handover": (t[sel, 7] - t[sel, 3]).mean().item() / 1e3}
+
+    start, end = t[:, 1].min(), t[:, 7].max()
+    last_end = torch.stack([t[sm == s, 7].max() for s in sm.unique()])
+    sms = len(last_end)
+    out = {"units": len(t), "sms": sms, "mhz": mhz, "peak": peak_us, "span": (end - start).item() / 1e3,
+           "tail": (end - last_end.median()).item() / 1e3, **means(torch.ones_like(ns, dtype=torch.bool))}
+    out["mma_share"] = len(t) * peak_us / (sms * out["span"])
+    out["tail_units"] = means(rows <= 64)
+    out["full_units"] = means(rows == 128)
+    return out
+
+
+def unit_trace(cuda_mod, runs: int) -> list:
+    """--trace: every GEMM unit's stamps (a dev build, KBENCH_MOE_DEV_TRACE) on the benchmark cases, the layer
+    called eagerly (KBENCH_MOE_GRAPH=0: the same kernels the graph replays) in two regimes: `official` (each call
+    after the harness's clone of the inputs and a synchronize, as the official loop runs it) and `back-to-back`
+    (runs calls in a row, the last one's stamps: the GEMMs at the board's power cap). Per launch the medians over
+    the runs of unit_stats. Rows: backend cuda[dev,<regime>]/trace:<launch>:<quantity>, metric trace (us)."""
+    gpu, rows, table = torch.cuda.get_device_name(), [], []
+    ref = problems.load_modules("moe").reference
+    stamps = torch.zeros(len(TRACE_LAUNCHES) * TRACE_UNITS * TRACE_FIELDS, dtype=torch.int64, device="cuda")
+    for case in problems.load_spec("moe").benchmarks:
+        data = ref.generate_input(**problems.official_case(case))
+        x, weights, config = data
+        num_kb = {"shared-gemm1": x.shape[-1] // 64, "gemm1": x.shape[-1] // 64,
+                  "shared-gemm1-first": x.shape[-1] // 64, "gemm2": weights["experts.0.2.weight"].shape[0] // 64}
+        label = problems.format_case(case)
+        for regime in ("official", "back-to-back"):
+            per_run = []
+            with benchlib.knobs({"KBENCH_MOE_DEV_TRACE": str(stamps.data_ptr()), "KBENCH_MOE_GRAPH": "0"}):
+                for i in range(runs):
+                    stamps.zero_()
+                    if regime == "official":
+                        clone = (x.clone(), {k: v.clone() for k, v in weights.items()}, config)
+                        torch.cuda.synchronize()
+                        cuda_mod.custom_kernel(clone)
+                        torch.cuda.synchronize()
+                        del clone
+                    else:
+                        for _ in range(runs):
+                            cuda_mod.custom_kernel(data)
+                    torch.cuda.synchronize()
+                    s = stamps.view(len(TRACE_LAUNCHES), TRACE_UNITS, TRACE_FIELDS).cpu()
+                    per_run.append({n: unit_stats(s[i_l], num_kb[n]) for i_l, n in enumerate(TRACE_LAUNCHES)})
+                    if regime == "back-to-back":
+                        break
+            for name in TRACE_LAUNCHES:
+                found = [r[name] for r in per_run if r[name]]
+                if not found:
+                    continue
+                med = {k: benchlib.median([f[k] for f in found]) for k in
+                       ("units", "mhz", "span", "unit", "peak", "wait", "first", "handover", "tail", "mma_share")}
+                tails = [f["tail_units"]["unit"] for f in found if f["tail_units"]["n"]]
+                fulls = [f["full_units"]["unit"] for f in found if f["full_units"]["n"]]
+                med["tail_unit"] = benchlib.median(tails) if tails else None
+                med["full_unit"] = benchlib.median(fulls) if fulls else None
+                backend = f"cuda[dev,{regime}]/trace:{name}"
+                rows += [benchlib.Row(gpu, 1, f"{backend}:{q}", "trace", label, med[q])
+                         for q in ("span", "unit", "peak", "wait", "first", "handover", "tail", "tail_unit",
+                                   "full_unit") if med[q] is not None and med[q] > 0]
+                table.append([label.split("; seed")[0].split("; ")[-1], regime, name, f"{med['units']:.0f}",
+                              f"{med['mhz']:.0f}", med["span"], med["unit"], med["peak"], med["wait"], med["first"],
+                              med["handover"], med["tail"], f"{med['mma_share']:.2f}", med["tail_unit"],
+                              med["full_unit"]])
+        del data, x, weights
+    benchlib.table(f"moe GEMM units (dev build, eager calls; us but MHz; medians over runs) on {gpu}",
+                   ["case", "regime", "launch", "units", "MHz", "span", "unit", "at peak", "wait", "first",
+                    "handover", "tail", "MMA share", "tail unit", "full unit"], table)
+    return rows
+
+
 def stage_of(kernel: str) -> str:
     """The STAGES name of one of the backend's kernels, from its profiler name ("void moe::route_kernel(...)")."""
     name = kernel.split("(")[0].replace("void ", "").replace("moe::", "")
@@ -268,6 +369,8 @@ def main():
     ap.add_argument("--uniform", action="store_true",
                     help="instead of the official cases: every expert the same row count (uniform_stages)")
     ap.add_argument("--tokens", default="2048,8192", help="with --uniform: the token counts")
+    ap.add_argument("--trace", action="store_true",
+                    help="instead of timing: every GEMM unit's stamps, official and back-to-back (unit_trace)")
     ap.add_argument("--rounds", type=int, default=1,
                     help="with --official: judge every configuration this many times, in alternating order")
     args = ap.parse_args()
@@ -280,6 +383,9 @@ def main():
     if args.paths:
         revisions, _ = benchlib.checked_revisions("moe", "cuda", args.rev, lambda mod: [], dev=True)
         kernel_paths(cuda_mod, revisions, args.runs)
+        return
+    if args.trace:
+        benchlib.record("moe", unit_trace(cuda_mod, args.runs))
         return
     if args.uniform:
         benchlib.record("moe", uniform_stages(cuda_mod, args.runs, benchlib.selected(CANDIDATES, args.candidates),

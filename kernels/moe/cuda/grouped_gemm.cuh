@@ -90,7 +90,30 @@ struct GemmParams {
   __half* gather_xs;              // xs [T*K][d]
   const int* gather_pair_row;     // [T*K]: the sorted row of pair t*K + k
   __half* const* zero_slot;       // the output's address in device memory; null: not zeroed here
+#ifdef KBENCH_DEV
+  long long* trace;               // KBENCH_MOE_DEV_TRACE: per-unit stamps (kTrace instances; see below)
+  int trace_launch;               // which of the call's GEMM launches this is (the trace's first index)
+#endif
 };
+
+// Dev builds may stamp every unit of a GEMM launch (benchmarks/moe.py --trace): consumer warpgroup 0's thread 0
+// writes kTraceFields int64 per unit at trace[(trace_launch * kTraceUnits + u) * kTraceFields]: 0 the unit (SM id
+// bits 0-7, group 8-15, m-tile 16-23, its rows in the tile 24-31, n-tile 32-47), 1-3 globaltimer (ns) when the
+// unit's loop starts, when its first stage has landed and when its last MMA is done, 4-5 clock64 at the first and
+// the third, 6 the cycles spent waiting on full barriers, 7 globaltimer once its accumulators are handed over (the
+// staging buffer written, kAsync). The SM clock of a unit is (5 - 4) / (3 - 1); its MMAs at the tensor cores' peak
+// take num_kb x 1024 cycles (8 wgmma m64n256k16 a k-block, 128 cycles each).
+constexpr int kTraceLaunches = 4, kTraceUnits = 16384, kTraceFields = 8;
+__device__ __forceinline__ long long global_ns() {
+  long long ns;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(ns));
+  return ns;
+}
+__device__ __forceinline__ int sm_id() {
+  int id;
+  asm volatile("mov.u32 %0, %%smid;" : "=r"(id));
+  return id;
+}
 
 struct Unit {
   int g, mt, nt, rows;  // group, m-tile within it, n-tile, the group's row count
@@ -283,7 +306,7 @@ __device__ __forceinline__ void drain_epilogues(const GemmParams& p, const int* 
   }
 }
 
-template <bool kGlu, int kStages, bool kAsync = false>
+template <bool kGlu, int kStages, bool kAsync = false, bool kTrace = false>
 __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_kernel(const __grid_constant__ GemmParams p) {
   static_assert(kStages >= 2 && kStages <= kMaxStages, "the ring needs two stages and fits four");
   extern __shared__ uint8_t smem_raw[];
@@ -359,8 +382,18 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_kernel(const __grid_
     const bool idle = __shfl_sync(0xffffffffu, p.skip_empty_halves && w.mt * kBM + cw * 64 >= w.rows, 0);
     float acc[128];
     int prev = -1;
+    long long tr_ns[3], tr_clk = 0, tr_wait = 0;  // kTrace only
+    if constexpr (kTrace) tr_ns[0] = global_ns();
     for (int kb = 0; kb < num_kb; ++kb) {
-      mbar_wait(&full[s], phase);
+      if constexpr (kTrace) {
+        const long long c0 = clock64();
+        mbar_wait(&full[s], phase);
+        const long long c1 = clock64();
+        tr_wait += c1 - c0;
+        if (kb == 0) tr_ns[1] = global_ns(), tr_clk = c1;
+      } else {
+        mbar_wait(&full[s], phase);
+      }
       if (!idle) {
         const uint64_t da = make_desc_sw128(s_a + s * kABytes + cw * 64 * 128);
         const uint64_t db = make_desc_sw128(s_b + s * kBBytes, kBChunk, 1024);
@@ -390,6 +423,8 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_kernel(const __grid_
     wgmma_wait<0>();
 #pragma unroll
     for (int i = 0; i < 128; ++i) reg_fence(acc[i]);
+    long long tr_end_clk = 0;
+    if constexpr (kTrace) tr_ns[2] = global_ns(), tr_end_clk = clock64();
     __syncwarp();
     if (lane == 0 && prev >= 0) mbar_arrive(&empty[prev]);
     if constexpr (kAsync) {  // fp16 into the staging buffer once the epilogue warps have drained the last unit's
@@ -405,6 +440,24 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_kernel(const __grid_
       }
       mbar_arrive(&stg_full[cw]);  // every thread: its own writes are released to the epilogue warps
       stg_phase ^= 1;
+#ifdef KBENCH_DEV
+      if constexpr (kTrace) {
+        if (cw == 0 && t == 0 && p.trace && u < kTraceUnits) {
+          long long* at = p.trace + (static_cast<long long>(p.trace_launch) * kTraceUnits + u) * kTraceFields;
+          const int tile_rows = max(0, min(kBM, w.rows - w.mt * kBM));
+          at[0] = static_cast<long long>(sm_id() & 255) | (static_cast<long long>(w.g & 255) << 8) |
+                  (static_cast<long long>(w.mt & 255) << 16) | (static_cast<long long>(tile_rows) << 24) |
+                  (static_cast<long long>(w.nt & 0xffff) << 32);
+          at[1] = tr_ns[0];
+          at[2] = tr_ns[1];
+          at[3] = tr_ns[2];
+          at[4] = tr_clk;
+          at[5] = tr_end_clk;
+          at[6] = tr_wait;
+          at[7] = global_ns();
+        }
+      }
+#endif
       continue;
     }
     if (idle) continue;  // no rows of this warpgroup to store

@@ -5,6 +5,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <mutex>
 #include <unordered_map>
 
@@ -55,8 +56,13 @@ bool map_f16(CUtensorMap* map, const void* ptr, uint64_t cols, uint64_t rows, ui
 // The grouped GEMM for one use (glu: GEMM 1, else GEMM 2) and ring depth (MoeConfig::stages, 3 or 4): the one
 // place that picks an instantiation, for the launches and the shared-memory attribute alike.
 // async (MoeConfig::async_epilogue) builds have 3 stages: the staging buffer takes the fourth's room.
+// (Dev builds: `trace` picks the asynchronous instances that stamp their units, benchmarks/moe.py --trace.)
 using GemmKernel = void (*)(GemmParams);
-GemmKernel gemm_kernel(bool glu, int stages, bool async) {
+GemmKernel gemm_kernel(bool glu, int stages, bool async, bool trace = false) {
+#ifdef KBENCH_DEV
+  if (async && trace)
+    return glu ? grouped_gemm_kernel<true, 3, true, true> : grouped_gemm_kernel<false, 3, true, true>;
+#endif
   if (async) return glu ? grouped_gemm_kernel<true, 3, true> : grouped_gemm_kernel<false, 3, true>;
   if (stages == 3) return glu ? grouped_gemm_kernel<true, 3> : grouped_gemm_kernel<false, 3>;
   return glu ? grouped_gemm_kernel<true, 4> : grouped_gemm_kernel<false, 4>;
@@ -79,8 +85,9 @@ const DeviceInfo& device_info() {
     for (const int stages : {3, 4})
       for (const bool glu : {false, true})
         for (const bool async : {false, true})
-          cudaFuncSetAttribute(gemm_kernel(glu, stages, async), cudaFuncAttributeMaxDynamicSharedMemorySize,
-                               gemm_smem_bytes(stages, async));
+          for (const bool trace : {false, true})
+            cudaFuncSetAttribute(gemm_kernel(glu, stages, async, trace), cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 gemm_smem_bytes(stages, async));
   }
   return d;
 }
@@ -112,9 +119,24 @@ bool shared_gemm1_params(const MoeArgs& a, GemmParams& g) {
   return true;
 }
 
-void launch_gemm(const GemmParams& g, bool glu, const MoeArgs& a, cudaStream_t stream) {
+// launch: which of the call's GEMM launches this is (0 the shared expert's GEMM 1, 1 the routed GEMM 1, 2 GEMM 2),
+// the index of its stamps in a dev build's unit trace.
+void launch_gemm(GemmParams g, bool glu, const MoeArgs& a, cudaStream_t stream, int launch) {
   const bool async = a.async_epilogue & (glu ? 1 : 2);
-  gemm_kernel(glu, a.stages, async)<<<device_info().sms, kThreads, gemm_smem_bytes(a.stages, async), stream>>>(g);
+  bool trace = false;
+#ifdef KBENCH_DEV
+  // timing only: the address of an int64 CUDA buffer of kTraceLaunches * kTraceUnits * kTraceFields stamps
+  // (benchmarks/moe.py --trace allocates it and passes its data_ptr here; the asynchronous epilogue's units only)
+  if (const char* at = std::getenv("KBENCH_MOE_DEV_TRACE")) {
+    g.trace = reinterpret_cast<long long*>(std::strtoull(at, nullptr, 10));
+    g.trace_launch = launch;
+    trace = async && g.trace != nullptr;
+  }
+#else
+  (void)launch;
+#endif
+  gemm_kernel(glu, a.stages, async, trace)<<<device_info().sms, kThreads, gemm_smem_bytes(a.stages, async),
+                                             stream>>>(g);
 }
 
 }  // namespace
@@ -179,7 +201,7 @@ const char* moe_run(const MoeArgs& a, cudaStream_t stream, cudaEvent_t* events) 
     gs.gather_pair_row = a.pair_row;
     gs.K = a.K;
     gs.zero_slot = out_slot;
-    launch_gemm(gs, true, a, stream);
+    launch_gemm(gs, true, a, stream, 0);
   } else {
     gather_kernel<<<a.T, 256, 0, stream>>>(static_cast<const __half*>(a.x), a.pair_row, static_cast<__half*>(a.xs),
                                           a.K, a.d, out_slot);
@@ -214,9 +236,9 @@ const char* moe_run(const MoeArgs& a, cudaStream_t stream, cudaEvent_t* events) 
   g2.scores = static_cast<const __half*>(a.scores);
   g2.K = a.K;
   g2.skip_empty_halves = a.skip_empty_halves;
-  launch_gemm(g1, true, a, stream);
+  launch_gemm(g1, true, a, stream, 1);
   mark(3);
-  launch_gemm(g2, false, a, stream);
+  launch_gemm(g2, false, a, stream, 2);
   mark(4);
   if (a.out && !out_slot) moe_run_combine(a.y, a.scores, a.out, a.T, a.K, a.d, stream);
   mark(5);
@@ -228,7 +250,7 @@ const char* moe_run_shared_gemm1(const MoeArgs& a, cudaStream_t stream) {
   GemmParams g;
   if (!shared_gemm1_params(a, g))
     return "moe cuda: cuTensorMapEncodeTiled failed (driver entry point missing or misaligned weights)";
-  launch_gemm(g, true, a, stream);
+  launch_gemm(g, true, a, stream, 3);
   return kb::launch_error("moe cuda shared GEMM 1");
 }
 
