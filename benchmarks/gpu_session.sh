@@ -81,7 +81,8 @@ for part in "$@"; do
                        --runs "${BENCH_RUNS:-10}" --candidates "${BENCH_CANDIDATES:-}" ;;
   mla-projections) step "${BENCH_S:-300}" mla_projections python3 benchmarks/mla_decode.py --projections ;;
   mla-head-gemm) step "${BENCH_S:-300}" mla_head_gemm python3 benchmarks/mla_decode.py --head-gemm ;;
-  moe-trace) TAIL=40 step "${BENCH_S:-400}" moe_trace python3 benchmarks/moe.py --trace --runs "${BENCH_RUNS:-5}" ;;
+  moe-trace) TAIL=40 step "${BENCH_S:-400}" moe_trace python3 benchmarks/moe.py --trace --runs "${BENCH_RUNS:-5}" \
+                   --candidates "${BENCH_CANDIDATES:-}" ;;
   mla-trace) TAIL=40 step "${BENCH_S:-300}" mla_trace python3 benchmarks/mla_decode.py --phase-trace --trace-out "$W/records/mla_trace" ;;
   mla-check) step 500 mla_check python3 -m pytest -q -x -p no:cacheprovider tests/test_mla_cuda_gpu.py ;;
   mla-perf) step 400 mla_bench python3 benchmarks/mla_decode.py

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import itertools
 import sys
 
 import torch
@@ -51,6 +52,8 @@ CANDIDATES = {
     "shared-last": {"KBENCH_MOE_SHARED_FIRST": "0"},
     # the gather pass (and the shared expert's GEMM 1 before the router), as before the twenty-second session
     "gather-pass": {"KBENCH_MOE_SHARED_GATHER": "0"},
+    # the shared expert's launch gathers through the load/store units instead of the TMA unit's bulk copies
+    "gather-lsu": {"KBENCH_MOE_GATHER_LSU": "1"},
 }
 
 
@@ -230,12 +233,14 @@ def unit_stats(stamps: torch.Tensor, num_kb: int) -> dict | None:
     return out
 
 
-def unit_trace(cuda_mod, runs: int) -> list:
+def unit_trace(cuda_mod, runs: int, candidates: dict) -> list:
     """--trace: every GEMM unit's stamps (a dev build, KBENCH_MOE_DEV_TRACE) on the benchmark cases, the layer
     called eagerly (KBENCH_MOE_GRAPH=0: the same kernels the graph replays) in two regimes: `official` (each call
     after the harness's clone of the inputs and a synchronize, as the official loop runs it) and `back-to-back`
     (runs calls in a row, the last one's stamps: the GEMMs at the board's power cap). Per launch the medians over
-    the runs of unit_stats. Rows: backend cuda[dev,<regime>]/trace:<launch>:<quantity>, metric trace (us)."""
+    the runs of unit_stats. The shipped configuration, then each of `candidates` (name -> knobs). Rows: backend
+    cuda[dev,<regime>]/trace:<launch>:<quantity> (a candidate's: cuda+<name>[dev,<regime>]/...), metric trace
+    (us)."""
     gpu, rows, table = torch.cuda.get_device_name(), [], []
     ref = problems.load_modules("moe").reference
     stamps = torch.zeros(len(TRACE_LAUNCHES) * TRACE_UNITS * TRACE_FIELDS, dtype=torch.int64, device="cuda")
@@ -245,9 +250,11 @@ def unit_trace(cuda_mod, runs: int) -> list:
         num_kb = {"shared-gemm1": x.shape[-1] // 64, "gemm1": x.shape[-1] // 64,
                   "shared-gemm1-first": x.shape[-1] // 64, "gemm2": weights["experts.0.2.weight"].shape[0] // 64}
         label = problems.format_case(case)
-        for regime in ("official", "back-to-back"):
+        for (build, settings), regime in itertools.product([("cuda", {})] + [(f"cuda+{n}", k) for n, k in
+                                                             candidates.items()], ("official", "back-to-back")):
             per_run = []
-            with benchlib.knobs({"KBENCH_MOE_DEV_TRACE": str(stamps.data_ptr()), "KBENCH_MOE_GRAPH": "0"}):
+            with benchlib.knobs({**settings, "KBENCH_MOE_DEV_TRACE": str(stamps.data_ptr()),
+                                 "KBENCH_MOE_GRAPH": "0"}):
                 for i in range(runs):
                     stamps.zero_()
                     if regime == "official":
@@ -274,17 +281,17 @@ def unit_trace(cuda_mod, runs: int) -> list:
                 fulls = [f["full_units"]["unit"] for f in found if f["full_units"]["n"]]
                 med["tail_unit"] = benchlib.median(tails) if tails else None
                 med["full_unit"] = benchlib.median(fulls) if fulls else None
-                backend = f"cuda[dev,{regime}]/trace:{name}"
+                backend = f"{build}[dev,{regime}]/trace:{name}"
                 rows += [benchlib.Row(gpu, 1, f"{backend}:{q}", "trace", label, med[q])
                          for q in ("span", "unit", "peak", "wait", "first", "handover", "tail", "tail_unit",
                                    "full_unit") if med[q] is not None and med[q] > 0]
-                table.append([label.split("; seed")[0].split("; ")[-1], regime, name, f"{med['units']:.0f}",
+                table.append([label.split("; seed")[0].split("; ")[-1], build, regime, name, f"{med['units']:.0f}",
                               f"{med['mhz']:.0f}", med["span"], med["unit"], med["peak"], med["wait"], med["first"],
                               med["handover"], med["tail"], f"{med['mma_share']:.2f}", med["tail_unit"],
                               med["full_unit"]])
         del data, x, weights
     benchlib.table(f"moe GEMM units (dev build, eager calls; us but MHz; medians over runs) on {gpu}",
-                   ["case", "regime", "launch", "units", "MHz", "span", "unit", "at peak", "wait", "first",
+                   ["case", "build", "regime", "launch", "units", "MHz", "span", "unit", "at peak", "wait", "first",
                     "handover", "tail", "MMA share", "tail unit", "full unit"], table)
     return rows
 
@@ -385,7 +392,7 @@ def main():
         kernel_paths(cuda_mod, revisions, args.runs)
         return
     if args.trace:
-        benchlib.record("moe", unit_trace(cuda_mod, args.runs))
+        benchlib.record("moe", unit_trace(cuda_mod, args.runs, benchlib.selected(CANDIDATES, args.candidates)))
         return
     if args.uniform:
         benchlib.record("moe", uniform_stages(cuda_mod, args.runs, benchlib.selected(CANDIDATES, args.candidates),

@@ -133,6 +133,7 @@ MoeArgs layer_args(const torch::Tensor& x, const std::vector<torch::Tensor>& gat
   a.split_route = config.split_route;
   a.async_epilogue = config.async_epilogue;
   a.shared_gather = config.shared_gather;
+  a.gather_lsu = config.gather_lsu;
   return a;
 }
 

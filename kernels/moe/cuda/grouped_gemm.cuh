@@ -90,6 +90,7 @@ struct GemmParams {
   __half* gather_xs;              // xs [T*K][d]
   const int* gather_pair_row;     // [T*K]: the sorted row of pair t*K + k
   __half* const* zero_slot;       // the output's address in device memory; null: not zeroed here
+  int gather_lsu;                 // MoeConfig::gather_lsu: the copies through the load/store units (gather_slice_lsu)
 #ifdef KBENCH_DEV
   long long* trace;               // KBENCH_MOE_DEV_TRACE: per-unit stamps (kTrace instances; see below)
   int trace_launch;               // which of the call's GEMM launches this is (the trace's first index)
@@ -251,6 +252,50 @@ __device__ __forceinline__ void gather_slice(const GemmParams& p, int u, int uni
   }
 }
 
+// GemmParams::gather_lsu: the same slice without the TMA unit, which the GEMM's own loads need (the bulk copies made
+// the shared expert's units ~25% longer, docs/moe-notes.md, twenty-fourth session). Each drain warp takes every
+// third token, a kGatherBytes piece at a time: cp.async (16 bytes a lane) into its bounce buffer, then 16-byte loads
+// from there and stores to each of the token's K rows; then the three warps zero the slice's output rows.
+__device__ __forceinline__ void gather_slice_lsu(const GemmParams& p, int u, int units, int T, uint8_t* s_gbuf,
+                                                 int e) {
+  // (the drain warps have 56 registers: 32-bit offsets, the K rows held one a lane, K <= 32, loops not unrolled)
+  const int t0 = static_cast<int>(static_cast<long long>(u) * T / units);
+  const int t1 = static_cast<int>(static_cast<long long>(u + 1) * T / units);
+  const int lane = e % 32;
+  uint8_t* const buf = s_gbuf + (e / 32) * kGatherBytes;
+#pragma unroll 1
+  for (int t = t0 + e / 32; t < t1; t += kGatherChains) {
+    const int my_row = lane < p.K ? p.gather_pair_row[t * p.K + lane] : 0;  // lane k: the sorted row of slot k
+#pragma unroll 1
+    for (int off = 0; off < 2 * p.k; off += kGatherBytes) {
+      const int bytes = min(2 * p.k - off, kGatherBytes);
+#pragma unroll 1
+      for (int i = lane * 16; i < bytes; i += 32 * 16)
+        cp_async_16(buf + i, reinterpret_cast<const uint8_t*>(p.gather_x + static_cast<long long>(t) * p.k) + off + i);
+      cp_async_commit();
+      cp_async_wait_all();
+      __syncwarp();  // every lane's pieces have landed
+#pragma unroll 1
+      for (int i = lane * 16; i < bytes; i += 32 * 16) {
+        const uint4 v = *reinterpret_cast<const uint4*>(buf + i);
+#pragma unroll 1
+        for (int k = 0; k < p.K; ++k) {
+          const int row = __shfl_sync(0xffffffffu, my_row, k);
+          *reinterpret_cast<uint4*>(reinterpret_cast<uint8_t*>(p.gather_xs + static_cast<long long>(row) * p.k) + off +
+                                    i) = v;
+        }
+      }
+      __syncwarp();  // the buffer is read: the next piece may land in it
+    }
+  }
+  if (p.zero_slot) {
+    uint4* const zero_out = reinterpret_cast<uint4*>(*p.zero_slot + static_cast<long long>(t0) * p.k);
+    const int n = (t1 - t0) * (p.k / 8);
+#pragma unroll 1
+    for (int i = e; i < n; i += kEpiThreads) zero_out[i] = make_uint4(0, 0, 0, 0);
+  }
+}
+
 // kAsync: the producer warpgroup's warps 1-3 (e = 0..95) finish every unit's epilogue from the consumers' staging
 // buffers, warpgroup 0's rows then warpgroup 1's, while the consumers run the next unit's MMAs. A warp takes one
 // staged row at a time (512 bytes: 16 bytes a lane), so its global writes are whole row segments.
@@ -269,7 +314,8 @@ __device__ __forceinline__ void drain_epilogues(const GemmParams& p, const int* 
     for (int r = e; r < kBM; r += kEpiThreads)
       s_off[r] = row_target<kGlu>(p, w, w.mt * kBM + r, accumulate, s_scale[r]);
     named_bar_sync(3, kEpiThreads);
-    if (kGlu && p.gather_x && w.g == p.shared_group) gather_slice(p, u, units, w.rows, s_gbuf, gbar, gphase, e);
+    const bool gather = kGlu && p.gather_x && w.g == p.shared_group;
+    if (gather && !p.gather_lsu) gather_slice(p, u, units, w.rows, s_gbuf, gbar, gphase, e);
     __half* const dst = out + w.nt * (kGlu ? 128 : 256);
     for (int cw = 0; cw < 2; ++cw) {
       mbar_wait(&stg_full[cw], phase);
@@ -303,6 +349,8 @@ __device__ __forceinline__ void drain_epilogues(const GemmParams& p, const int* 
       mbar_arrive(&stg_empty[cw]);  // every thread: its own reads are ordered before the consumers' next writes
     }
     phase ^= 1;
+    // (after the unit's rows: fewer registers live across the copies, which the 56 a thread barely hold)
+    if (gather && p.gather_lsu) gather_slice_lsu(p, u, units, w.rows, s_gbuf, e);
   }
 }
 

@@ -35,6 +35,7 @@ struct MoeArgs {
   int* route_hist;        // split_route: [moe_route_blocks(T*K)][E] per-block expert counts
   int shared_gather;      // MoeConfig::shared_gather: moe_run launches the shared expert's GEMM 1 after the routing,
                           // and that launch gathers xs and zeroes the output (no gather pass)
+  int gather_lsu;         // MoeConfig::gather_lsu
 };
 
 // A named configuration (KBENCH_PRINT_CONFIG=1 prints the one picked for each shape). The defaults are the measured
@@ -56,6 +57,8 @@ struct MoeConfig {
   bool shared_gather;      // the shared expert's GEMM 1 runs after the routing, its epilogue warps doing the gather
                            // pass's copies and zeroing under its MMAs (KBENCH_MOE_SHARED_GATHER; off where GEMM 1
                            // has no asynchronous epilogue, whose warps do it; takes precedence over shared_first)
+  bool gather_lsu;         // shared_gather's copies through the load/store units (cp.async in, 16-byte stores out)
+                           // instead of bulk copies through the TMA unit (KBENCH_MOE_GATHER_LSU)
 };
 MoeConfig moe_config(int T, int K, int E);
 void moe_describe(const MoeConfig& c, char* buf, int size);
