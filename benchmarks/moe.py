@@ -54,6 +54,9 @@ CANDIDATES = {
     "gather-pass": {"KBENCH_MOE_SHARED_GATHER": "0"},
     # the shared expert's launch gathers through the load/store units instead of the TMA unit's bulk copies
     "gather-lsu": {"KBENCH_MOE_GATHER_LSU": "1"},
+    # a group of more than 16 m-tiles (the shared expert at 8192 tokens) walked in bands of 16 m-tiles
+    "band16": {"KBENCH_MOE_BAND": "16"},
+    "lsu-band16": {"KBENCH_MOE_GATHER_LSU": "1", "KBENCH_MOE_BAND": "16"},
 }
 
 

@@ -134,6 +134,7 @@ MoeArgs layer_args(const torch::Tensor& x, const std::vector<torch::Tensor>& gat
   a.async_epilogue = config.async_epilogue;
   a.shared_gather = config.shared_gather;
   a.gather_lsu = config.gather_lsu;
+  a.band = config.band;
   return a;
 }
 

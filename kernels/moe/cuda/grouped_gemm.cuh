@@ -91,6 +91,7 @@ struct GemmParams {
   const int* gather_pair_row;     // [T*K]: the sorted row of pair t*K + k
   __half* const* zero_slot;       // the output's address in device memory; null: not zeroed here
   int gather_lsu;                 // MoeConfig::gather_lsu: the copies through the load/store units (gather_slice_lsu)
+  int band;                       // MoeConfig::band: m-tiles a band of a group's units (decode); 0: the whole group
 #ifdef KBENCH_DEV
   long long* trace;               // KBENCH_MOE_DEV_TRACE: per-unit stamps (kTrace instances; see below)
   int trace_launch;               // which of the call's GEMM launches this is (the trace's first index)
@@ -122,8 +123,12 @@ struct Unit {
 };
 
 // Units go group by group, n-tile by n-tile, m-tile fastest: CTAs working at the same time share B tiles (the
-// expert weights, read from DRAM once and from L2 by the group's other m-tiles).
-__device__ __forceinline__ Unit decode(const int* s_meta, int G, int n_tiles, int u) {
+// expert weights, read from DRAM once and from L2 by the group's other m-tiles). band > 0 (GemmParams::band): a
+// group of more m-tiles than that goes in bands of `band` m-tiles, each band n-tile by n-tile, so that a wave's
+// CTAs read a few m-tiles' A rows and a few n-tiles' B instead of all of the group's A for two n-tiles (the shared
+// expert at 8192 tokens: 64 m-tiles, x's 117 MB from DRAM again every wave; docs/moe-notes.md, twenty-fourth
+// session).
+__device__ __forceinline__ Unit decode(const int* s_meta, int G, int n_tiles, int u, int band = 0) {
   const int* mt_off = s_meta + G + 1;
   const int gm = u / n_tiles;  // which m-tile block, counted over all groups (only to find the group)
   int g = 0;
@@ -132,8 +137,16 @@ __device__ __forceinline__ Unit decode(const int* s_meta, int G, int n_tiles, in
   const int local = u - mt_off[g] * n_tiles;
   Unit w;
   w.g = g;
-  w.nt = local / m_tiles;
-  w.mt = local % m_tiles;
+  if (band > 0 && m_tiles > band) {
+    const int m0 = local / (band * n_tiles) * band;  // the band's first m-tile
+    const int in_band = local - m0 * n_tiles;
+    const int band_m = min(band, m_tiles - m0);
+    w.nt = in_band / band_m;
+    w.mt = m0 + in_band % band_m;
+  } else {
+    w.nt = local / m_tiles;
+    w.mt = local % m_tiles;
+  }
   w.row0 = s_meta[g];
   w.rows = s_meta[g + 1] - s_meta[g];
   return w;
@@ -189,7 +202,7 @@ __device__ __forceinline__ void produce(const GemmParams& p, const int* s_meta, 
   int s = 0;
   uint32_t phase = 0;
   for (int u = blockIdx.x; u < units; u += gridDim.x) {
-    const Unit w = decode(s_meta, G, p.n_tiles, u);
+    const Unit w = decode(s_meta, G, p.n_tiles, u, p.band);
     const bool shared_x = kGlu && w.g == p.shared_group;  // GEMM 1 reads the shared expert's rows from x itself
     const CUtensorMap* amap = &p.a[shared_x ? 1 : 0];
     // A group's last m-tile reads on into the next group's rows (its results there are never stored). Keep it so:
@@ -309,7 +322,7 @@ __device__ __forceinline__ void drain_epilogues(const GemmParams& p, const int* 
   const int warp = e / 32, lane = e % 32;
   uint32_t phase = 0, gphase = 0;
   for (int u = blockIdx.x; u < units; u += gridDim.x) {
-    const Unit w = decode(s_meta, p.groups, p.n_tiles, u);
+    const Unit w = decode(s_meta, p.groups, p.n_tiles, u, p.band);
     named_bar_sync(3, kEpiThreads);  // every warp is done with the previous unit's table
     for (int r = e; r < kBM; r += kEpiThreads)
       s_off[r] = row_target<kGlu>(p, w, w.mt * kBM + r, accumulate, s_scale[r]);
@@ -422,7 +435,7 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_kernel(const __grid_
   uint32_t stg_phase = 0;  // kAsync
 
   for (int u = blockIdx.x; u < units; u += gridDim.x) {
-    const Unit w = decode(s_meta, G, p.n_tiles, u);
+    const Unit w = decode(s_meta, G, p.n_tiles, u, p.band);
     // The last m-tile of a group often holds 64 rows or fewer: its second half is empty. With skip_empty_halves
     // that warpgroup only releases the stages (same arrivals), and the other one has the tensor cores to itself.
     // (Broadcast from lane 0: the compiler must see the branch around the wgmma as warp-uniform, or it serializes

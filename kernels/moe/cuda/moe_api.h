@@ -36,6 +36,7 @@ struct MoeArgs {
   int shared_gather;      // MoeConfig::shared_gather: moe_run launches the shared expert's GEMM 1 after the routing,
                           // and that launch gathers xs and zeroes the output (no gather pass)
   int gather_lsu;         // MoeConfig::gather_lsu
+  int band;               // MoeConfig::band
 };
 
 // A named configuration (KBENCH_PRINT_CONFIG=1 prints the one picked for each shape). The defaults are the measured
@@ -59,6 +60,8 @@ struct MoeConfig {
                            // has no asynchronous epilogue, whose warps do it; takes precedence over shared_first)
   bool gather_lsu;         // shared_gather's copies through the load/store units (cp.async in, 16-byte stores out)
                            // instead of bulk copies through the TMA unit (KBENCH_MOE_GATHER_LSU)
+  int band;                // the GEMMs walk a group of more m-tiles than this in bands of this many (KBENCH_MOE_BAND;
+                           // 0: n-tile by n-tile over the whole group)
 };
 MoeConfig moe_config(int T, int K, int E);
 void moe_describe(const MoeConfig& c, char* buf, int size);
