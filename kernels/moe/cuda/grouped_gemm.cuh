@@ -322,12 +322,18 @@ __device__ __forceinline__ void drain_epilogues(const GemmParams& p, const int* 
   const int warp = e / 32, lane = e % 32;
   uint32_t phase = 0, gphase = 0;
   for (int u = blockIdx.x; u < units; u += gridDim.x) {
-    const Unit w = decode(s_meta, p.groups, p.n_tiles, u, p.band);
+    if (kGlu && p.gather_x && p.gather_lsu) {
+      // first, under the unit's MMAs (the slice's copies take ~15 us at the official shapes; the last unit's would
+      // otherwise lengthen the launch), and with nothing of the unit live across them (the 56 registers spilled)
+      const Unit g = decode(s_meta, p.groups, p.n_tiles, u, p.band);
+      if (g.g == p.shared_group) gather_slice_lsu(p, u, units, g.rows, s_gbuf, e);
+    }
     named_bar_sync(3, kEpiThreads);  // every warp is done with the previous unit's table
+    const Unit w = decode(s_meta, p.groups, p.n_tiles, u, p.band);
+    const bool gather = kGlu && p.gather_x && w.g == p.shared_group;
     for (int r = e; r < kBM; r += kEpiThreads)
       s_off[r] = row_target<kGlu>(p, w, w.mt * kBM + r, accumulate, s_scale[r]);
     named_bar_sync(3, kEpiThreads);
-    const bool gather = kGlu && p.gather_x && w.g == p.shared_group;
     if (gather && !p.gather_lsu) gather_slice(p, u, units, w.rows, s_gbuf, gbar, gphase, e);
     __half* const dst = out + w.nt * (kGlu ? 128 : 256);
     for (int cw = 0; cw < 2; ++cw) {
@@ -362,8 +368,6 @@ __device__ __forceinline__ void drain_epilogues(const GemmParams& p, const int* 
       mbar_arrive(&stg_empty[cw]);  // every thread: its own reads are ordered before the consumers' next writes
     }
     phase ^= 1;
-    // (after the unit's rows: fewer registers live across the copies, which the 56 a thread barely hold)
-    if (gather && p.gather_lsu) gather_slice_lsu(p, u, units, w.rows, s_gbuf, e);
   }
 }
 
