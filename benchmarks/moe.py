@@ -52,11 +52,11 @@ CANDIDATES = {
     "shared-last": {"KBENCH_MOE_SHARED_FIRST": "0"},
     # the gather pass (and the shared expert's GEMM 1 before the router), as before the twenty-second session
     "gather-pass": {"KBENCH_MOE_SHARED_GATHER": "0"},
-    # the shared expert's launch gathers through the load/store units instead of the TMA unit's bulk copies
-    "gather-lsu": {"KBENCH_MOE_GATHER_LSU": "1"},
-    # a group of more than 16 m-tiles (the shared expert at 8192 tokens) walked in bands of 16 m-tiles
-    "band16": {"KBENCH_MOE_BAND": "16"},
-    "lsu-band16": {"KBENCH_MOE_GATHER_LSU": "1", "KBENCH_MOE_BAND": "16"},
+    # the builds before the twenty-fourth session: the shared launch's gather by bulk copies through the TMA unit
+    # (not the load/store units), a group's units n-tile by n-tile over all its m-tiles (not in bands of 16), both
+    "tma-gather": {"KBENCH_MOE_GATHER_LSU": "0"},
+    "no-band": {"KBENCH_MOE_BAND": "0"},
+    "tma-gather-no-band": {"KBENCH_MOE_GATHER_LSU": "0", "KBENCH_MOE_BAND": "0"},
 }
 
 

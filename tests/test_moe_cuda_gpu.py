@@ -41,17 +41,19 @@ ROUTINGS = [(1, 4, 4, None), (7, 8, 2, None), (300, 8, 4, 4), (1000, 32, 4, None
             (2048, 32, 4, 6), (129, 64, 8, None), (4096, 8, 4, None), (192, 4, 1, 1), (193, 4, 1, 1)]
 
 
-# the shipped configuration (the async epilogue), the candidates' knobs (kernels/moe/cuda/moe_api.h: MoeConfig) on
-# together with the consumers' own epilogue, the previous builds' combine pass and one-block routing, and the
-# consumers' own epilogue alone and with Y written
+# the shipped configuration (the async epilogue, the gather through the load/store units, bands of 16 m-tiles: the
+# (4096, 8, 4) routing's shared expert has 32), the candidates' knobs (kernels/moe/cuda/moe_api.h: MoeConfig) on
+# together with the consumers' own epilogue, the previous builds' combine pass and one-block routing, the consumers'
+# own epilogue alone and with Y written, the gather pass, the TMA gather without bands, and bands of 2 and 3 m-tiles
+# (a band shorter than the others at the group's end)
 KNOBS = [{}, {"KBENCH_MOE_SKIP_EMPTY_HALVES": "1", "KBENCH_MOE_KEEP_WORKSPACES": "1", "KBENCH_MOE_STAGES": "3",
               "KBENCH_MOE_ASYNC_EPILOGUE": "0"},
          {"KBENCH_MOE_RED_COMBINE": "0", "KBENCH_MOE_SPLIT_ROUTE": "0"},
          {"KBENCH_MOE_ASYNC_EPILOGUE": "0"}, {"KBENCH_MOE_ASYNC_EPILOGUE": "0", "KBENCH_MOE_RED_COMBINE": "0"},
-         {"KBENCH_MOE_SHARED_GATHER": "0"}, {"KBENCH_MOE_GATHER_LSU": "1"},
+         {"KBENCH_MOE_SHARED_GATHER": "0"}, {"KBENCH_MOE_GATHER_LSU": "0", "KBENCH_MOE_BAND": "0"},
          {"KBENCH_MOE_BAND": "2"}, {"KBENCH_MOE_BAND": "3", "KBENCH_MOE_ASYNC_EPILOGUE": "0"}]
-KNOB_IDS = ["default", "candidates", "combine-pass", "sync-epilogue", "sync-epilogue-y", "gather-pass", "gather-lsu",
-            "band2", "band3-sync-epilogue"]
+KNOB_IDS = ["default", "candidates", "combine-pass", "sync-epilogue", "sync-epilogue-y", "gather-pass",
+            "tma-gather-no-band", "band2", "band3-sync-epilogue"]
 
 
 @pytest.mark.gpu
@@ -86,7 +88,7 @@ def test_synthetic_routings_match_the_definition(moe, tokens, n_experts, k, skew
 
 # moe_layer's launch orders (kernels/moe/cuda/moe_api.h: MoeConfig): the shared expert's GEMM 1 gathering after the
 # routing (the default), before the router, and after the router with the gather pass
-LAYER_ORDERS = {"shared-gather": {}, "shared-gather-lsu": {"KBENCH_MOE_GATHER_LSU": "1"},
+LAYER_ORDERS = {"shared-gather": {}, "shared-gather-tma": {"KBENCH_MOE_GATHER_LSU": "0"},
                 "shared-first": {"KBENCH_MOE_SHARED_GATHER": "0"},
                 "shared-last": {"KBENCH_MOE_SHARED_GATHER": "0", "KBENCH_MOE_SHARED_FIRST": "0"}}
 

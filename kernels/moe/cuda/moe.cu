@@ -164,8 +164,8 @@ MoeConfig moe_config(int, int, int) {
   return MoeConfig{kb::env_int("KBENCH_MOE_SKIP_EMPTY_HALVES", 0) != 0,
                    kb::env_int("KBENCH_MOE_KEEP_WORKSPACES", 0) != 0, stages,
                    kb::env_int("KBENCH_MOE_RED_COMBINE", 1) != 0, kb::env_int("KBENCH_MOE_SPLIT_ROUTE", 1) != 0,
-                   async_epilogue, shared_first, shared_gather, kb::env_int("KBENCH_MOE_GATHER_LSU", 0) != 0,
-                   std::max(0, kb::env_int("KBENCH_MOE_BAND", 0))};
+                   async_epilogue, shared_first, shared_gather, kb::env_int("KBENCH_MOE_GATHER_LSU", 1) != 0,
+                   std::max(0, kb::env_int("KBENCH_MOE_BAND", 16))};
 }
 
 void moe_describe(const MoeConfig& c, char* buf, int size) {

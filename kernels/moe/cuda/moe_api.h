@@ -59,9 +59,10 @@ struct MoeConfig {
                            // pass's copies and zeroing under its MMAs (KBENCH_MOE_SHARED_GATHER; off where GEMM 1
                            // has no asynchronous epilogue, whose warps do it; takes precedence over shared_first)
   bool gather_lsu;         // shared_gather's copies through the load/store units (cp.async in, 16-byte stores out)
-                           // instead of bulk copies through the TMA unit (KBENCH_MOE_GATHER_LSU)
-  int band;                // the GEMMs walk a group of more m-tiles than this in bands of this many (KBENCH_MOE_BAND;
-                           // 0: n-tile by n-tile over the whole group)
+                           // instead of bulk copies through the TMA unit (KBENCH_MOE_GATHER_LSU; on since the
+                           // twenty-fourth session)
+  int band;                // the GEMMs walk a group of more m-tiles than this in bands of this many (KBENCH_MOE_BAND,
+                           // 16 since the twenty-fourth session; 0: n-tile by n-tile over the whole group)
 };
 MoeConfig moe_config(int T, int K, int E);
 void moe_describe(const MoeConfig& c, char* buf, int size);
