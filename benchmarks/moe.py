@@ -57,8 +57,6 @@ CANDIDATES = {
     "tma-gather": {"KBENCH_MOE_GATHER_LSU": "0"},
     "no-band": {"KBENCH_MOE_BAND": "0"},
     "tma-gather-no-band": {"KBENCH_MOE_GATHER_LSU": "0", "KBENCH_MOE_BAND": "0"},
-    # GEMM 2 in the routed GEMM 1's launch (the last GEMM 1 wave's idle SMs start it)
-    "fused": {"KBENCH_MOE_FUSED_GEMMS": "1"},
 }
 
 

@@ -51,10 +51,9 @@ KNOBS = [{}, {"KBENCH_MOE_SKIP_EMPTY_HALVES": "1", "KBENCH_MOE_KEEP_WORKSPACES":
          {"KBENCH_MOE_RED_COMBINE": "0", "KBENCH_MOE_SPLIT_ROUTE": "0"},
          {"KBENCH_MOE_ASYNC_EPILOGUE": "0"}, {"KBENCH_MOE_ASYNC_EPILOGUE": "0", "KBENCH_MOE_RED_COMBINE": "0"},
          {"KBENCH_MOE_SHARED_GATHER": "0"}, {"KBENCH_MOE_GATHER_LSU": "0", "KBENCH_MOE_BAND": "0"},
-         {"KBENCH_MOE_BAND": "2"}, {"KBENCH_MOE_BAND": "3", "KBENCH_MOE_ASYNC_EPILOGUE": "0"},
-         {"KBENCH_MOE_FUSED_GEMMS": "1"}, {"KBENCH_MOE_FUSED_GEMMS": "1", "KBENCH_MOE_BAND": "2"}]
+         {"KBENCH_MOE_BAND": "2"}, {"KBENCH_MOE_BAND": "3", "KBENCH_MOE_ASYNC_EPILOGUE": "0"}]
 KNOB_IDS = ["default", "candidates", "combine-pass", "sync-epilogue", "sync-epilogue-y", "gather-pass",
-            "tma-gather-no-band", "band2", "band3-sync-epilogue", "fused", "fused-band2"]
+            "tma-gather-no-band", "band2", "band3-sync-epilogue"]
 
 
 @pytest.mark.gpu
@@ -90,7 +89,7 @@ def test_synthetic_routings_match_the_definition(moe, tokens, n_experts, k, skew
 # moe_layer's launch orders (kernels/moe/cuda/moe_api.h: MoeConfig): the shared expert's GEMM 1 gathering after the
 # routing (the default), before the router, and after the router with the gather pass
 LAYER_ORDERS = {"shared-gather": {}, "shared-gather-tma": {"KBENCH_MOE_GATHER_LSU": "0"},
-                "fused": {"KBENCH_MOE_FUSED_GEMMS": "1"}, "shared-first": {"KBENCH_MOE_SHARED_GATHER": "0"},
+                "shared-first": {"KBENCH_MOE_SHARED_GATHER": "0"},
                 "shared-last": {"KBENCH_MOE_SHARED_GATHER": "0", "KBENCH_MOE_SHARED_FIRST": "0"}}
 
 

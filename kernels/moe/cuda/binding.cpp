@@ -27,7 +27,7 @@ void check_weights(const std::vector<torch::Tensor>& ws, int64_t rows, int64_t c
 }
 
 struct Workspaces {
-  torch::Tensor meta, rows_pair, pair_row, route_hist, xs, h, y, ready;
+  torch::Tensor meta, rows_pair, pair_row, route_hist, xs, h, y;
 };
 
 // y only without red_combine (GEMM 2 then adds into the output instead: 587 MB less at 8192 tokens).
@@ -38,11 +38,7 @@ Workspaces make_workspaces(const torch::Tensor& x, int64_t T, int64_t K, int64_t
   return Workspaces{torch::empty({2 * (E + 2)}, i32), torch::empty({T * K}, i32), torch::empty({T * K}, i32),
                     torch::empty({moe_route_blocks(static_cast<int>(T * K)) * E}, i32),
                     torch::empty({T * K, d}, x.options()),
-                    torch::empty({T * K + T, dexp}, x.options()), torch::empty({y_rows, d}, x.options()),
-                    torch::empty({config.fused_gemms ? moe_ready_count(static_cast<int>(T), static_cast<int>(K),
-                                                                       static_cast<int>(E))
-                                                     : 0},
-                                 i32)};
+                    torch::empty({T * K + T, dexp}, x.options()), torch::empty({y_rows, d}, x.options())};
 }
 
 // The call's workspaces. keep: the last shape's stay allocated per device and are reused by the next call of the
@@ -54,7 +50,7 @@ Workspaces workspaces(const torch::Tensor& x, int64_t T, int64_t K, int64_t E, i
   static std::mutex mu;
   // device -> (shape, workspaces); never destroyed: tensors freed after the CUDA context at exit would fail
   static auto* kept = new std::map<int, std::pair<std::vector<int64_t>, Workspaces>>();
-  const std::vector<int64_t> shape{T, K, E, d, dexp, config.red_combine, config.fused_gemms};
+  const std::vector<int64_t> shape{T, K, E, d, dexp, config.red_combine};
   std::lock_guard<std::mutex> lock(mu);
   auto& slot = (*kept)[x.get_device()];
   if (slot.first != shape) {
@@ -139,8 +135,6 @@ MoeArgs layer_args(const torch::Tensor& x, const std::vector<torch::Tensor>& gat
   a.shared_gather = config.shared_gather;
   a.gather_lsu = config.gather_lsu;
   a.band = config.band;
-  a.fused_gemms = config.fused_gemms;
-  a.ready = config.fused_gemms ? ws.ready.data_ptr<int>() : nullptr;
   return a;
 }
 

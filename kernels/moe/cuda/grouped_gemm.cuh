@@ -92,16 +92,6 @@ struct GemmParams {
   __half* const* zero_slot;       // the output's address in device memory; null: not zeroed here
   int gather_lsu;                 // MoeConfig::gather_lsu: the copies through the load/store units (gather_slice_lsu)
   int band;                       // MoeConfig::band: m-tiles a band of a group's units (decode); 0: the whole group
-  int up_off;                     // kGlu: the up maps' index in b (gate of group g at [g], up at [up_off + g])
-  // kFused (MoeConfig::fused_gemms): this launch runs GEMM 1 over the routed groups (`groups`), then GEMM 2 over all
-  // (groups2, with these fields and its down maps at b[down_off + g], its A at a2), so that the CTAs with one GEMM 1
-  // unit fewer start GEMM 2 while the others finish (the last GEMM 1 wave is ~45% full at 2048 tokens: ~40 us of
-  // idle SMs, docs/moe-notes.md, twenty-fourth session). A GEMM 2 unit waits until ready[its meta m-tile] counts
-  // n_tiles GEMM 1 units (their H rows written); the shared group's rows come from the launch before.
-  CUtensorMap a2;
-  int groups2, n_out2, n_tiles2, k2, shared_group2, down_off;
-  int extra_rounds;               // GEMM 2 rounds the CTAs with one GEMM 1 unit fewer take before the others join
-  int* ready;                     // [m-tiles of the meta], zeroed before the launch
 #ifdef KBENCH_DEV
   long long* trace;               // KBENCH_MOE_DEV_TRACE: per-unit stamps (kTrace instances; see below)
   int trace_launch;               // which of the call's GEMM launches this is (the trace's first index)
@@ -162,28 +152,6 @@ __device__ __forceinline__ Unit decode(const int* s_meta, int G, int n_tiles, in
   return w;
 }
 
-// Which units a CTA takes, in order: unit blockIdx.x + i gridDim.x of the launch's one GEMM; in a kFused launch GEMM 1's
-// that way, then GEMM 2's: the CTAs with one GEMM 1 unit fewer (blockIdx.x >= rem) first take extra_rounds rounds of
-// GEMM 2 units among themselves, then every CTA takes one unit a round, so that the CTAs working at one time walk
-// neighbouring units (the step in which they share B) and end together.
-struct Schedule {
-  int units1, units2, rem, extra;  // GEMM 1's and GEMM 2's units, CTAs with one GEMM 1 unit more, extra rounds
-  __device__ __forceinline__ bool item(int i, int& phase, int& u) const {
-    const int c = blockIdx.x, P = gridDim.x;
-    const int n1 = units1 / P + (c < units1 % P ? 1 : 0);
-    if (i < n1) {
-      phase = 0;
-      u = c + i * P;
-      return true;
-    }
-    const int j = i - n1;
-    const bool early = c >= rem;
-    u = early && j < extra ? (c - rem) + j * (P - rem) : extra * (P - rem) + c + (j - (early ? extra : 0)) * P;
-    phase = 1;
-    return u < units2;
-  }
-};
-
 // h = silu(gate) * up with the reference's roundings: the GEMM outputs are fp16 (F.linear), silu computes in fp32
 // and rounds to fp16, and the product of two fp16 tensors rounds once more.
 // (expf and an IEEE division as torch's silu; __expf with __frcp_rn measured 0.9% slower end to end, moe notes.)
@@ -198,14 +166,14 @@ __device__ __forceinline__ __half glu(float gate, float up) {
 // accumulating).
 template <bool kGlu>
 __device__ __forceinline__ long long row_target(const GemmParams& p, const Unit& w, int local, bool accumulate,
-                                                __half2& scale, int shared_group, int n_out) {
+                                                __half2& scale) {
   scale = __float2half2_rn(1.0f);
   if (local >= w.rows) return -1;
   long long out_row;
   if constexpr (kGlu) {
     out_row = w.row0 + local;  // H keeps the sorted order (routed rows, then the shared expert's)
   } else if (accumulate) {     // the token's output row
-    if (w.g == shared_group) {
+    if (w.g == p.shared_group) {
       out_row = local;
     } else {
       const int pair = p.out_rows[w.row0 + local];
@@ -213,9 +181,9 @@ __device__ __forceinline__ long long row_target(const GemmParams& p, const Unit&
       scale = __half2half2(p.scores[pair]);
     }
   } else {
-    out_row = w.g == shared_group ? p.shared_out_row0 + local : p.out_rows[w.row0 + local];
+    out_row = w.g == p.shared_group ? p.shared_out_row0 + local : p.out_rows[w.row0 + local];
   }
-  return out_row * n_out;
+  return out_row * p.n_out;
 }
 
 // out[0..7] += v[0..7] (fp16, each sum rounded to nearest, subnormals kept), one 16-byte reduction in L2.
@@ -228,33 +196,12 @@ __device__ __forceinline__ void red_add_f16x8(__half* out, const uint4& v) {
 // The producer (one thread): for each of this CTA's units, every k-block's A tile and four B boxes into the next
 // free stage.
 template <bool kGlu, int kStages>
-__device__ __forceinline__ void produce(const GemmParams& p, const int* s_meta, int G, uint8_t* s_a, uint8_t* s_b,
-                                        uint64_t* full, uint64_t* empty, const Schedule& sched) {
+__device__ __forceinline__ void produce(const GemmParams& p, const int* s_meta, uint8_t* s_a, uint8_t* s_b,
+                                        uint64_t* full, uint64_t* empty, int units, int num_kb) {
+  const int G = p.groups;
   int s = 0;
   uint32_t phase = 0;
-  int ph, u;
-  for (int i = 0; sched.item(i, ph, u); ++i) {
-    if (ph == 1) {  // kFused: GEMM 2's unit
-      const Unit w = decode(s_meta, G, p.n_tiles2, u, p.band);
-      if (w.g != p.shared_group2) {  // its H rows: the m-tile's n_tiles GEMM 1 units have written them
-        const int* flag = p.ready + s_meta[G + 1 + w.g] + w.mt;
-        while (ld_acquire_gpu(flag) < p.n_tiles) __nanosleep(256);
-        fence_proxy_async_global();  // the rows written through the generic proxy, read below through TMA
-      }
-      const int a_row = w.row0 + w.mt * kBM;
-      for (int kb = 0; kb < p.k2 / kBK; ++kb) {
-        mbar_wait(&empty[s], phase ^ 1);
-        mbar_arrive_expect_tx(&full[s], kStageBytes);
-        tma_load_2d(s_a + s * kABytes, &p.a2, &full[s], kb * kBK, a_row);
-        uint8_t* sb = s_b + s * kBBytes;
-#pragma unroll
-        for (int j = 0; j < 4; ++j)
-          tma_load_2d(sb + j * kBChunk, &p.b[p.down_off + w.g], &full[s], w.nt * 256 + j * 64, kb * kBK);
-        ring_next(s, phase, kStages);
-      }
-      continue;
-    }
-    const int num_kb = p.k / kBK;
+  for (int u = blockIdx.x; u < units; u += gridDim.x) {
     const Unit w = decode(s_meta, G, p.n_tiles, u, p.band);
     const bool shared_x = kGlu && w.g == p.shared_group;  // GEMM 1 reads the shared expert's rows from x itself
     const CUtensorMap* amap = &p.a[shared_x ? 1 : 0];
@@ -269,7 +216,7 @@ __device__ __forceinline__ void produce(const GemmParams& p, const int* s_meta, 
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
         if constexpr (kGlu) {  // chunks 0, 1: gate columns n0 .. n0 + 127; chunks 2, 3: the same up columns
-          const CUtensorMap* bmap = &p.b[(j < 2 ? 0 : p.up_off) + w.g];
+          const CUtensorMap* bmap = &p.b[(j < 2 ? 0 : kMaxGroups) + w.g];
           tma_load_2d(sb + j * kBChunk, bmap, &full[s], w.nt * 128 + (j & 1) * 64, kb * kBK);
         } else {
           tma_load_2d(sb + j * kBChunk, &p.b[w.g], &full[s], w.nt * 256 + j * 64, kb * kBK);
@@ -362,96 +309,71 @@ __device__ __forceinline__ void gather_slice_lsu(const GemmParams& p, int u, int
   }
 }
 
-// kAsync: one unit's epilogue from the consumers' staging buffers, warpgroup 0's rows then warpgroup 1's (kG: GEMM 1's
-// silu * up into H, else GEMM 2's output; shared_group and n_out the unit's GEMM's).
-template <bool kG>
-__device__ __forceinline__ void drain_unit(const GemmParams& p, const Unit& w, int shared_group, int n_out,
-                                           const uint8_t* s_stage, long long* s_off, __half2* s_scale,
-                                           uint64_t* stg_full, uint64_t* stg_empty, uint32_t phase, int e) {
-  const bool accumulate = !kG && p.out_slot != nullptr;
+// kAsync: the producer warpgroup's warps 1-3 (e = 0..95) finish every unit's epilogue from the consumers' staging
+// buffers, warpgroup 0's rows then warpgroup 1's, while the consumers run the next unit's MMAs. A warp takes one
+// staged row at a time (512 bytes: 16 bytes a lane), so its global writes are whole row segments.
+template <bool kGlu>
+__device__ __forceinline__ void drain_epilogues(const GemmParams& p, const int* s_meta, const uint8_t* s_stage,
+                                                long long* s_off, __half2* s_scale, uint64_t* stg_full,
+                                                uint64_t* stg_empty, int units, int e, uint8_t* s_gbuf,
+                                                uint64_t* gbar) {
+  const bool accumulate = !kGlu && p.out_slot != nullptr;
   __half* const out = accumulate ? *p.out_slot : p.out;
   const int warp = e / 32, lane = e % 32;
-  for (int r = e; r < kBM; r += kEpiThreads)
-    s_off[r] = row_target<kG>(p, w, w.mt * kBM + r, accumulate, s_scale[r], shared_group, n_out);
-  named_bar_sync(3, kEpiThreads);
-  __half* const dst = out + w.nt * (kG ? 128 : 256);
-  for (int cw = 0; cw < 2; ++cw) {
-    mbar_wait(&stg_full[cw], phase);
-    for (int r = warp; r < 64; r += kEpiThreads / 32) {
-      const long long off = s_off[cw * 64 + r];
-      if (off < 0) continue;
-      const uint8_t* src = s_stage + cw * kStageCBytes + r * kStagePitch;
-      if constexpr (kG) {  // H columns 4 lane .. 4 lane + 3: gate at staged columns 0..127, up at 128..255
-        uint2 gv = *reinterpret_cast<const uint2*>(src + lane * 8);
-        uint2 uv = *reinterpret_cast<const uint2*>(src + 256 + lane * 8);
-        const __half* gh = reinterpret_cast<const __half*>(&gv);
-        const __half* uh = reinterpret_cast<const __half*>(&uv);
-        uint2 hv;
-        __half* hh = reinterpret_cast<__half*>(&hv);
-#pragma unroll
-        for (int j = 0; j < 4; ++j) hh[j] = glu(__half2float(gh[j]), __half2float(uh[j]));
-        *reinterpret_cast<uint2*>(dst + off + lane * 4) = hv;
-      } else {
-        uint4 v = *reinterpret_cast<const uint4*>(src + lane * 16);
-        if (accumulate) {  // the reference's out.mul_(score), then its fp16 index_add_
-          __half2* h = reinterpret_cast<__half2*>(&v);
-          const __half2 sc = s_scale[cw * 64 + r];
-#pragma unroll
-          for (int j = 0; j < 4; ++j) h[j] = __hmul2(h[j], sc);
-          red_add_f16x8(dst + off + lane * 8, v);
-        } else {
-          *reinterpret_cast<uint4*>(dst + off + lane * 8) = v;
-        }
-      }
-    }
-    mbar_arrive(&stg_empty[cw]);  // every thread: its own reads are ordered before the consumers' next writes
-  }
-}
-
-// kAsync: the producer warpgroup's warps 1-3 (e = 0..95) finish every unit's epilogue from the consumers' staging
-// buffers while the consumers run the next unit's MMAs. A warp takes one staged row at a time (512 bytes: 16 bytes a
-// lane), so its global writes are whole row segments. kFused: after a GEMM 1 unit's rows, ready[its m-tile] counts it.
-template <bool kGlu, bool kFused>
-__device__ __forceinline__ void drain_epilogues(const GemmParams& p, const int* s_meta, int G, const uint8_t* s_stage,
-                                                long long* s_off, __half2* s_scale, uint64_t* stg_full,
-                                                uint64_t* stg_empty, const Schedule& sched, int e, uint8_t* s_gbuf,
-                                                uint64_t* gbar) {
-  const int units = sched.units1;  // (the gather's slices: the shared expert's launch, never fused)
   uint32_t phase = 0, gphase = 0;
-  int ph, u;
-  for (int i = 0; sched.item(i, ph, u); ++i) {
-    if (kGlu && !kFused && p.gather_x && p.gather_lsu) {  // (a fused launch never gathers)
+  for (int u = blockIdx.x; u < units; u += gridDim.x) {
+    if (kGlu && p.gather_x && p.gather_lsu) {
       // first, under the unit's MMAs (the slice's copies take ~15 us at the official shapes; the last unit's would
       // otherwise lengthen the launch), and with nothing of the unit live across them (the 56 registers spilled)
-      const Unit g = decode(s_meta, G, p.n_tiles, u, p.band);
+      const Unit g = decode(s_meta, p.groups, p.n_tiles, u, p.band);
       if (g.g == p.shared_group) gather_slice_lsu(p, u, units, g.rows, s_gbuf, e);
     }
     named_bar_sync(3, kEpiThreads);  // every warp is done with the previous unit's table
-    if (kFused && ph == 1) {
-      const Unit w = decode(s_meta, G, p.n_tiles2, u, p.band);
-      drain_unit<false>(p, w, p.shared_group2, p.n_out2, s_stage, s_off, s_scale, stg_full, stg_empty, phase, e);
-    } else {
-      const Unit w = decode(s_meta, G, p.n_tiles, u, p.band);
-      if (kGlu && !kFused && p.gather_x && !p.gather_lsu && w.g == p.shared_group) {
-        gather_slice(p, u, units, w.rows, s_gbuf, gbar, gphase, e);
-      }
-      drain_unit<kGlu>(p, w, p.shared_group, p.n_out, s_stage, s_off, s_scale, stg_full, stg_empty, phase, e);
-      if (kFused) {  // the unit's H rows are written: its GEMM 2 units may read them
-        named_bar_sync(3, kEpiThreads);
-        if (e == 0) {
-          __threadfence();
-          atomicAdd(p.ready + s_meta[G + 1 + w.g] + w.mt, 1);
+    const Unit w = decode(s_meta, p.groups, p.n_tiles, u, p.band);
+    const bool gather = kGlu && p.gather_x && w.g == p.shared_group;
+    for (int r = e; r < kBM; r += kEpiThreads)
+      s_off[r] = row_target<kGlu>(p, w, w.mt * kBM + r, accumulate, s_scale[r]);
+    named_bar_sync(3, kEpiThreads);
+    if (gather && !p.gather_lsu) gather_slice(p, u, units, w.rows, s_gbuf, gbar, gphase, e);
+    __half* const dst = out + w.nt * (kGlu ? 128 : 256);
+    for (int cw = 0; cw < 2; ++cw) {
+      mbar_wait(&stg_full[cw], phase);
+      for (int r = warp; r < 64; r += kEpiThreads / 32) {
+        const long long off = s_off[cw * 64 + r];
+        if (off < 0) continue;
+        const uint8_t* src = s_stage + cw * kStageCBytes + r * kStagePitch;
+        if constexpr (kGlu) {  // H columns 4 lane .. 4 lane + 3: gate at staged columns 0..127, up at 128..255
+          uint2 gv = *reinterpret_cast<const uint2*>(src + lane * 8);
+          uint2 uv = *reinterpret_cast<const uint2*>(src + 256 + lane * 8);
+          const __half* gh = reinterpret_cast<const __half*>(&gv);
+          const __half* uh = reinterpret_cast<const __half*>(&uv);
+          uint2 hv;
+          __half* hh = reinterpret_cast<__half*>(&hv);
+#pragma unroll
+          for (int j = 0; j < 4; ++j) hh[j] = glu(__half2float(gh[j]), __half2float(uh[j]));
+          *reinterpret_cast<uint2*>(dst + off + lane * 4) = hv;
+        } else {
+          uint4 v = *reinterpret_cast<const uint4*>(src + lane * 16);
+          if (accumulate) {  // the reference's out.mul_(score), then its fp16 index_add_
+            __half2* h = reinterpret_cast<__half2*>(&v);
+            const __half2 sc = s_scale[cw * 64 + r];
+#pragma unroll
+            for (int j = 0; j < 4; ++j) h[j] = __hmul2(h[j], sc);
+            red_add_f16x8(dst + off + lane * 8, v);
+          } else {
+            *reinterpret_cast<uint4*>(dst + off + lane * 8) = v;
+          }
         }
       }
+      mbar_arrive(&stg_empty[cw]);  // every thread: its own reads are ordered before the consumers' next writes
     }
     phase ^= 1;
   }
 }
 
-template <bool kGlu, int kStages, bool kAsync = false, bool kTrace = false, bool kFused = false>
+template <bool kGlu, int kStages, bool kAsync = false, bool kTrace = false>
 __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_kernel(const __grid_constant__ GemmParams p) {
   static_assert(kStages >= 2 && kStages <= kMaxStages, "the ring needs two stages and fits four");
-  static_assert(!kFused || (kGlu && kAsync), "a fused launch is GEMM 1 with the asynchronous epilogue, then GEMM 2");
   extern __shared__ uint8_t smem_raw[];
   // 128B-swizzled TMA tiles and wgmma descriptors both assume 1024-byte aligned tiles.
   uint8_t* base = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
@@ -470,7 +392,7 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_kernel(const __grid_
                                                ~uintptr_t(127));
   uint64_t* gbar = reinterpret_cast<uint64_t*>(s_gbuf + kGatherChains * kGatherBytes);
 
-  const int G = kFused ? p.groups2 : p.groups;  // (kFused: the whole meta; GEMM 1 takes its first p.groups groups)
+  const int G = p.groups;
   for (int i = threadIdx.x; i < 2 * (G + 1); i += blockDim.x)
     s_meta[i] = p.meta ? p.meta[i <= G ? i : i + p.meta_groups - G] : p.fixed_meta[i];
   if (threadIdx.x == 0) {
@@ -488,24 +410,17 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_kernel(const __grid_
     fence_mbar_init();
   }
   __syncthreads();
-  Schedule sched{};
-  if constexpr (kFused) {
-    sched.units1 = s_meta[G + 1 + p.groups] * p.n_tiles;
-    sched.units2 = s_meta[2 * G + 1] * p.n_tiles2;
-    sched.rem = sched.units1 % gridDim.x;
-    sched.extra = sched.rem ? p.extra_rounds : 0;
-  } else {
-    sched.units1 = s_meta[2 * G + 1] * p.n_tiles;
-  }
+  const int units = s_meta[2 * G + 1] * p.n_tiles;
+  const int num_kb = p.k / kBK;
   const int wg = threadIdx.x / 128;
 
   if (wg == 0) {
     setmaxnreg_dec<kProducerRegs>();
-    if (threadIdx.x == 0) produce<kGlu, kStages>(p, s_meta, G, s_a, s_b, full, empty, sched);
+    if (threadIdx.x == 0) produce<kGlu, kStages>(p, s_meta, s_a, s_b, full, empty, units, num_kb);
     if constexpr (kAsync) {
       if (threadIdx.x >= 32)
-        drain_epilogues<kGlu, kFused>(p, s_meta, G, s_c, s_off, s_scale, stg_full, stg_empty, sched, threadIdx.x - 32,
-                              s_gbuf, gbar);
+        drain_epilogues<kGlu>(p, s_meta, s_c, s_off, s_scale, stg_full, stg_empty, units, threadIdx.x - 32, s_gbuf,
+                              gbar);
     }
     return;
   }
@@ -523,10 +438,8 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_kernel(const __grid_
   uint32_t phase = 0;
   uint32_t stg_phase = 0;  // kAsync
 
-  int ph, u;
-  for (int i = 0; sched.item(i, ph, u); ++i) {
-    const Unit w = decode(s_meta, G, ph ? p.n_tiles2 : p.n_tiles, u, p.band);
-    const int num_kb = (ph ? p.k2 : p.k) / kBK;
+  for (int u = blockIdx.x; u < units; u += gridDim.x) {
+    const Unit w = decode(s_meta, G, p.n_tiles, u, p.band);
     // The last m-tile of a group often holds 64 rows or fewer: its second half is empty. With skip_empty_halves
     // that warpgroup only releases the stages (same arrivals), and the other one has the tensor cores to itself.
     // (Broadcast from lane 0: the compiler must see the branch around the wgmma as warp-uniform, or it serializes
@@ -568,8 +481,7 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_kernel(const __grid_
     if constexpr (!kAsync) {  // (kAsync: the epilogue warps find the rows)
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
-        out_off[i] =
-            row_target<kGlu>(p, w, row_base + t / 8 + 16 * i, accumulate, scale[i], p.shared_group, p.n_out);
+        out_off[i] = row_target<kGlu>(p, w, row_base + t / 8 + 16 * i, accumulate, scale[i]);
         if (out_off[i] >= 0) out_off[i] += (t % 8) * 8;
       }
     }
@@ -595,9 +507,8 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_kernel(const __grid_
       stg_phase ^= 1;
 #ifdef KBENCH_DEV
       if constexpr (kTrace) {
-        const int tu = u + (ph ? sched.units1 : 0);  // (kFused: GEMM 2's units after GEMM 1's)
-        if (cw == 0 && t == 0 && p.trace && tu < kTraceUnits) {
-          long long* at = p.trace + (static_cast<long long>(p.trace_launch) * kTraceUnits + tu) * kTraceFields;
+        if (cw == 0 && t == 0 && p.trace && u < kTraceUnits) {
+          long long* at = p.trace + (static_cast<long long>(p.trace_launch) * kTraceUnits + u) * kTraceFields;
           const int tile_rows = max(0, min(kBM, w.rows - w.mt * kBM));
           at[0] = static_cast<long long>(sm_id() & 255) | (static_cast<long long>(w.g & 255) << 8) |
                   (static_cast<long long>(w.mt & 255) << 16) | (static_cast<long long>(tile_rows) << 24) |

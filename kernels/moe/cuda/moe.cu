@@ -59,13 +59,7 @@ bool map_f16(CUtensorMap* map, const void* ptr, uint64_t cols, uint64_t rows, ui
 // async (MoeConfig::async_epilogue) builds have 3 stages: the staging buffer takes the fourth's room.
 // (Dev builds: `trace` picks the asynchronous instances that stamp their units, benchmarks/moe.py --trace.)
 using GemmKernel = void (*)(GemmParams);
-GemmKernel gemm_kernel(bool glu, int stages, bool async, bool trace = false, bool fused = false) {
-  if (fused) {  // (GEMM 1 then GEMM 2, asynchronous epilogue: MoeConfig::fused_gemms)
-#ifdef KBENCH_DEV
-    if (trace) return grouped_gemm_kernel<true, 3, true, true, true>;
-#endif
-    return grouped_gemm_kernel<true, 3, true, false, true>;
-  }
+GemmKernel gemm_kernel(bool glu, int stages, bool async, bool trace = false) {
 #ifdef KBENCH_DEV
   if (async && trace)
     return glu ? grouped_gemm_kernel<true, 3, true, true> : grouped_gemm_kernel<false, 3, true, true>;
@@ -93,9 +87,8 @@ const DeviceInfo& device_info() {
       for (const bool glu : {false, true})
         for (const bool async : {false, true})
           for (const bool trace : {false, true})
-            for (const bool fused : {false, true})
-              cudaFuncSetAttribute(gemm_kernel(glu, stages, async, trace, fused),
-                                   cudaFuncAttributeMaxDynamicSharedMemorySize, gemm_smem_bytes(stages, async));
+            cudaFuncSetAttribute(gemm_kernel(glu, stages, async, trace), cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 gemm_smem_bytes(stages, async));
   }
   return d;
 }
@@ -109,7 +102,6 @@ GemmParams gemm1_params(const MoeArgs& a) {
   g.k = a.d;
   g.skip_empty_halves = a.skip_empty_halves;
   g.band = a.band;
-  g.up_off = kMaxGroups;
   return g;
 }
 
@@ -131,10 +123,8 @@ bool shared_gemm1_params(const MoeArgs& a, GemmParams& g) {
 
 // launch: which of the call's GEMM launches this is (0 the shared expert's GEMM 1, 1 the routed GEMM 1, 2 GEMM 2),
 // the index of its stamps in a dev build's unit trace.
-// fused: GEMM 1 then GEMM 2 in this one launch (GemmParams' kFused fields set), as a cooperative launch: its GEMM 2
-// units wait for other CTAs' GEMM 1 units, so every CTA must be resident at once.
-void launch_gemm(GemmParams g, bool glu, const MoeArgs& a, cudaStream_t stream, int launch, bool fused = false) {
-  const bool async = fused || (a.async_epilogue & (glu ? 1 : 2));
+void launch_gemm(GemmParams g, bool glu, const MoeArgs& a, cudaStream_t stream, int launch) {
+  const bool async = a.async_epilogue & (glu ? 1 : 2);
   bool trace = false;
 #ifdef KBENCH_DEV
   // timing only: the address of an int64 CUDA buffer of kTraceLaunches * kTraceUnits * kTraceFields stamps
@@ -147,29 +137,9 @@ void launch_gemm(GemmParams g, bool glu, const MoeArgs& a, cudaStream_t stream, 
 #else
   (void)launch;
 #endif
-  const GemmKernel kernel = gemm_kernel(glu, a.stages, async, trace, fused);
-  if (!fused) {
-    kernel<<<device_info().sms, kThreads, gemm_smem_bytes(a.stages, async), stream>>>(g);
-    return;
-  }
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(device_info().sms);
-  cfg.blockDim = dim3(kThreads);
-  cfg.dynamicSmemBytes = gemm_smem_bytes(a.stages, true);
-  cfg.stream = stream;
-  cudaLaunchAttribute attr{};
-  attr.id = cudaLaunchAttributeCooperative;
-  attr.val.cooperative = 1;
-  cfg.attrs = &attr;
-  cfg.numAttrs = 1;
-  cudaLaunchKernelEx(&cfg, kernel, g);
+  gemm_kernel(glu, a.stages, async, trace)<<<device_info().sms, kThreads, gemm_smem_bytes(a.stages, async),
+                                             stream>>>(g);
 }
-
-// A fused GEMM 1 -> GEMM 2 launch keeps gate, up and down maps in one GemmParams::b: 3 E + 1 of its 2 kMaxGroups.
-bool fused_fits(int E) { return 3 * E + 1 <= 2 * kMaxGroups; }
-// GEMM 2 rounds that the CTAs with one GEMM 1 unit fewer take before the others join: a GEMM 1 unit (k1 deep) lasts
-// ~0.93 x k1 / k2 GEMM 2 units (3.28 and 3.24 at the official shapes, the units' stamps, twenty-fourth session).
-int fused_extra_rounds(int k1, int k2) { return (15 * k1 / k2 + 8) / 16; }
 
 }  // namespace
 }  // namespace moe
@@ -195,15 +165,15 @@ MoeConfig moe_config(int, int, int) {
                    kb::env_int("KBENCH_MOE_KEEP_WORKSPACES", 0) != 0, stages,
                    kb::env_int("KBENCH_MOE_RED_COMBINE", 1) != 0, kb::env_int("KBENCH_MOE_SPLIT_ROUTE", 1) != 0,
                    async_epilogue, shared_first, shared_gather, kb::env_int("KBENCH_MOE_GATHER_LSU", 1) != 0,
-                   std::max(0, kb::env_int("KBENCH_MOE_BAND", 16)), kb::env_int("KBENCH_MOE_FUSED_GEMMS", 0) != 0};
+                   std::max(0, kb::env_int("KBENCH_MOE_BAND", 16))};
 }
 
 void moe_describe(const MoeConfig& c, char* buf, int size) {
   snprintf(buf, size,
            "MoeConfig{skip_empty_halves=%d, keep_workspaces=%d, stages=%d, red_combine=%d, split_route=%d, "
-           "async_epilogue=%d, shared_first=%d, shared_gather=%d, gather_lsu=%d, band=%d, fused_gemms=%d}",
+           "async_epilogue=%d, shared_first=%d, shared_gather=%d, gather_lsu=%d, band=%d}",
            c.skip_empty_halves, c.keep_workspaces, c.stages, c.red_combine, c.split_route, c.async_epilogue,
-           c.shared_first, c.shared_gather, c.gather_lsu, c.band, c.fused_gemms);
+           c.shared_first, c.shared_gather, c.gather_lsu, c.band);
 }
 
 const char* moe_run(const MoeArgs& a, cudaStream_t stream, cudaEvent_t* events) {
@@ -271,35 +241,9 @@ const char* moe_run(const MoeArgs& a, cudaStream_t stream, cudaEvent_t* events) 
   g2.K = a.K;
   g2.skip_empty_halves = a.skip_empty_halves;
   g2.band = a.band;
-  // fused_gemms: GEMM 2 goes on in GEMM 1's launch (routed groups after the shared launch, adding into the output,
-  // both epilogues asynchronous, the maps fitting one GemmParams)
-  if (a.fused_gemms && shared_ran && out_slot && (a.async_epilogue & 3) == 3 && fused_fits(a.E) && a.ready) {
-    GemmParams f = g1;
-    for (int g = 0; g < a.E; ++g) f.b[a.E + g] = g1.b[kMaxGroups + g];
-    for (int g = 0; g < G; ++g) f.b[2 * a.E + g] = g2.b[g];
-    f.up_off = a.E;
-    f.down_off = 2 * a.E;
-    f.a2 = g2.a[0];
-    f.groups2 = G;
-    f.n_out2 = g2.n_out;
-    f.n_tiles2 = g2.n_tiles;
-    f.k2 = g2.k;
-    f.shared_group2 = g2.shared_group;
-    f.out_slot = g2.out_slot;
-    f.out_rows = g2.out_rows;
-    f.scores = g2.scores;
-    f.K = g2.K;
-    f.shared_out_row0 = g2.shared_out_row0;
-    f.extra_rounds = fused_extra_rounds(g1.k, g2.k);
-    f.ready = a.ready;
-    cudaMemsetAsync(a.ready, 0, moe_ready_count(a.T, a.K, a.E) * sizeof(int), stream);
-    launch_gemm(f, true, a, stream, 1, true);
-    mark(3);
-  } else {
-    launch_gemm(g1, true, a, stream, 1);
-    mark(3);
-    launch_gemm(g2, false, a, stream, 2);
-  }
+  launch_gemm(g1, true, a, stream, 1);
+  mark(3);
+  launch_gemm(g2, false, a, stream, 2);
   mark(4);
   if (a.out && !out_slot) moe_run_combine(a.y, a.scores, a.out, a.T, a.K, a.d, stream);
   mark(5);
@@ -323,8 +267,6 @@ const char* moe_run_combine(const void* y, const void* scores, void* out, int T,
 }
 
 int moe_route_blocks(int pairs) { return route_blocks(pairs); }
-
-int moe_ready_count(int T, int K, int E) { return (T * K + kBM - 1) / kBM + E + (T + kBM - 1) / kBM + 1; }
 
 const char* moe_publish_output(void** slot, void* out, cudaStream_t stream) {
   publish_kernel<<<1, 1, 0, stream>>>(slot, out);

@@ -37,8 +37,6 @@ struct MoeArgs {
                           // and that launch gathers xs and zeroes the output (no gather pass)
   int gather_lsu;         // MoeConfig::gather_lsu
   int band;               // MoeConfig::band
-  int fused_gemms;        // MoeConfig::fused_gemms
-  int* ready;             // fused_gemms: [moe_ready_count(T, K, E)] per m-tile counters (zeroed by moe_run)
 };
 
 // A named configuration (KBENCH_PRINT_CONFIG=1 prints the one picked for each shape). The defaults are the measured
@@ -65,9 +63,6 @@ struct MoeConfig {
                            // twenty-fourth session)
   int band;                // the GEMMs walk a group of more m-tiles than this in bands of this many (KBENCH_MOE_BAND,
                            // 16 since the twenty-fourth session; 0: n-tile by n-tile over the whole group)
-  bool fused_gemms;        // GEMM 2 in the routed GEMM 1's launch, its units waiting per m-tile for GEMM 1's H rows,
-                           // so the last GEMM 1 wave's idle SMs start GEMM 2 (KBENCH_MOE_FUSED_GEMMS; needs the
-                           // shared-gather order, red_combine, both epilogues asynchronous and 3 E + 1 <= 130 maps)
 };
 MoeConfig moe_config(int T, int K, int E);
 void moe_describe(const MoeConfig& c, char* buf, int size);
@@ -83,8 +78,6 @@ const char* moe_run(const MoeArgs& args, cudaStream_t stream, cudaEvent_t* event
 // fields as moe_run takes them. moe_run with shared_done then skips that group. (With shared_gather moe_run makes
 // this launch itself, after the routing.)
 const char* moe_run_shared_gemm1(const MoeArgs& args, cudaStream_t stream);
-// Int counters MoeArgs::ready needs: an upper bound on the meta's m-tiles (routed groups and the shared one).
-int moe_ready_count(int T, int K, int E);
 // Blocks of the split routing sort for `pairs` (token, slot) pairs (the size of MoeArgs::route_hist's first dim).
 int moe_route_blocks(int pairs);
 // Writes `out`'s address to the device word `slot` on `stream` (the red_combine path reads it there, so one captured
