@@ -20,6 +20,7 @@
 // store) while the tensor cores run. The staging buffer takes a ring stage's room: kAsync builds have 3 stages.
 #pragma once
 #include <cstdint>
+#include <type_traits>
 #include <cuda.h>
 #include <cuda_fp16.h>
 
@@ -92,6 +93,7 @@ struct GemmParams {
   __half* const* zero_slot;       // the output's address in device memory; null: not zeroed here
   int gather_lsu;                 // MoeConfig::gather_lsu: the copies through the load/store units (gather_slice_lsu)
   int band;                       // MoeConfig::band: m-tiles a band of a group's units (decode); 0: the whole group
+  int split_tail;                 // MoeConfig::split_tail (kGlu, kAsync): a last wave at most half full goes as halves
 #ifdef KBENCH_DEV
   long long* trace;               // KBENCH_MOE_DEV_TRACE: per-unit stamps (kTrace instances; see below)
   int trace_launch;               // which of the call's GEMM launches this is (the trace's first index)
@@ -152,6 +154,28 @@ __device__ __forceinline__ Unit decode(const int* s_meta, int G, int n_tiles, in
   return w;
 }
 
+// Which units a CTA takes, in order: unit blockIdx.x + i gridDim.x. With GemmParams::split_tail (GEMM 1, the
+// asynchronous epilogue) a last wave that fills at most half of the CTAs goes as half units instead, twice as many, a
+// CTA each: 64 gate and 64 up columns of the unit's 128 + 128 (half 0 the first 64), so that wave lasts half as long
+// (the routed GEMM 1 at 2048 tokens: 1248 units, 9 waves and 60 units, ~40 us of idle SMs; docs/moe-notes.md,
+// twenty-fourth session). Half units come only after every whole one, so no CTA leaves the step before the end.
+struct Schedule {
+  int packed;  // 2 x the launch's units + 1 where its last wave goes as half units (one register: the drain warps
+               // hold the schedule across the gather's copies in 56)
+  __device__ __forceinline__ int units() const { return packed >> 1; }
+  // A CTA's items as codes 4 u + half + 1 (half -1: the whole unit), -1 past its last.
+  __device__ __forceinline__ int first() const { return next_whole(static_cast<int>(blockIdx.x)); }
+  __device__ __forceinline__ int next(int code) const {
+    return (code & 3) ? -1 : next_whole((code >> 2) + static_cast<int>(gridDim.x));
+  }
+  __device__ __forceinline__ int next_whole(int u) const {
+    const int units = packed >> 1, whole = (packed & 1) ? units - units % static_cast<int>(gridDim.x) : units;
+    if (u < whole) return 4 * u;
+    const int j = static_cast<int>(blockIdx.x);  // the CTA's half unit: unit whole + j / 2, half j % 2
+    return j < 2 * (units - whole) ? 4 * (whole + j / 2) + j % 2 + 1 : -1;
+  }
+};
+
 // h = silu(gate) * up with the reference's roundings: the GEMM outputs are fp16 (F.linear), silu computes in fp32
 // and rounds to fp16, and the product of two fp16 tensors rounds once more.
 // (expf and an IEEE division as torch's silu; __expf with __frcp_rn measured 0.9% slower end to end, moe notes.)
@@ -197,11 +221,12 @@ __device__ __forceinline__ void red_add_f16x8(__half* out, const uint4& v) {
 // free stage.
 template <bool kGlu, int kStages>
 __device__ __forceinline__ void produce(const GemmParams& p, const int* s_meta, uint8_t* s_a, uint8_t* s_b,
-                                        uint64_t* full, uint64_t* empty, int units, int num_kb) {
+                                        uint64_t* full, uint64_t* empty, const Schedule sched, int num_kb) {
   const int G = p.groups;
   int s = 0;
   uint32_t phase = 0;
-  for (int u = blockIdx.x; u < units; u += gridDim.x) {
+  for (int code = sched.first(); code >= 0; code = sched.next(code)) {
+    const int u = code >> 2, half = (code & 3) - 1;
     const Unit w = decode(s_meta, G, p.n_tiles, u, p.band);
     const bool shared_x = kGlu && w.g == p.shared_group;  // GEMM 1 reads the shared expert's rows from x itself
     const CUtensorMap* amap = &p.a[shared_x ? 1 : 0];
@@ -210,9 +235,17 @@ __device__ __forceinline__ void produce(const GemmParams& p, const int* s_meta, 
     const int a_row = (shared_x ? 0 : w.row0) + w.mt * kBM;
     for (int kb = 0; kb < num_kb; ++kb) {
       mbar_wait(&empty[s], phase ^ 1);
+      uint8_t* sb = s_b + s * kBBytes;
+      if (kGlu && half >= 0) {  // a half unit: one 64-column box of gate and the same of up
+        mbar_arrive_expect_tx(&full[s], kABytes + 2 * kBChunk);
+        tma_load_2d(s_a + s * kABytes, amap, &full[s], kb * kBK, a_row);
+        tma_load_2d(sb, &p.b[w.g], &full[s], w.nt * 128 + half * 64, kb * kBK);
+        tma_load_2d(sb + kBChunk, &p.b[kMaxGroups + w.g], &full[s], w.nt * 128 + half * 64, kb * kBK);
+        ring_next(s, phase, kStages);
+        continue;
+      }
       mbar_arrive_expect_tx(&full[s], kStageBytes);
       tma_load_2d(s_a + s * kABytes, amap, &full[s], kb * kBK, a_row);
-      uint8_t* sb = s_b + s * kBBytes;
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
         if constexpr (kGlu) {  // chunks 0, 1: gate columns n0 .. n0 + 127; chunks 2, 3: the same up columns
@@ -312,35 +345,38 @@ __device__ __forceinline__ void gather_slice_lsu(const GemmParams& p, int u, int
 // kAsync: the producer warpgroup's warps 1-3 (e = 0..95) finish every unit's epilogue from the consumers' staging
 // buffers, warpgroup 0's rows then warpgroup 1's, while the consumers run the next unit's MMAs. A warp takes one
 // staged row at a time (512 bytes: 16 bytes a lane), so its global writes are whole row segments.
-template <bool kGlu>
+template <bool kGlu, bool kSplit>
 __device__ __forceinline__ void drain_epilogues(const GemmParams& p, const int* s_meta, const uint8_t* s_stage,
                                                 long long* s_off, __half2* s_scale, uint64_t* stg_full,
-                                                uint64_t* stg_empty, int units, int e, uint8_t* s_gbuf,
+                                                uint64_t* stg_empty, const Schedule sched, int e, uint8_t* s_gbuf,
                                                 uint64_t* gbar) {
   const bool accumulate = !kGlu && p.out_slot != nullptr;
   __half* const out = accumulate ? *p.out_slot : p.out;
   const int warp = e / 32, lane = e % 32;
   uint32_t phase = 0, gphase = 0;
-  for (int u = blockIdx.x; u < units; u += gridDim.x) {
-    if (kGlu && p.gather_x && p.gather_lsu) {
+  // unit u's epilogue (half: -1 the whole unit, else which half). kSplit instances (the routed GEMM 1) never gather,
+  // the others never split: in 56 registers the drain warps hold the gather's copies or the split schedule, not both
+  auto unit = [&](int u, int half) {
+    if (kGlu && !kSplit && p.gather_x && p.gather_lsu) {
       // first, under the unit's MMAs (the slice's copies take ~15 us at the official shapes; the last unit's would
       // otherwise lengthen the launch), and with nothing of the unit live across them (the 56 registers spilled)
       const Unit g = decode(s_meta, p.groups, p.n_tiles, u, p.band);
-      if (g.g == p.shared_group) gather_slice_lsu(p, u, units, g.rows, s_gbuf, e);
+      if (g.g == p.shared_group) gather_slice_lsu(p, u, sched.units(), g.rows, s_gbuf, e);
     }
     named_bar_sync(3, kEpiThreads);  // every warp is done with the previous unit's table
     const Unit w = decode(s_meta, p.groups, p.n_tiles, u, p.band);
-    const bool gather = kGlu && p.gather_x && w.g == p.shared_group;
+    const bool gather = kGlu && !kSplit && p.gather_x && w.g == p.shared_group;
     for (int r = e; r < kBM; r += kEpiThreads)
       s_off[r] = row_target<kGlu>(p, w, w.mt * kBM + r, accumulate, s_scale[r]);
     named_bar_sync(3, kEpiThreads);
-    if (gather && !p.gather_lsu) gather_slice(p, u, units, w.rows, s_gbuf, gbar, gphase, e);
-    __half* const dst = out + w.nt * (kGlu ? 128 : 256);
+    if (gather && !p.gather_lsu) gather_slice(p, u, sched.units(), w.rows, s_gbuf, gbar, gphase, e);
+    // (a half unit: its 64 columns, staged at 0..63 (gate) and 128..191 (up), by lanes 0-15)
+    __half* const dst = out + w.nt * (kGlu ? 128 : 256) + (half > 0 ? 64 : 0);
     for (int cw = 0; cw < 2; ++cw) {
       mbar_wait(&stg_full[cw], phase);
       for (int r = warp; r < 64; r += kEpiThreads / 32) {
         const long long off = s_off[cw * 64 + r];
-        if (off < 0) continue;
+        if (off < 0 || (kGlu && half >= 0 && lane >= 16)) continue;
         const uint8_t* src = s_stage + cw * kStageCBytes + r * kStagePitch;
         if constexpr (kGlu) {  // H columns 4 lane .. 4 lane + 3: gate at staged columns 0..127, up at 128..255
           uint2 gv = *reinterpret_cast<const uint2*>(src + lane * 8);
@@ -368,11 +404,17 @@ __device__ __forceinline__ void drain_epilogues(const GemmParams& p, const int* 
       mbar_arrive(&stg_empty[cw]);  // every thread: its own reads are ordered before the consumers' next writes
     }
     phase ^= 1;
+  };
+  if constexpr (kSplit) {
+    for (int code = sched.first(); code >= 0; code = sched.next(code)) unit(code >> 2, (code & 3) - 1);
+  } else {
+    for (int u = blockIdx.x; u < sched.units(); u += gridDim.x) unit(u, -1);
   }
 }
 
-template <bool kGlu, int kStages, bool kAsync = false, bool kTrace = false>
+template <bool kGlu, int kStages, bool kAsync = false, bool kTrace = false, bool kSplit = false>
 __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_kernel(const __grid_constant__ GemmParams p) {
+  static_assert(!kSplit || (kGlu && kAsync), "half units: GEMM 1 with the asynchronous epilogue");
   static_assert(kStages >= 2 && kStages <= kMaxStages, "the ring needs two stages and fits four");
   extern __shared__ uint8_t smem_raw[];
   // 128B-swizzled TMA tiles and wgmma descriptors both assume 1024-byte aligned tiles.
@@ -411,15 +453,17 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_kernel(const __grid_
   }
   __syncthreads();
   const int units = s_meta[2 * G + 1] * p.n_tiles;
+  const int tail = units % gridDim.x;  // the last wave's units
+  const Schedule sched{2 * units + (kSplit && p.split_tail && 2 * tail <= static_cast<int>(gridDim.x))};
   const int num_kb = p.k / kBK;
   const int wg = threadIdx.x / 128;
 
   if (wg == 0) {
     setmaxnreg_dec<kProducerRegs>();
-    if (threadIdx.x == 0) produce<kGlu, kStages>(p, s_meta, s_a, s_b, full, empty, units, num_kb);
+    if (threadIdx.x == 0) produce<kGlu, kStages>(p, s_meta, s_a, s_b, full, empty, sched, num_kb);
     if constexpr (kAsync) {
       if (threadIdx.x >= 32)
-        drain_epilogues<kGlu>(p, s_meta, s_c, s_off, s_scale, stg_full, stg_empty, units, threadIdx.x - 32, s_gbuf,
+        drain_epilogues<kGlu, kSplit>(p, s_meta, s_c, s_off, s_scale, stg_full, stg_empty, sched, threadIdx.x - 32, s_gbuf,
                               gbar);
     }
     return;
@@ -438,8 +482,10 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_kernel(const __grid_
   uint32_t phase = 0;
   uint32_t stg_phase = 0;  // kAsync
 
-  for (int u = blockIdx.x; u < units; u += gridDim.x) {
+  for (int code = sched.first(); code >= 0; code = sched.next(code)) {
+    const int u = code >> 2;
     const Unit w = decode(s_meta, G, p.n_tiles, u, p.band);
+    const bool halved = __shfl_sync(0xffffffffu, (code & 3) != 0, 0);  // (uniform: see idle below)
     // The last m-tile of a group often holds 64 rows or fewer: its second half is empty. With skip_empty_halves
     // that warpgroup only releases the stages (same arrivals), and the other one has the tensor cores to itself.
     // (Broadcast from lane 0: the compiler must see the branch around the wgmma as warp-uniform, or it serializes
@@ -449,29 +495,41 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_kernel(const __grid_
     int prev = -1;
     long long tr_ns[3], tr_clk = 0, tr_wait = 0;  // kTrace only
     if constexpr (kTrace) tr_ns[0] = global_ns();
-    for (int kb = 0; kb < num_kb; ++kb) {
-      if constexpr (kTrace) {
-        const long long c0 = clock64();
-        mbar_wait(&full[s], phase);
-        const long long c1 = clock64();
-        tr_wait += c1 - c0;
-        if (kb == 0) tr_ns[1] = global_ns(), tr_clk = c1;
-      } else {
-        mbar_wait(&full[s], phase);
-      }
-      if (!idle) {
-        const uint64_t da = make_desc_sw128(s_a + s * kABytes + cw * 64 * 128);
-        const uint64_t db = make_desc_sw128(s_b + s * kBBytes, kBChunk, 1024);
-        wgmma_fence();
+    // The k-loop, for a whole unit (N = 256) or a half one (N = 128: gate and up chunks 0 and 1 of the stage, acc[0..63];
+    // one loop a width around the whole loop: a width switch inside it made ptxas serialize the wgmma, moe notes).
+    auto k_loop = [&](auto whole) {
+      for (int kb = 0; kb < num_kb; ++kb) {
+        if constexpr (kTrace) {
+          const long long c0 = clock64();
+          mbar_wait(&full[s], phase);
+          const long long c1 = clock64();
+          tr_wait += c1 - c0;
+          if (kb == 0) tr_ns[1] = global_ns(), tr_clk = c1;
+        } else {
+          mbar_wait(&full[s], phase);
+        }
+        if (!idle) {
+          const uint64_t da = make_desc_sw128(s_a + s * kABytes + cw * 64 * 128);
+          const uint64_t db = make_desc_sw128(s_b + s * kBBytes, kBChunk, 1024);
+          wgmma_fence();
 #pragma unroll
-        for (int q = 0; q < 4; ++q)  // k16 steps: A advances 32 bytes, B 16 rows of 128 bytes
-          wgmma_m64n256k16_f16<1>(acc, da + 2 * q, db + (2048 >> 4) * q, kb > 0 || q > 0);
-        wgmma_commit();
+          for (int q = 0; q < 4; ++q) {  // k16 steps: A advances 32 bytes, B 16 rows of 128 bytes
+            if constexpr (decltype(whole)::value)
+              wgmma_m64n256k16_f16<1>(acc, da + 2 * q, db + (2048 >> 4) * q, kb > 0 || q > 0);
+            else
+              wgmma_m64n128k16_f16<1>(acc, da + 2 * q, db + (2048 >> 4) * q, kb > 0 || q > 0);
+          }
+          wgmma_commit();
+        }
+        if (prev >= 0) release_after_wgmma(&empty[prev], lane);
+        prev = s;
+        ring_next(s, phase, kStages);
       }
-      if (prev >= 0) release_after_wgmma(&empty[prev], lane);
-      prev = s;
-      ring_next(s, phase, kStages);
-    }
+    };
+    if (kSplit && halved)
+      k_loop(std::false_type{});
+    else
+      k_loop(std::true_type{});
     // The epilogue's destination rows: this thread stores 16 bytes of rows t / 8 + 16 i (i < 4) in every pass. GEMM
     // 2's routed rows come from out_rows in global memory: loaded here, while the last MMAs run, not inside the
     // passes (ncu, 2026-11-24: those dependent loads were ~3% of GEMM 2's stall samples).
@@ -496,12 +554,22 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_kernel(const __grid_
       mbar_wait(&stg_empty[cw], stg_phase ^ 1);
       if (!idle) {
         uint8_t* rows = s_c + cw * kStageCBytes;
+        if (kSplit && halved) {  // 64 gate columns to staged columns 0..63, 64 up columns to 128..191
 #pragma unroll
-        for (int c = 0; c < 32; ++c)
+          for (int c = 0; c < 16; ++c)
 #pragma unroll
-          for (int h = 0; h < 2; ++h)
-            *reinterpret_cast<__half2*>(rows + (frag_row + 8 * h) * kStagePitch + (8 * c + frag_col) * 2) =
-                __floats2half2_rn(acc[4 * c + 2 * h], acc[4 * c + 2 * h + 1]);
+            for (int h = 0; h < 2; ++h)
+              *reinterpret_cast<__half2*>(rows + (frag_row + 8 * h) * kStagePitch +
+                                          (8 * c + (c < 8 ? 0 : 64) + frag_col) * 2) =
+                  __floats2half2_rn(acc[4 * c + 2 * h], acc[4 * c + 2 * h + 1]);
+        } else {
+#pragma unroll
+          for (int c = 0; c < 32; ++c)
+#pragma unroll
+            for (int h = 0; h < 2; ++h)
+              *reinterpret_cast<__half2*>(rows + (frag_row + 8 * h) * kStagePitch + (8 * c + frag_col) * 2) =
+                  __floats2half2_rn(acc[4 * c + 2 * h], acc[4 * c + 2 * h + 1]);
+        }
       }
       mbar_arrive(&stg_full[cw]);  // every thread: its own writes are released to the epilogue warps
       stg_phase ^= 1;

@@ -37,6 +37,7 @@ struct MoeArgs {
                           // and that launch gathers xs and zeroes the output (no gather pass)
   int gather_lsu;         // MoeConfig::gather_lsu
   int band;               // MoeConfig::band
+  int split_tail;         // MoeConfig::split_tail
 };
 
 // A named configuration (KBENCH_PRINT_CONFIG=1 prints the one picked for each shape). The defaults are the measured
@@ -63,6 +64,8 @@ struct MoeConfig {
                            // twenty-fourth session)
   int band;                // the GEMMs walk a group of more m-tiles than this in bands of this many (KBENCH_MOE_BAND,
                            // 16 since the twenty-fourth session; 0: n-tile by n-tile over the whole group)
+  bool split_tail;         // the routed GEMM 1 runs a last wave that fills at most half of the CTAs as half units (64
+                           // gate and 64 up columns each), twice as many (KBENCH_MOE_SPLIT_TAIL)
 };
 MoeConfig moe_config(int T, int K, int E);
 void moe_describe(const MoeConfig& c, char* buf, int size);
