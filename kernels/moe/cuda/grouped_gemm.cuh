@@ -20,7 +20,6 @@
 // store) while the tensor cores run. The staging buffer takes a ring stage's room: kAsync builds have 3 stages.
 #pragma once
 #include <cstdint>
-#include <type_traits>
 #include <cuda.h>
 #include <cuda_fp16.h>
 
@@ -58,7 +57,7 @@ static_assert(2 * (kConsumerRegs - kLaunchRegs) <= kLaunchRegs - kProducerRegs,
               "setmaxnreg: the consumer warpgroups would wait forever for registers the producer does not free");
 constexpr int smem_bytes(int stages, bool async = false) {
   return 1024 + stages * kStageBytes + (async ? 2 * kStageCBytes + kRowTabBytes + 4 * 8 : 2 * kCBytes) +
-         2 * stages * 8 + 2 * (kMaxGroups + 1) * 4 + (async ? 128 + kGatherChains * (kGatherBytes + 8) : 0);
+         2 * stages * 8 + 2 * (kMaxGroups + 1) * 4 + (async ? 128 + kGatherChains * (kGatherBytes + 8) + 2 * 8 : 0);
 }
 
 // meta (int32, written by route_kernel): [0, G]: first sorted row of group g (G = groups, so [G] = the end),
@@ -94,6 +93,8 @@ struct GemmParams {
   int gather_lsu;                 // MoeConfig::gather_lsu: the copies through the load/store units (gather_slice_lsu)
   int band;                       // MoeConfig::band: m-tiles a band of a group's units (decode); 0: the whole group
   int split_tail;                 // MoeConfig::split_tail (kGlu, kAsync): a last wave at most half full goes as halves
+  float* partial;                 // split_tail: [last-wave units][2 consumers][128 threads][128] fp32, the upper halves'
+  int* partial_ready;             // split_tail: [last-wave units][2 consumers], zeroed before the launch
 #ifdef KBENCH_DEV
   long long* trace;               // KBENCH_MOE_DEV_TRACE: per-unit stamps (kTrace instances; see below)
   int trace_launch;               // which of the call's GEMM launches this is (the trace's first index)
@@ -156,20 +157,26 @@ __device__ __forceinline__ Unit decode(const int* s_meta, int G, int n_tiles, in
 
 // Which units a CTA takes, in order: unit blockIdx.x + i gridDim.x. With GemmParams::split_tail (GEMM 1, the
 // asynchronous epilogue) a last wave that fills at most half of the CTAs goes as half units instead, twice as many, a
-// CTA each: 64 gate and 64 up columns of the unit's 128 + 128 (half 0 the first 64), so that wave lasts half as long
-// (the routed GEMM 1 at 2048 tokens: 1248 units, 9 waves and 60 units, ~40 us of idle SMs; docs/moe-notes.md,
-// twenty-fourth session). Half units come only after every whole one, so no CTA leaves the step before the end.
+// CTA each: half 0 the first half of the k-blocks, half 1 the second, whose consumers hand their fp32 accumulators to
+// half 0's through global memory (partial, partial_ready) instead of an epilogue, so that wave lasts about half as
+// long (the routed GEMM 1 at 2048 tokens: 1248 units, 9 waves and 60 units, ~40 us of idle SMs; docs/moe-notes.md,
+// twenty-fourth session; halves by columns were as slow as whole units: a stage's loads, not its MMAs, set a unit's
+// pace there). Half units come only after every whole one, so no CTA leaves the step before the end.
 struct Schedule {
   int packed;  // 2 x the launch's units + 1 where its last wave goes as half units (one register: the drain warps
                // hold the schedule across the gather's copies in 56)
   __device__ __forceinline__ int units() const { return packed >> 1; }
+  __device__ __forceinline__ int whole() const {  // the units done whole: all, or the full waves'
+    const int units = packed >> 1;
+    return (packed & 1) ? units - units % static_cast<int>(gridDim.x) : units;
+  }
   // A CTA's items as codes 4 u + half + 1 (half -1: the whole unit), -1 past its last.
   __device__ __forceinline__ int first() const { return next_whole(static_cast<int>(blockIdx.x)); }
   __device__ __forceinline__ int next(int code) const {
     return (code & 3) ? -1 : next_whole((code >> 2) + static_cast<int>(gridDim.x));
   }
   __device__ __forceinline__ int next_whole(int u) const {
-    const int units = packed >> 1, whole = (packed & 1) ? units - units % static_cast<int>(gridDim.x) : units;
+    const int units = packed >> 1, whole = this->whole();
     if (u < whole) return 4 * u;
     const int j = static_cast<int>(blockIdx.x);  // the CTA's half unit: unit whole + j / 2, half j % 2
     return j < 2 * (units - whole) ? 4 * (whole + j / 2) + j % 2 + 1 : -1;
@@ -233,17 +240,10 @@ __device__ __forceinline__ void produce(const GemmParams& p, const int* s_meta, 
     // A group's last m-tile reads on into the next group's rows (its results there are never stored). Keep it so:
     // the same rows as zeros made GEMM 1 ~35% slower on an H100 (docs/moe-notes.md, eighth session).
     const int a_row = (shared_x ? 0 : w.row0) + w.mt * kBM;
-    for (int kb = 0; kb < num_kb; ++kb) {
+    const int kb0 = half > 0 ? num_kb / 2 : 0, kb1 = half == 0 ? num_kb / 2 : num_kb;  // (a half unit's k-blocks)
+    for (int kb = kb0; kb < kb1; ++kb) {
       mbar_wait(&empty[s], phase ^ 1);
       uint8_t* sb = s_b + s * kBBytes;
-      if (kGlu && half >= 0) {  // a half unit: one 64-column box of gate and the same of up
-        mbar_arrive_expect_tx(&full[s], kABytes + 2 * kBChunk);
-        tma_load_2d(s_a + s * kABytes, amap, &full[s], kb * kBK, a_row);
-        tma_load_2d(sb, &p.b[w.g], &full[s], w.nt * 128 + half * 64, kb * kBK);
-        tma_load_2d(sb + kBChunk, &p.b[kMaxGroups + w.g], &full[s], w.nt * 128 + half * 64, kb * kBK);
-        ring_next(s, phase, kStages);
-        continue;
-      }
       mbar_arrive_expect_tx(&full[s], kStageBytes);
       tma_load_2d(s_a + s * kABytes, amap, &full[s], kb * kBK, a_row);
 #pragma unroll
@@ -370,13 +370,12 @@ __device__ __forceinline__ void drain_epilogues(const GemmParams& p, const int* 
       s_off[r] = row_target<kGlu>(p, w, w.mt * kBM + r, accumulate, s_scale[r]);
     named_bar_sync(3, kEpiThreads);
     if (gather && !p.gather_lsu) gather_slice(p, u, sched.units(), w.rows, s_gbuf, gbar, gphase, e);
-    // (a half unit: its 64 columns, staged at 0..63 (gate) and 128..191 (up), by lanes 0-15)
-    __half* const dst = out + w.nt * (kGlu ? 128 : 256) + (half > 0 ? 64 : 0);
+    __half* const dst = out + w.nt * (kGlu ? 128 : 256);
     for (int cw = 0; cw < 2; ++cw) {
       mbar_wait(&stg_full[cw], phase);
       for (int r = warp; r < 64; r += kEpiThreads / 32) {
         const long long off = s_off[cw * 64 + r];
-        if (off < 0 || (kGlu && half >= 0 && lane >= 16)) continue;
+        if (off < 0 || half > 0) continue;  // (an upper half unit stages nothing: its lower half writes the rows)
         const uint8_t* src = s_stage + cw * kStageCBytes + r * kStagePitch;
         if constexpr (kGlu) {  // H columns 4 lane .. 4 lane + 3: gate at staged columns 0..127, up at 128..255
           uint2 gv = *reinterpret_cast<const uint2*>(src + lane * 8);
@@ -433,6 +432,7 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_kernel(const __grid_
   uint8_t* s_gbuf = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(s_meta + 2 * (kMaxGroups + 1)) + 127) &
                                                ~uintptr_t(127));
   uint64_t* gbar = reinterpret_cast<uint64_t*>(s_gbuf + kGatherChains * kGatherBytes);
+  uint64_t* pbar = gbar + kGatherChains;  // kSplit: per consumer warpgroup, its upper half's sums have landed
 
   const int G = p.groups;
   for (int i = threadIdx.x; i < 2 * (G + 1); i += blockDim.x)
@@ -448,6 +448,7 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_kernel(const __grid_
         mbar_init(&stg_empty[c], kEpiThreads);  // one arrive per epilogue thread
       }
       for (int c = 0; c < kGatherChains; ++c) mbar_init(&gbar[c], 1);  // its chain's arrive_expect_tx
+      for (int c = 0; c < 2; ++c) mbar_init(&pbar[c], 1);  // (kSplit) its thread 0's arrive_expect_tx
     }
     fence_mbar_init();
   }
@@ -485,7 +486,7 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_kernel(const __grid_
   for (int code = sched.first(); code >= 0; code = sched.next(code)) {
     const int u = code >> 2;
     const Unit w = decode(s_meta, G, p.n_tiles, u, p.band);
-    const bool halved = __shfl_sync(0xffffffffu, (code & 3) != 0, 0);  // (uniform: see idle below)
+    const int half_no = kSplit ? __shfl_sync(0xffffffffu, (code & 3) - 1, 0) : -1;  // (uniform: see idle below)
     // The last m-tile of a group often holds 64 rows or fewer: its second half is empty. With skip_empty_halves
     // that warpgroup only releases the stages (same arrivals), and the other one has the tensor cores to itself.
     // (Broadcast from lane 0: the compiler must see the branch around the wgmma as warp-uniform, or it serializes
@@ -495,41 +496,30 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_kernel(const __grid_
     int prev = -1;
     long long tr_ns[3], tr_clk = 0, tr_wait = 0;  // kTrace only
     if constexpr (kTrace) tr_ns[0] = global_ns();
-    // The k-loop, for a whole unit (N = 256) or a half one (N = 128: gate and up chunks 0 and 1 of the stage, acc[0..63];
-    // one loop a width around the whole loop: a width switch inside it made ptxas serialize the wgmma, moe notes).
-    auto k_loop = [&](auto whole) {
-      for (int kb = 0; kb < num_kb; ++kb) {
-        if constexpr (kTrace) {
-          const long long c0 = clock64();
-          mbar_wait(&full[s], phase);
-          const long long c1 = clock64();
-          tr_wait += c1 - c0;
-          if (kb == 0) tr_ns[1] = global_ns(), tr_clk = c1;
-        } else {
-          mbar_wait(&full[s], phase);
-        }
-        if (!idle) {
-          const uint64_t da = make_desc_sw128(s_a + s * kABytes + cw * 64 * 128);
-          const uint64_t db = make_desc_sw128(s_b + s * kBBytes, kBChunk, 1024);
-          wgmma_fence();
-#pragma unroll
-          for (int q = 0; q < 4; ++q) {  // k16 steps: A advances 32 bytes, B 16 rows of 128 bytes
-            if constexpr (decltype(whole)::value)
-              wgmma_m64n256k16_f16<1>(acc, da + 2 * q, db + (2048 >> 4) * q, kb > 0 || q > 0);
-            else
-              wgmma_m64n128k16_f16<1>(acc, da + 2 * q, db + (2048 >> 4) * q, kb > 0 || q > 0);
-          }
-          wgmma_commit();
-        }
-        if (prev >= 0) release_after_wgmma(&empty[prev], lane);
-        prev = s;
-        ring_next(s, phase, kStages);
+    const int kb0 = half_no > 0 ? num_kb / 2 : 0, kb1 = half_no == 0 ? num_kb / 2 : num_kb;  // (a half unit's)
+    for (int kb = kb0; kb < kb1; ++kb) {
+      if constexpr (kTrace) {
+        const long long c0 = clock64();
+        mbar_wait(&full[s], phase);
+        const long long c1 = clock64();
+        tr_wait += c1 - c0;
+        if (kb == kb0) tr_ns[1] = global_ns(), tr_clk = c1;
+      } else {
+        mbar_wait(&full[s], phase);
       }
-    };
-    if (kSplit && halved)
-      k_loop(std::false_type{});
-    else
-      k_loop(std::true_type{});
+      if (!idle) {
+        const uint64_t da = make_desc_sw128(s_a + s * kABytes + cw * 64 * 128);
+        const uint64_t db = make_desc_sw128(s_b + s * kBBytes, kBChunk, 1024);
+        wgmma_fence();
+#pragma unroll
+        for (int q = 0; q < 4; ++q)  // k16 steps: A advances 32 bytes, B 16 rows of 128 bytes
+          wgmma_m64n256k16_f16<1>(acc, da + 2 * q, db + (2048 >> 4) * q, kb > kb0 || q > 0);
+        wgmma_commit();
+      }
+      if (prev >= 0) release_after_wgmma(&empty[prev], lane);
+      prev = s;
+      ring_next(s, phase, kStages);
+    }
     // The epilogue's destination rows: this thread stores 16 bytes of rows t / 8 + 16 i (i < 4) in every pass. GEMM
     // 2's routed rows come from out_rows in global memory: loaded here, while the last MMAs run, not inside the
     // passes (ncu, 2026-11-24: those dependent loads were ~3% of GEMM 2's stall samples).
@@ -546,30 +536,53 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_kernel(const __grid_
     wgmma_wait<0>();
 #pragma unroll
     for (int i = 0; i < 128; ++i) reg_fence(acc[i]);
+    // A half unit (kSplit): the upper half hands its sums to the lower one through global memory (float4 j of thread t
+    // at [slot][cw][j][t], whole sectors a warp), the lower half's thread 0 acquires them and copies them into the
+    // ring (free: the lower half is its CTA's last item, and both warpgroups' MMAs are done) for its warpgroup to add.
+    if (kSplit && half_no >= 0) {
+      const int slot = u - sched.whole();
+      float4* part = reinterpret_cast<float4*>(p.partial) + (static_cast<long long>(slot) * 2 + cw) * 32 * 128;
+      int* flag = p.partial_ready + slot * 2 + cw;
+      if (half_no == 1) {
+#pragma unroll
+        for (int j = 0; j < 32; ++j)
+          __stcg(part + j * 128 + t, make_float4(acc[4 * j], acc[4 * j + 1], acc[4 * j + 2], acc[4 * j + 3]));
+        named_bar_sync(1 + cw, 128);  // every thread's sums are written
+        if (t == 0) {
+          __threadfence();
+          atomicExch(flag, 1);
+        }
+      } else {
+        named_bar_sync(4, 256);  // both warpgroups' MMAs are done: the ring's stages are free
+        const float4* landed = reinterpret_cast<const float4*>(s_a) + cw * 32 * 128;
+        if (t == 0) {
+          while (ld_acquire_gpu(flag) == 0) __nanosleep(100);
+          fence_proxy_async_global();  // the sums written through the generic proxy, read below by a bulk copy
+          mbar_arrive_expect_tx(&pbar[cw], 32 * 128 * 16);
+          bulk_load_g2s(const_cast<float4*>(landed), part, 32 * 128 * 16, &pbar[cw]);
+        }
+        mbar_wait(&pbar[cw], 0);
+#pragma unroll
+        for (int j = 0; j < 32; ++j) {
+          const float4 v = landed[j * 128 + t];
+          acc[4 * j] += v.x, acc[4 * j + 1] += v.y, acc[4 * j + 2] += v.z, acc[4 * j + 3] += v.w;
+        }
+      }
+    }
     long long tr_end_clk = 0;
     if constexpr (kTrace) tr_ns[2] = global_ns(), tr_end_clk = clock64();
     __syncwarp();
     if (lane == 0 && prev >= 0) mbar_arrive(&empty[prev]);
     if constexpr (kAsync) {  // fp16 into the staging buffer once the epilogue warps have drained the last unit's
       mbar_wait(&stg_empty[cw], stg_phase ^ 1);
-      if (!idle) {
+      if (!idle && half_no != 1) {  // (an upper half unit's sums went to its lower half)
         uint8_t* rows = s_c + cw * kStageCBytes;
-        if (kSplit && halved) {  // 64 gate columns to staged columns 0..63, 64 up columns to 128..191
 #pragma unroll
-          for (int c = 0; c < 16; ++c)
+        for (int c = 0; c < 32; ++c)
 #pragma unroll
-            for (int h = 0; h < 2; ++h)
-              *reinterpret_cast<__half2*>(rows + (frag_row + 8 * h) * kStagePitch +
-                                          (8 * c + (c < 8 ? 0 : 64) + frag_col) * 2) =
-                  __floats2half2_rn(acc[4 * c + 2 * h], acc[4 * c + 2 * h + 1]);
-        } else {
-#pragma unroll
-          for (int c = 0; c < 32; ++c)
-#pragma unroll
-            for (int h = 0; h < 2; ++h)
-              *reinterpret_cast<__half2*>(rows + (frag_row + 8 * h) * kStagePitch + (8 * c + frag_col) * 2) =
-                  __floats2half2_rn(acc[4 * c + 2 * h], acc[4 * c + 2 * h + 1]);
-        }
+          for (int h = 0; h < 2; ++h)
+            *reinterpret_cast<__half2*>(rows + (frag_row + 8 * h) * kStagePitch + (8 * c + frag_col) * 2) =
+                __floats2half2_rn(acc[4 * c + 2 * h], acc[4 * c + 2 * h + 1]);
       }
       mbar_arrive(&stg_full[cw]);  // every thread: its own writes are released to the epilogue warps
       stg_phase ^= 1;

@@ -250,7 +250,13 @@ const char* moe_run(const MoeArgs& a, cudaStream_t stream, cudaEvent_t* events) 
   g2.K = a.K;
   g2.skip_empty_halves = a.skip_empty_halves;
   g2.band = a.band;
-  g1.split_tail = a.split_tail && (a.async_epilogue & 1);  // (the routed GEMM 1 only: no gather there)
+  // (the routed GEMM 1 only: no gather there; the partial sums' workspace sized for half the SMs' units)
+  g1.split_tail = a.split_tail && (a.async_epilogue & 1) && a.partial && a.partial_slots * 2 >= device_info().sms;
+  if (g1.split_tail) {
+    g1.partial = a.partial;
+    g1.partial_ready = a.partial_ready;
+    cudaMemsetAsync(a.partial_ready, 0, 2 * a.partial_slots * sizeof(int), stream);
+  }
   launch_gemm(g1, true, a, stream, 1);
   mark(3);
   launch_gemm(g2, false, a, stream, 2);

@@ -38,6 +38,9 @@ struct MoeArgs {
   int gather_lsu;         // MoeConfig::gather_lsu
   int band;               // MoeConfig::band
   int split_tail;         // MoeConfig::split_tail
+  float* partial;         // split_tail: [partial_slots][2][128][128] fp32, an upper half unit's sums
+  int* partial_ready;     // split_tail: [partial_slots][2] flags (zeroed by moe_run)
+  int partial_slots;      // the last-wave units the workspace holds (at least half the SMs)
 };
 
 // A named configuration (KBENCH_PRINT_CONFIG=1 prints the one picked for each shape). The defaults are the measured
