@@ -57,8 +57,6 @@ CANDIDATES = {
     "tma-gather": {"KBENCH_MOE_GATHER_LSU": "0"},
     "no-band": {"KBENCH_MOE_BAND": "0"},
     "tma-gather-no-band": {"KBENCH_MOE_GATHER_LSU": "0", "KBENCH_MOE_BAND": "0"},
-    # the routed GEMM 1's last wave, where at most half full, as half units
-    "split-tail": {"KBENCH_MOE_SPLIT_TAIL": "1"},
 }
 
 

@@ -37,11 +37,8 @@ def definition(x, experts, scores, gate, up, down):
 # (tokens, experts, slots, skew): skew = every token picks among the first `skew` experts (the others get none)
 # (4096, 8, 4): ~320 units, so each CTA of the persistent GEMMs walks two or three and every ring wraps
 # (192 / 193, 4, 1, 1): one expert and the shared one get 192 / 193 rows: a last m-tile of exactly 64 rows and of 65
-# (2560, 8, 4): ~85 m-tiles of GEMM 1, so ~170 units: a full wave, then one under half full (split_tail's half units
-# after whole ones; the small routings have fewer units than half a wave: half units only)
 ROUTINGS = [(1, 4, 4, None), (7, 8, 2, None), (300, 8, 4, 4), (1000, 32, 4, None), (513, 4, 1, 1),
-            (2048, 32, 4, 6), (129, 64, 8, None), (4096, 8, 4, None), (192, 4, 1, 1), (193, 4, 1, 1),
-            (2560, 8, 4, None)]
+            (2048, 32, 4, 6), (129, 64, 8, None), (4096, 8, 4, None), (192, 4, 1, 1), (193, 4, 1, 1)]
 
 
 # the shipped configuration (the async epilogue, the gather through the load/store units, bands of 16 m-tiles: the
@@ -54,10 +51,9 @@ KNOBS = [{}, {"KBENCH_MOE_SKIP_EMPTY_HALVES": "1", "KBENCH_MOE_KEEP_WORKSPACES":
          {"KBENCH_MOE_RED_COMBINE": "0", "KBENCH_MOE_SPLIT_ROUTE": "0"},
          {"KBENCH_MOE_ASYNC_EPILOGUE": "0"}, {"KBENCH_MOE_ASYNC_EPILOGUE": "0", "KBENCH_MOE_RED_COMBINE": "0"},
          {"KBENCH_MOE_SHARED_GATHER": "0"}, {"KBENCH_MOE_GATHER_LSU": "0", "KBENCH_MOE_BAND": "0"},
-         {"KBENCH_MOE_BAND": "2"}, {"KBENCH_MOE_BAND": "3", "KBENCH_MOE_ASYNC_EPILOGUE": "0"},
-         {"KBENCH_MOE_SPLIT_TAIL": "1"}]
+         {"KBENCH_MOE_BAND": "2"}, {"KBENCH_MOE_BAND": "3", "KBENCH_MOE_ASYNC_EPILOGUE": "0"}]
 KNOB_IDS = ["default", "candidates", "combine-pass", "sync-epilogue", "sync-epilogue-y", "gather-pass",
-            "tma-gather-no-band", "band2", "band3-sync-epilogue", "split-tail"]
+            "tma-gather-no-band", "band2", "band3-sync-epilogue"]
 
 
 @pytest.mark.gpu
@@ -93,7 +89,7 @@ def test_synthetic_routings_match_the_definition(moe, tokens, n_experts, k, skew
 # moe_layer's launch orders (kernels/moe/cuda/moe_api.h: MoeConfig): the shared expert's GEMM 1 gathering after the
 # routing (the default), before the router, and after the router with the gather pass
 LAYER_ORDERS = {"shared-gather": {}, "shared-gather-tma": {"KBENCH_MOE_GATHER_LSU": "0"},
-                "split-tail": {"KBENCH_MOE_SPLIT_TAIL": "1"}, "shared-first": {"KBENCH_MOE_SHARED_GATHER": "0"},
+                "shared-first": {"KBENCH_MOE_SHARED_GATHER": "0"},
                 "shared-last": {"KBENCH_MOE_SHARED_GATHER": "0", "KBENCH_MOE_SHARED_FIRST": "0"}}
 
 

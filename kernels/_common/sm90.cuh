@@ -173,17 +173,6 @@ __device__ __forceinline__ void fence_proxy_async_smem() {
 
 // A bulk copy of bytes (a multiple of 16, both addresses 16-byte aligned) from global to shared memory; the bytes
 // complete the transaction count of `bar` (arm it with mbar_arrive_expect_tx first).
-// A flag another CTA releases (a GPU-scope fence and atomic after its data): this load acquires what it released.
-__device__ __forceinline__ int ld_acquire_gpu(const int* p) {
-  int v;
-  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-  return v;
-}
-
-// Generic-proxy writes to global memory (acquired above) ordered before this thread's later async-proxy reads (TMA and
-// bulk copies).
-__device__ __forceinline__ void fence_proxy_async_global() { asm volatile("fence.proxy.async.global;" ::: "memory"); }
-
 // 16 bytes global -> shared through the load/store units (no registers, no TMA unit), L1 bypassed; completion by
 // cp_async_wait_all after cp_async_commit.
 __device__ __forceinline__ void cp_async_16(void* smem, const void* gmem) {

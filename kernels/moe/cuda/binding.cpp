@@ -27,15 +27,8 @@ void check_weights(const std::vector<torch::Tensor>& ws, int64_t rows, int64_t c
 }
 
 struct Workspaces {
-  torch::Tensor meta, rows_pair, pair_row, route_hist, xs, h, y, partial, partial_ready;
+  torch::Tensor meta, rows_pair, pair_row, route_hist, xs, h, y;
 };
-
-// MoeConfig::split_tail: an upper half unit's sums, for as many last-wave units as half the SMs (128 KB each).
-int64_t partial_slots(const torch::Tensor& x) {
-  int sms = 0;
-  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, x.get_device());
-  return (sms + 1) / 2;
-}
 
 // y only without red_combine (GEMM 2 then adds into the output instead: 587 MB less at 8192 tokens).
 Workspaces make_workspaces(const torch::Tensor& x, int64_t T, int64_t K, int64_t E, int64_t d, int64_t dexp,
@@ -45,10 +38,7 @@ Workspaces make_workspaces(const torch::Tensor& x, int64_t T, int64_t K, int64_t
   return Workspaces{torch::empty({2 * (E + 2)}, i32), torch::empty({T * K}, i32), torch::empty({T * K}, i32),
                     torch::empty({moe_route_blocks(static_cast<int>(T * K)) * E}, i32),
                     torch::empty({T * K, d}, x.options()),
-                    torch::empty({T * K + T, dexp}, x.options()), torch::empty({y_rows, d}, x.options()),
-                    torch::empty({config.split_tail ? partial_slots(x) * 2 * 128 * 128 : 0},
-                                 x.options().dtype(torch::kFloat)),
-                    torch::empty({config.split_tail ? partial_slots(x) * 2 : 0}, i32)};
+                    torch::empty({T * K + T, dexp}, x.options()), torch::empty({y_rows, d}, x.options())};
 }
 
 // The call's workspaces. keep: the last shape's stay allocated per device and are reused by the next call of the
@@ -60,7 +50,7 @@ Workspaces workspaces(const torch::Tensor& x, int64_t T, int64_t K, int64_t E, i
   static std::mutex mu;
   // device -> (shape, workspaces); never destroyed: tensors freed after the CUDA context at exit would fail
   static auto* kept = new std::map<int, std::pair<std::vector<int64_t>, Workspaces>>();
-  const std::vector<int64_t> shape{T, K, E, d, dexp, config.red_combine, config.split_tail};
+  const std::vector<int64_t> shape{T, K, E, d, dexp, config.red_combine};
   std::lock_guard<std::mutex> lock(mu);
   auto& slot = (*kept)[x.get_device()];
   if (slot.first != shape) {
@@ -145,12 +135,6 @@ MoeArgs layer_args(const torch::Tensor& x, const std::vector<torch::Tensor>& gat
   a.shared_gather = config.shared_gather;
   a.gather_lsu = config.gather_lsu;
   a.band = config.band;
-  a.split_tail = config.split_tail;
-  if (config.split_tail) {
-    a.partial = ws.partial.data_ptr<float>();
-    a.partial_ready = ws.partial_ready.data_ptr<int>();
-    a.partial_slots = static_cast<int>(ws.partial_ready.numel() / 2);
-  }
   return a;
 }
 

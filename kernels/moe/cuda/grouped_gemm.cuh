@@ -57,7 +57,7 @@ static_assert(2 * (kConsumerRegs - kLaunchRegs) <= kLaunchRegs - kProducerRegs,
               "setmaxnreg: the consumer warpgroups would wait forever for registers the producer does not free");
 constexpr int smem_bytes(int stages, bool async = false) {
   return 1024 + stages * kStageBytes + (async ? 2 * kStageCBytes + kRowTabBytes + 4 * 8 : 2 * kCBytes) +
-         2 * stages * 8 + 2 * (kMaxGroups + 1) * 4 + (async ? 128 + kGatherChains * (kGatherBytes + 8) + 2 * 8 : 0);
+         2 * stages * 8 + 2 * (kMaxGroups + 1) * 4 + (async ? 128 + kGatherChains * (kGatherBytes + 8) : 0);
 }
 
 // meta (int32, written by route_kernel): [0, G]: first sorted row of group g (G = groups, so [G] = the end),
@@ -92,9 +92,6 @@ struct GemmParams {
   __half* const* zero_slot;       // the output's address in device memory; null: not zeroed here
   int gather_lsu;                 // MoeConfig::gather_lsu: the copies through the load/store units (gather_slice_lsu)
   int band;                       // MoeConfig::band: m-tiles a band of a group's units (decode); 0: the whole group
-  int split_tail;                 // MoeConfig::split_tail (kGlu, kAsync): a last wave at most half full goes as halves
-  float* partial;                 // split_tail: [last-wave units][2 consumers][128 threads][128] fp32, the upper halves'
-  int* partial_ready;             // split_tail: [last-wave units][2 consumers], zeroed before the launch
 #ifdef KBENCH_DEV
   long long* trace;               // KBENCH_MOE_DEV_TRACE: per-unit stamps (kTrace instances; see below)
   int trace_launch;               // which of the call's GEMM launches this is (the trace's first index)
@@ -155,34 +152,6 @@ __device__ __forceinline__ Unit decode(const int* s_meta, int G, int n_tiles, in
   return w;
 }
 
-// Which units a CTA takes, in order: unit blockIdx.x + i gridDim.x. With GemmParams::split_tail (GEMM 1, the
-// asynchronous epilogue) a last wave that fills at most half of the CTAs goes as half units instead, twice as many, a
-// CTA each: half 0 the first half of the k-blocks, half 1 the second, whose consumers hand their fp32 accumulators to
-// half 0's through global memory (partial, partial_ready) instead of an epilogue, so that wave lasts about half as
-// long (the routed GEMM 1 at 2048 tokens: 1248 units, 9 waves and 60 units, ~40 us of idle SMs; docs/moe-notes.md,
-// twenty-fourth session; halves by columns were as slow as whole units: a stage's loads, not its MMAs, set a unit's
-// pace there). Half units come only after every whole one, so no CTA leaves the step before the end.
-struct Schedule {
-  int packed;  // 2 x the launch's units + 1 where its last wave goes as half units (one register: the drain warps
-               // hold the schedule across the gather's copies in 56)
-  __device__ __forceinline__ int units() const { return packed >> 1; }
-  __device__ __forceinline__ int whole() const {  // the units done whole: all, or the full waves'
-    const int units = packed >> 1;
-    return (packed & 1) ? units - units % static_cast<int>(gridDim.x) : units;
-  }
-  // A CTA's items as codes 4 u + half + 1 (half -1: the whole unit), -1 past its last.
-  __device__ __forceinline__ int first() const { return next_whole(static_cast<int>(blockIdx.x)); }
-  __device__ __forceinline__ int next(int code) const {
-    return (code & 3) ? -1 : next_whole((code >> 2) + static_cast<int>(gridDim.x));
-  }
-  __device__ __forceinline__ int next_whole(int u) const {
-    const int units = packed >> 1, whole = this->whole();
-    if (u < whole) return 4 * u;
-    const int j = static_cast<int>(blockIdx.x);  // the CTA's half unit: unit whole + j / 2, half j % 2
-    return j < 2 * (units - whole) ? 4 * (whole + j / 2) + j % 2 + 1 : -1;
-  }
-};
-
 // h = silu(gate) * up with the reference's roundings: the GEMM outputs are fp16 (F.linear), silu computes in fp32
 // and rounds to fp16, and the product of two fp16 tensors rounds once more.
 // (expf and an IEEE division as torch's silu; __expf with __frcp_rn measured 0.9% slower end to end, moe notes.)
@@ -228,24 +197,22 @@ __device__ __forceinline__ void red_add_f16x8(__half* out, const uint4& v) {
 // free stage.
 template <bool kGlu, int kStages>
 __device__ __forceinline__ void produce(const GemmParams& p, const int* s_meta, uint8_t* s_a, uint8_t* s_b,
-                                        uint64_t* full, uint64_t* empty, const Schedule sched, int num_kb) {
+                                        uint64_t* full, uint64_t* empty, int units, int num_kb) {
   const int G = p.groups;
   int s = 0;
   uint32_t phase = 0;
-  for (int code = sched.first(); code >= 0; code = sched.next(code)) {
-    const int u = code >> 2, half = (code & 3) - 1;
+  for (int u = blockIdx.x; u < units; u += gridDim.x) {
     const Unit w = decode(s_meta, G, p.n_tiles, u, p.band);
     const bool shared_x = kGlu && w.g == p.shared_group;  // GEMM 1 reads the shared expert's rows from x itself
     const CUtensorMap* amap = &p.a[shared_x ? 1 : 0];
     // A group's last m-tile reads on into the next group's rows (its results there are never stored). Keep it so:
     // the same rows as zeros made GEMM 1 ~35% slower on an H100 (docs/moe-notes.md, eighth session).
     const int a_row = (shared_x ? 0 : w.row0) + w.mt * kBM;
-    const int kb0 = half > 0 ? num_kb / 2 : 0, kb1 = half == 0 ? num_kb / 2 : num_kb;  // (a half unit's k-blocks)
-    for (int kb = kb0; kb < kb1; ++kb) {
+    for (int kb = 0; kb < num_kb; ++kb) {
       mbar_wait(&empty[s], phase ^ 1);
-      uint8_t* sb = s_b + s * kBBytes;
       mbar_arrive_expect_tx(&full[s], kStageBytes);
       tma_load_2d(s_a + s * kABytes, amap, &full[s], kb * kBK, a_row);
+      uint8_t* sb = s_b + s * kBBytes;
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
         if constexpr (kGlu) {  // chunks 0, 1: gate columns n0 .. n0 + 127; chunks 2, 3: the same up columns
@@ -345,37 +312,35 @@ __device__ __forceinline__ void gather_slice_lsu(const GemmParams& p, int u, int
 // kAsync: the producer warpgroup's warps 1-3 (e = 0..95) finish every unit's epilogue from the consumers' staging
 // buffers, warpgroup 0's rows then warpgroup 1's, while the consumers run the next unit's MMAs. A warp takes one
 // staged row at a time (512 bytes: 16 bytes a lane), so its global writes are whole row segments.
-template <bool kGlu, bool kSplit>
+template <bool kGlu>
 __device__ __forceinline__ void drain_epilogues(const GemmParams& p, const int* s_meta, const uint8_t* s_stage,
                                                 long long* s_off, __half2* s_scale, uint64_t* stg_full,
-                                                uint64_t* stg_empty, const Schedule sched, int e, uint8_t* s_gbuf,
+                                                uint64_t* stg_empty, int units, int e, uint8_t* s_gbuf,
                                                 uint64_t* gbar) {
   const bool accumulate = !kGlu && p.out_slot != nullptr;
   __half* const out = accumulate ? *p.out_slot : p.out;
   const int warp = e / 32, lane = e % 32;
   uint32_t phase = 0, gphase = 0;
-  // unit u's epilogue (half: -1 the whole unit, else which half). kSplit instances (the routed GEMM 1) never gather,
-  // the others never split: in 56 registers the drain warps hold the gather's copies or the split schedule, not both
-  auto unit = [&](int u, int half) {
-    if (kGlu && !kSplit && p.gather_x && p.gather_lsu) {
+  for (int u = blockIdx.x; u < units; u += gridDim.x) {
+    if (kGlu && p.gather_x && p.gather_lsu) {
       // first, under the unit's MMAs (the slice's copies take ~15 us at the official shapes; the last unit's would
       // otherwise lengthen the launch), and with nothing of the unit live across them (the 56 registers spilled)
       const Unit g = decode(s_meta, p.groups, p.n_tiles, u, p.band);
-      if (g.g == p.shared_group) gather_slice_lsu(p, u, sched.units(), g.rows, s_gbuf, e);
+      if (g.g == p.shared_group) gather_slice_lsu(p, u, units, g.rows, s_gbuf, e);
     }
     named_bar_sync(3, kEpiThreads);  // every warp is done with the previous unit's table
     const Unit w = decode(s_meta, p.groups, p.n_tiles, u, p.band);
-    const bool gather = kGlu && !kSplit && p.gather_x && w.g == p.shared_group;
+    const bool gather = kGlu && p.gather_x && w.g == p.shared_group;
     for (int r = e; r < kBM; r += kEpiThreads)
       s_off[r] = row_target<kGlu>(p, w, w.mt * kBM + r, accumulate, s_scale[r]);
     named_bar_sync(3, kEpiThreads);
-    if (gather && !p.gather_lsu) gather_slice(p, u, sched.units(), w.rows, s_gbuf, gbar, gphase, e);
+    if (gather && !p.gather_lsu) gather_slice(p, u, units, w.rows, s_gbuf, gbar, gphase, e);
     __half* const dst = out + w.nt * (kGlu ? 128 : 256);
     for (int cw = 0; cw < 2; ++cw) {
       mbar_wait(&stg_full[cw], phase);
       for (int r = warp; r < 64; r += kEpiThreads / 32) {
         const long long off = s_off[cw * 64 + r];
-        if (off < 0 || half > 0) continue;  // (an upper half unit stages nothing: its lower half writes the rows)
+        if (off < 0) continue;
         const uint8_t* src = s_stage + cw * kStageCBytes + r * kStagePitch;
         if constexpr (kGlu) {  // H columns 4 lane .. 4 lane + 3: gate at staged columns 0..127, up at 128..255
           uint2 gv = *reinterpret_cast<const uint2*>(src + lane * 8);
@@ -403,17 +368,11 @@ __device__ __forceinline__ void drain_epilogues(const GemmParams& p, const int* 
       mbar_arrive(&stg_empty[cw]);  // every thread: its own reads are ordered before the consumers' next writes
     }
     phase ^= 1;
-  };
-  if constexpr (kSplit) {
-    for (int code = sched.first(); code >= 0; code = sched.next(code)) unit(code >> 2, (code & 3) - 1);
-  } else {
-    for (int u = blockIdx.x; u < sched.units(); u += gridDim.x) unit(u, -1);
   }
 }
 
-template <bool kGlu, int kStages, bool kAsync = false, bool kTrace = false, bool kSplit = false>
+template <bool kGlu, int kStages, bool kAsync = false, bool kTrace = false>
 __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_kernel(const __grid_constant__ GemmParams p) {
-  static_assert(!kSplit || (kGlu && kAsync), "half units: GEMM 1 with the asynchronous epilogue");
   static_assert(kStages >= 2 && kStages <= kMaxStages, "the ring needs two stages and fits four");
   extern __shared__ uint8_t smem_raw[];
   // 128B-swizzled TMA tiles and wgmma descriptors both assume 1024-byte aligned tiles.
@@ -432,7 +391,6 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_kernel(const __grid_
   uint8_t* s_gbuf = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(s_meta + 2 * (kMaxGroups + 1)) + 127) &
                                                ~uintptr_t(127));
   uint64_t* gbar = reinterpret_cast<uint64_t*>(s_gbuf + kGatherChains * kGatherBytes);
-  uint64_t* pbar = gbar + kGatherChains;  // kSplit: per consumer warpgroup, its upper half's sums have landed
 
   const int G = p.groups;
   for (int i = threadIdx.x; i < 2 * (G + 1); i += blockDim.x)
@@ -448,23 +406,20 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_kernel(const __grid_
         mbar_init(&stg_empty[c], kEpiThreads);  // one arrive per epilogue thread
       }
       for (int c = 0; c < kGatherChains; ++c) mbar_init(&gbar[c], 1);  // its chain's arrive_expect_tx
-      for (int c = 0; c < 2; ++c) mbar_init(&pbar[c], 1);  // (kSplit) its thread 0's arrive_expect_tx
     }
     fence_mbar_init();
   }
   __syncthreads();
   const int units = s_meta[2 * G + 1] * p.n_tiles;
-  const int tail = units % gridDim.x;  // the last wave's units
-  const Schedule sched{2 * units + (kSplit && p.split_tail && 2 * tail <= static_cast<int>(gridDim.x))};
   const int num_kb = p.k / kBK;
   const int wg = threadIdx.x / 128;
 
   if (wg == 0) {
     setmaxnreg_dec<kProducerRegs>();
-    if (threadIdx.x == 0) produce<kGlu, kStages>(p, s_meta, s_a, s_b, full, empty, sched, num_kb);
+    if (threadIdx.x == 0) produce<kGlu, kStages>(p, s_meta, s_a, s_b, full, empty, units, num_kb);
     if constexpr (kAsync) {
       if (threadIdx.x >= 32)
-        drain_epilogues<kGlu, kSplit>(p, s_meta, s_c, s_off, s_scale, stg_full, stg_empty, sched, threadIdx.x - 32, s_gbuf,
+        drain_epilogues<kGlu>(p, s_meta, s_c, s_off, s_scale, stg_full, stg_empty, units, threadIdx.x - 32, s_gbuf,
                               gbar);
     }
     return;
@@ -483,10 +438,8 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_kernel(const __grid_
   uint32_t phase = 0;
   uint32_t stg_phase = 0;  // kAsync
 
-  for (int code = sched.first(); code >= 0; code = sched.next(code)) {
-    const int u = code >> 2;
+  for (int u = blockIdx.x; u < units; u += gridDim.x) {
     const Unit w = decode(s_meta, G, p.n_tiles, u, p.band);
-    const int half_no = kSplit ? __shfl_sync(0xffffffffu, (code & 3) - 1, 0) : -1;  // (uniform: see idle below)
     // The last m-tile of a group often holds 64 rows or fewer: its second half is empty. With skip_empty_halves
     // that warpgroup only releases the stages (same arrivals), and the other one has the tensor cores to itself.
     // (Broadcast from lane 0: the compiler must see the branch around the wgmma as warp-uniform, or it serializes
@@ -496,14 +449,13 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_kernel(const __grid_
     int prev = -1;
     long long tr_ns[3], tr_clk = 0, tr_wait = 0;  // kTrace only
     if constexpr (kTrace) tr_ns[0] = global_ns();
-    const int kb0 = half_no > 0 ? num_kb / 2 : 0, kb1 = half_no == 0 ? num_kb / 2 : num_kb;  // (a half unit's)
-    for (int kb = kb0; kb < kb1; ++kb) {
+    for (int kb = 0; kb < num_kb; ++kb) {
       if constexpr (kTrace) {
         const long long c0 = clock64();
         mbar_wait(&full[s], phase);
         const long long c1 = clock64();
         tr_wait += c1 - c0;
-        if (kb == kb0) tr_ns[1] = global_ns(), tr_clk = c1;
+        if (kb == 0) tr_ns[1] = global_ns(), tr_clk = c1;
       } else {
         mbar_wait(&full[s], phase);
       }
@@ -513,7 +465,7 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_kernel(const __grid_
         wgmma_fence();
 #pragma unroll
         for (int q = 0; q < 4; ++q)  // k16 steps: A advances 32 bytes, B 16 rows of 128 bytes
-          wgmma_m64n256k16_f16<1>(acc, da + 2 * q, db + (2048 >> 4) * q, kb > kb0 || q > 0);
+          wgmma_m64n256k16_f16<1>(acc, da + 2 * q, db + (2048 >> 4) * q, kb > 0 || q > 0);
         wgmma_commit();
       }
       if (prev >= 0) release_after_wgmma(&empty[prev], lane);
@@ -536,46 +488,13 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_kernel(const __grid_
     wgmma_wait<0>();
 #pragma unroll
     for (int i = 0; i < 128; ++i) reg_fence(acc[i]);
-    // A half unit (kSplit): the upper half hands its sums to the lower one through global memory (float4 j of thread t
-    // at [slot][cw][j][t], whole sectors a warp), the lower half's thread 0 acquires them and copies them into the
-    // ring (free: the lower half is its CTA's last item, and both warpgroups' MMAs are done) for its warpgroup to add.
-    if (kSplit && half_no >= 0) {
-      const int slot = u - sched.whole();
-      float4* part = reinterpret_cast<float4*>(p.partial) + (static_cast<long long>(slot) * 2 + cw) * 32 * 128;
-      int* flag = p.partial_ready + slot * 2 + cw;
-      if (half_no == 1) {
-#pragma unroll
-        for (int j = 0; j < 32; ++j)
-          __stcg(part + j * 128 + t, make_float4(acc[4 * j], acc[4 * j + 1], acc[4 * j + 2], acc[4 * j + 3]));
-        named_bar_sync(1 + cw, 128);  // every thread's sums are written
-        if (t == 0) {
-          __threadfence();
-          atomicExch(flag, 1);
-        }
-      } else {
-        named_bar_sync(4, 256);  // both warpgroups' MMAs are done: the ring's stages are free
-        const float4* landed = reinterpret_cast<const float4*>(s_a) + cw * 32 * 128;
-        if (t == 0) {
-          while (ld_acquire_gpu(flag) == 0) __nanosleep(100);
-          fence_proxy_async_global();  // the sums written through the generic proxy, read below by a bulk copy
-          mbar_arrive_expect_tx(&pbar[cw], 32 * 128 * 16);
-          bulk_load_g2s(const_cast<float4*>(landed), part, 32 * 128 * 16, &pbar[cw]);
-        }
-        mbar_wait(&pbar[cw], 0);
-#pragma unroll
-        for (int j = 0; j < 32; ++j) {
-          const float4 v = landed[j * 128 + t];
-          acc[4 * j] += v.x, acc[4 * j + 1] += v.y, acc[4 * j + 2] += v.z, acc[4 * j + 3] += v.w;
-        }
-      }
-    }
     long long tr_end_clk = 0;
     if constexpr (kTrace) tr_ns[2] = global_ns(), tr_end_clk = clock64();
     __syncwarp();
     if (lane == 0 && prev >= 0) mbar_arrive(&empty[prev]);
     if constexpr (kAsync) {  // fp16 into the staging buffer once the epilogue warps have drained the last unit's
       mbar_wait(&stg_empty[cw], stg_phase ^ 1);
-      if (!idle && half_no != 1) {  // (an upper half unit's sums went to its lower half)
+      if (!idle) {
         uint8_t* rows = s_c + cw * kStageCBytes;
 #pragma unroll
         for (int c = 0; c < 32; ++c)

@@ -59,14 +59,7 @@ bool map_f16(CUtensorMap* map, const void* ptr, uint64_t cols, uint64_t rows, ui
 // async (MoeConfig::async_epilogue) builds have 3 stages: the staging buffer takes the fourth's room.
 // (Dev builds: `trace` picks the asynchronous instances that stamp their units, benchmarks/moe.py --trace.)
 using GemmKernel = void (*)(GemmParams);
-// (split: GEMM 1's instance that may run its last wave as half units, MoeConfig::split_tail.)
-GemmKernel gemm_kernel(bool glu, int stages, bool async, bool trace = false, bool split = false) {
-  if (glu && async && split) {
-#ifdef KBENCH_DEV
-    if (trace) return grouped_gemm_kernel<true, 3, true, true, true>;
-#endif
-    return grouped_gemm_kernel<true, 3, true, false, true>;
-  }
+GemmKernel gemm_kernel(bool glu, int stages, bool async, bool trace = false) {
 #ifdef KBENCH_DEV
   if (async && trace)
     return glu ? grouped_gemm_kernel<true, 3, true, true> : grouped_gemm_kernel<false, 3, true, true>;
@@ -94,9 +87,8 @@ const DeviceInfo& device_info() {
       for (const bool glu : {false, true})
         for (const bool async : {false, true})
           for (const bool trace : {false, true})
-            for (const bool split : {false, true})
-              cudaFuncSetAttribute(gemm_kernel(glu, stages, async, trace, split),
-                                   cudaFuncAttributeMaxDynamicSharedMemorySize, gemm_smem_bytes(stages, async));
+            cudaFuncSetAttribute(gemm_kernel(glu, stages, async, trace), cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 gemm_smem_bytes(stages, async));
   }
   return d;
 }
@@ -132,7 +124,6 @@ bool shared_gemm1_params(const MoeArgs& a, GemmParams& g) {
 // launch: which of the call's GEMM launches this is (0 the shared expert's GEMM 1, 1 the routed GEMM 1, 2 GEMM 2),
 // the index of its stamps in a dev build's unit trace.
 void launch_gemm(GemmParams g, bool glu, const MoeArgs& a, cudaStream_t stream, int launch) {
-  const bool split = glu && g.split_tail;
   const bool async = a.async_epilogue & (glu ? 1 : 2);
   bool trace = false;
 #ifdef KBENCH_DEV
@@ -146,7 +137,7 @@ void launch_gemm(GemmParams g, bool glu, const MoeArgs& a, cudaStream_t stream, 
 #else
   (void)launch;
 #endif
-  gemm_kernel(glu, a.stages, async, trace, split)<<<device_info().sms, kThreads, gemm_smem_bytes(a.stages, async),
+  gemm_kernel(glu, a.stages, async, trace)<<<device_info().sms, kThreads, gemm_smem_bytes(a.stages, async),
                                              stream>>>(g);
 }
 
@@ -174,15 +165,15 @@ MoeConfig moe_config(int, int, int) {
                    kb::env_int("KBENCH_MOE_KEEP_WORKSPACES", 0) != 0, stages,
                    kb::env_int("KBENCH_MOE_RED_COMBINE", 1) != 0, kb::env_int("KBENCH_MOE_SPLIT_ROUTE", 1) != 0,
                    async_epilogue, shared_first, shared_gather, kb::env_int("KBENCH_MOE_GATHER_LSU", 1) != 0,
-                   std::max(0, kb::env_int("KBENCH_MOE_BAND", 16)), kb::env_int("KBENCH_MOE_SPLIT_TAIL", 0) != 0};
+                   std::max(0, kb::env_int("KBENCH_MOE_BAND", 16))};
 }
 
 void moe_describe(const MoeConfig& c, char* buf, int size) {
   snprintf(buf, size,
            "MoeConfig{skip_empty_halves=%d, keep_workspaces=%d, stages=%d, red_combine=%d, split_route=%d, "
-           "async_epilogue=%d, shared_first=%d, shared_gather=%d, gather_lsu=%d, band=%d, split_tail=%d}",
+           "async_epilogue=%d, shared_first=%d, shared_gather=%d, gather_lsu=%d, band=%d}",
            c.skip_empty_halves, c.keep_workspaces, c.stages, c.red_combine, c.split_route, c.async_epilogue,
-           c.shared_first, c.shared_gather, c.gather_lsu, c.band, c.split_tail);
+           c.shared_first, c.shared_gather, c.gather_lsu, c.band);
 }
 
 const char* moe_run(const MoeArgs& a, cudaStream_t stream, cudaEvent_t* events) {
@@ -250,13 +241,6 @@ const char* moe_run(const MoeArgs& a, cudaStream_t stream, cudaEvent_t* events) 
   g2.K = a.K;
   g2.skip_empty_halves = a.skip_empty_halves;
   g2.band = a.band;
-  // (the routed GEMM 1 only: no gather there; the partial sums' workspace sized for half the SMs' units)
-  g1.split_tail = a.split_tail && (a.async_epilogue & 1) && a.partial && a.partial_slots * 2 >= device_info().sms;
-  if (g1.split_tail) {
-    g1.partial = a.partial;
-    g1.partial_ready = a.partial_ready;
-    cudaMemsetAsync(a.partial_ready, 0, 2 * a.partial_slots * sizeof(int), stream);
-  }
   launch_gemm(g1, true, a, stream, 1);
   mark(3);
   launch_gemm(g2, false, a, stream, 2);

@@ -37,10 +37,6 @@ struct MoeArgs {
                           // and that launch gathers xs and zeroes the output (no gather pass)
   int gather_lsu;         // MoeConfig::gather_lsu
   int band;               // MoeConfig::band
-  int split_tail;         // MoeConfig::split_tail
-  float* partial;         // split_tail: [partial_slots][2][128][128] fp32, an upper half unit's sums
-  int* partial_ready;     // split_tail: [partial_slots][2] flags (zeroed by moe_run)
-  int partial_slots;      // the last-wave units the workspace holds (at least half the SMs)
 };
 
 // A named configuration (KBENCH_PRINT_CONFIG=1 prints the one picked for each shape). The defaults are the measured
@@ -67,8 +63,6 @@ struct MoeConfig {
                            // twenty-fourth session)
   int band;                // the GEMMs walk a group of more m-tiles than this in bands of this many (KBENCH_MOE_BAND,
                            // 16 since the twenty-fourth session; 0: n-tile by n-tile over the whole group)
-  bool split_tail;         // the routed GEMM 1 runs a last wave that fills at most half of the CTAs as half units (64
-                           // gate and 64 up columns each), twice as many (KBENCH_MOE_SPLIT_TAIL)
 };
 MoeConfig moe_config(int T, int K, int E);
 void moe_describe(const MoeConfig& c, char* buf, int size);
