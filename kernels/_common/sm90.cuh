@@ -171,8 +171,6 @@ __device__ __forceinline__ void fence_proxy_async_smem() {
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
 }
 
-// A bulk copy of bytes (a multiple of 16, both addresses 16-byte aligned) from global to shared memory; the bytes
-// complete the transaction count of `bar` (arm it with mbar_arrive_expect_tx first).
 // 16 bytes global -> shared through the load/store units (no registers, no TMA unit), L1 bypassed; completion by
 // cp_async_wait_all after cp_async_commit.
 __device__ __forceinline__ void cp_async_16(void* smem, const void* gmem) {
@@ -181,6 +179,8 @@ __device__ __forceinline__ void cp_async_16(void* smem, const void* gmem) {
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;" ::: "memory"); }
 
+// A bulk copy of bytes (a multiple of 16, both addresses 16-byte aligned) from global to shared memory; the bytes
+// complete the transaction count of `bar` (arm it with mbar_arrive_expect_tx first).
 __device__ __forceinline__ void bulk_load_g2s(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
   asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
                    smem_u32(dst)),
