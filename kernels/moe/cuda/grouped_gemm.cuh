@@ -24,6 +24,7 @@
 #include <cuda_fp16.h>
 
 #include "sm90.cuh"
+#include "unit_order.h"
 #include "wgmma.cuh"
 
 namespace moe {
@@ -115,41 +116,6 @@ __device__ __forceinline__ int sm_id() {
   int id;
   asm volatile("mov.u32 %0, %%smid;" : "=r"(id));
   return id;
-}
-
-struct Unit {
-  int g, mt, nt, rows;  // group, m-tile within it, n-tile, the group's row count
-  int row0;             // the group's first sorted row
-};
-
-// Units go group by group, n-tile by n-tile, m-tile fastest: CTAs working at the same time share B tiles (the
-// expert weights, read from DRAM once and from L2 by the group's other m-tiles). band > 0 (GemmParams::band): a
-// group of more m-tiles than that goes in bands of `band` m-tiles, each band n-tile by n-tile, so that a wave's
-// CTAs read a few m-tiles' A rows and a few n-tiles' B instead of all of the group's A for two n-tiles (the shared
-// expert at 8192 tokens: 64 m-tiles, x's 117 MB from DRAM again every wave; docs/moe-notes.md, twenty-fourth
-// session).
-__device__ __forceinline__ Unit decode(const int* s_meta, int G, int n_tiles, int u, int band = 0) {
-  const int* mt_off = s_meta + G + 1;
-  const int gm = u / n_tiles;  // which m-tile block, counted over all groups (only to find the group)
-  int g = 0;
-  while (g + 1 < G && mt_off[g + 1] <= gm) ++g;
-  const int m_tiles = mt_off[g + 1] - mt_off[g];
-  const int local = u - mt_off[g] * n_tiles;
-  Unit w;
-  w.g = g;
-  if (band > 0 && m_tiles > band) {
-    const int m0 = local / (band * n_tiles) * band;  // the band's first m-tile
-    const int in_band = local - m0 * n_tiles;
-    const int band_m = min(band, m_tiles - m0);
-    w.nt = in_band / band_m;
-    w.mt = m0 + in_band % band_m;
-  } else {
-    w.nt = local / m_tiles;
-    w.mt = local % m_tiles;
-  }
-  w.row0 = s_meta[g];
-  w.rows = s_meta[g + 1] - s_meta[g];
-  return w;
 }
 
 // h = silu(gate) * up with the reference's roundings: the GEMM outputs are fp16 (F.linear), silu computes in fp32
