@@ -250,30 +250,28 @@ def unit_trace(cuda_mod, runs: int, candidates: dict) -> list:
     for case in problems.load_spec("moe").benchmarks:
         data = ref.generate_input(**problems.official_case(case))
         x, weights, config = data
-        num_kb = {"shared-gemm1": x.shape[-1] // 64, "gemm1": x.shape[-1] // 64,
-                  "shared-gemm1-first": x.shape[-1] // 64, "gemm2": weights["experts.0.2.weight"].shape[0] // 64}
+        k_gemm2 = weights["experts.0.2.weight"].shape[0]  # d_expert: GEMM 2's reduction; GEMM 1's is d_hidden
+        num_kb = {n: (k_gemm2 if n == "gemm2" else x.shape[-1]) // 64 for n in TRACE_LAUNCHES}
         label = problems.format_case(case)
         for (build, settings), regime in itertools.product([("cuda", {})] + [(f"cuda+{n}", k) for n, k in
                                                              candidates.items()], ("official", "back-to-back")):
             per_run = []
             with benchlib.knobs({**settings, "KBENCH_MOE_DEV_TRACE": str(stamps.data_ptr()),
                                  "KBENCH_MOE_GRAPH": "0"}):
-                for i in range(runs):
+                # official: `runs` calls measured, each alone; back-to-back: the last of `runs` calls in a row
+                for _ in range(runs if regime == "official" else 1):
                     stamps.zero_()
                     if regime == "official":
                         clone = (x.clone(), {k: v.clone() for k, v in weights.items()}, config)
                         torch.cuda.synchronize()
                         cuda_mod.custom_kernel(clone)
-                        torch.cuda.synchronize()
                         del clone
                     else:
                         for _ in range(runs):
                             cuda_mod.custom_kernel(data)
                     torch.cuda.synchronize()
                     s = stamps.view(len(TRACE_LAUNCHES), TRACE_UNITS, TRACE_FIELDS).cpu()
-                    per_run.append({n: unit_stats(s[i_l], num_kb[n]) for i_l, n in enumerate(TRACE_LAUNCHES)})
-                    if regime == "back-to-back":
-                        break
+                    per_run.append({n: unit_stats(s[i], num_kb[n]) for i, n in enumerate(TRACE_LAUNCHES)})
             for name in TRACE_LAUNCHES:
                 found = [r[name] for r in per_run if r[name]]
                 if not found:
