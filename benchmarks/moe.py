@@ -208,11 +208,10 @@ def unit_stats(stamps: torch.Tensor, num_kb: int) -> dict | None:
     unit's start to the last unit's end), `tail` (the last SM's end after the median SM's), `mma_share` = peak
     work / (SMs x span), and the same unit means over `tail_units` (a group's last m-tile with <= 64 rows) and
     `full_units` (128 rows). None without stamps."""
-    t = stamps.double()
-    t = t[t[:, 1] > 0]
-    if len(t) == 0:
+    written = stamps[stamps[:, 1] > 0]
+    if len(written) == 0:
         return None
-    word = stamps[stamps[:, 1] > 0][:, 0]
+    t, word = written.double(), written[:, 0]
     sm, rows = (word & 255), (word >> 24) & 255
     ns, clk = t[:, 3] - t[:, 1], t[:, 5] - t[:, 4]
     mhz = clk.sum().item() / (t[:, 3] - t[:, 2]).sum().item() * 1e3

@@ -87,7 +87,8 @@ def test_synthetic_routings_match_the_definition(moe, tokens, n_experts, k, skew
 
 
 # moe_layer's launch orders (kernels/moe/cuda/moe_api.h: MoeConfig): the shared expert's GEMM 1 gathering after the
-# routing (the default), before the router, and after the router with the gather pass
+# routing (the default, and with the TMA unit's bulk copies), before the router, and after the router with the gather
+# pass
 LAYER_ORDERS = {"shared-gather": {}, "shared-gather-tma": {"KBENCH_MOE_GATHER_LSU": "0"},
                 "shared-first": {"KBENCH_MOE_SHARED_GATHER": "0"},
                 "shared-last": {"KBENCH_MOE_SHARED_GATHER": "0", "KBENCH_MOE_SHARED_FIRST": "0"}}

@@ -171,6 +171,13 @@ __device__ __forceinline__ void fence_proxy_async_smem() {
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
 }
 
+// The global timer in ns (beside clock64, a trace's SM clock: cycles over ns).
+__device__ __forceinline__ long long global_ns() {
+  long long ns;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(ns));
+  return ns;
+}
+
 // 16 bytes global -> shared through the load/store units (no registers, no TMA unit), L1 bypassed; completion by
 // cp_async_wait_all after cp_async_commit.
 __device__ __forceinline__ void cp_async_16(void* smem, const void* gmem) {

@@ -75,10 +75,9 @@ __device__ __forceinline__ void trace_clock(const Params& p, int event, int slot
   if (p.trace && blockIdx.x < kTraceCtas) {
     long long* at =
         p.trace + ((blockIdx.x * kTraceRoles + kTraceClock) * kTraceTiles + slot) * kTraceEvents + event;
-    uint64_t ns;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(ns));
+    const long long ns = global_ns();  // (read first, as before: the pair's order within the stamp)
     at[0] = clock64();
-    at[1] = static_cast<long long>(ns);
+    at[1] = ns;
   }
 #endif
 }

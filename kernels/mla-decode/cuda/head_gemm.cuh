@@ -43,10 +43,6 @@ struct HeadGemmArgs {
   int m, n, k;  // m <= 128; n a multiple of 128; k a multiple of 64
 };
 
-__device__ __forceinline__ void hg_cp16(void* smem, const void* gmem) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(kb::sm90::smem_u32(smem)), "l"(gmem) : "memory");
-}
-
 __device__ __forceinline__ void hg_mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
   asm volatile(
       "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
@@ -76,12 +72,12 @@ __global__ void __launch_bounds__(kHgThreads, 2) head_gemm_kernel(const HeadGemm
       const int piece = t + i * kHgThreads;  // 0..1023
       const int row = piece / 8, col = (piece % 8) * 8;
       const int src_row = row < p.m ? row : p.m - 1;
-      hg_cp16(&sa[row * kHgAPitch + col], a + src_row * p.a_row + k0 + col);
+      kb::sm90::cp_async_16(&sa[row * kHgAPitch + col], a + src_row * p.a_row + k0 + col);
       if constexpr (kBKMajor) {  // n rows of 64 k
-        hg_cp16(&sb[row * kHgBkPitch + col], b + (n0 + row) * p.b_row + k0 + col);
+        kb::sm90::cp_async_16(&sb[row * kHgBkPitch + col], b + (n0 + row) * p.b_row + k0 + col);
       } else {  // 64 k rows of 128 n: 16 pieces a row
         const int krow = piece / 16, ncol = (piece % 16) * 8;
-        hg_cp16(&sb[krow * kHgBnPitch + ncol], b + (k0 + krow) * p.b_row + n0 + ncol);
+        kb::sm90::cp_async_16(&sb[krow * kHgBnPitch + ncol], b + (k0 + krow) * p.b_row + n0 + ncol);
       }
     }
   };
@@ -92,13 +88,13 @@ __global__ void __launch_bounds__(kHgThreads, 2) head_gemm_kernel(const HeadGemm
 #pragma unroll
   for (int c = 0; c < kStages - 1; ++c) {  // every group is committed, empty or not: wait_group counts them
     if (c < chunks) load(c, c);
-    asm volatile("cp.async.commit_group;" ::: "memory");
+    kb::sm90::cp_async_commit();
   }
   for (int kc = 0; kc < chunks; ++kc) {
     asm volatile("cp.async.wait_group %0;" ::"n"(kStages - 2) : "memory");
     __syncthreads();  // chunk kc landed for every thread, and every warp is done with chunk kc - 1's stage
     if (kc + kStages - 1 < chunks) load(kc + kStages - 1, (kc + kStages - 1) % kStages);
-    asm volatile("cp.async.commit_group;" ::: "memory");
+    kb::sm90::cp_async_commit();
     const __nv_bfloat16* sa = s_a(kc % kStages);
     const __nv_bfloat16* sb = s_b(kc % kStages);
 #pragma unroll
@@ -128,7 +124,7 @@ __global__ void __launch_bounds__(kHgThreads, 2) head_gemm_kernel(const HeadGemm
       }
     }
   }
-  asm volatile("cp.async.wait_group 0;" ::: "memory");  // (only empty groups are left)
+  kb::sm90::cp_async_wait_all();  // (only empty groups are left)
   __syncthreads();                                        // every warp is done reading the ring: it holds C now
   __nv_bfloat16* s_c = hg_smem;
   const int g = lane / 4, tc = 2 * (lane % 4);

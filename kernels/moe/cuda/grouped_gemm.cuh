@@ -84,9 +84,9 @@ struct GemmParams {
   int shared_out_row0;            // !kGlu: Y row of the shared group's first token (T*K)
   int skip_empty_halves;          // a consumer whose 64 rows all lie past its group's end issues no MMAs
   // kGlu and kAsync, the shared expert's own launch after the routing (MoeConfig::shared_gather): besides H, each
-  // unit's epilogue warps copy a slice of the tokens' rows of x to their K sorted rows of xs by bulk copies through
-  // shared memory (the gather pass's job, under the MMAs), and zero those tokens' output rows, which GEMM 2 adds
-  // into. gather_x null: neither.
+  // unit's epilogue warps copy a slice of the tokens' rows of x to their K sorted rows of xs through shared memory
+  // (gather_lsu: cp.async and stores, else bulk copies; the gather pass's job, under the MMAs), and zero those
+  // tokens' output rows, which GEMM 2 adds into. gather_x null: neither.
   const __half* gather_x;         // x [T][d] (d = k)
   __half* gather_xs;              // xs [T*K][d]
   const int* gather_pair_row;     // [T*K]: the sorted row of pair t*K + k
@@ -107,11 +107,6 @@ struct GemmParams {
 // staging buffer written, kAsync). The SM clock of a unit is (5 - 4) / (3 - 1); its MMAs at the tensor cores' peak
 // take num_kb x 1024 cycles (8 wgmma m64n256k16 a k-block, 128 cycles each).
 constexpr int kTraceLaunches = 4, kTraceUnits = 16384, kTraceFields = 8;
-__device__ __forceinline__ long long global_ns() {
-  long long ns;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(ns));
-  return ns;
-}
 __device__ __forceinline__ int sm_id() {
   int id;
   asm volatile("mov.u32 %0, %%smid;" : "=r"(id));
