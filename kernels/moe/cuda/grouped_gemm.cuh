@@ -186,18 +186,8 @@ __device__ __forceinline__ void produce(const GemmParams& p, const int* s_meta, 
     // the same rows as zeros made GEMM 1 ~35% slower on an H100 (docs/moe-notes.md, eighth session).
     const int a_row = (shared_x ? 0 : w.row0) + w.mt * kBM;
     const bool lead = p.prefetch_b > 0 && (p.band > 0 ? w.mt % p.band : w.mt) == 0;
-    int pf = 1;  // the next k-block to prefetch
+    int pf = kStages;  // the next k-block to prefetch (the first kStages go straight into the ring)
     for (int kb = 0; kb < num_kb; ++kb) {
-      if (lead) {  // before the wait for a free stage: the requests go out while the ring is full
-        for (; pf < num_kb && pf <= kb + p.prefetch_b; ++pf) {
-#pragma unroll 1
-          for (int j = 0; j < 4; ++j) {
-            int c0;
-            const CUtensorMap* bmap = b_box<kGlu>(p, w, j, c0);
-            tma_prefetch_2d(bmap, c0, pf * kBK);
-          }
-        }
-      }
       mbar_wait(&empty[s], phase ^ 1);
       mbar_arrive_expect_tx(&full[s], kStageBytes);
       tma_load_2d(s_a + s * kABytes, amap, &full[s], kb * kBK, a_row);
@@ -207,6 +197,18 @@ __device__ __forceinline__ void produce(const GemmParams& p, const int* s_meta, 
         int c0;
         const CUtensorMap* bmap = b_box<kGlu>(p, w, j, c0);
         tma_load_2d(sb + j * kBChunk, bmap, &full[s], c0, kb * kBK);
+      }
+      // after the stage's own loads: the TMA unit takes requests in order, and prefetches issued first delayed the
+      // unit's first stage by ~2 us (twenty-fifth session, first version)
+      if (lead) {
+        for (; pf < num_kb && pf <= kb + p.prefetch_b; ++pf) {
+#pragma unroll 1
+          for (int j = 0; j < 4; ++j) {
+            int c0;
+            const CUtensorMap* bmap = b_box<kGlu>(p, w, j, c0);
+            tma_prefetch_2d(bmap, c0, pf * kBK);
+          }
+        }
       }
       ring_next(s, phase, kStages);
     }
