@@ -57,12 +57,6 @@ CANDIDATES = {
     "tma-gather": {"KBENCH_MOE_GATHER_LSU": "0"},
     "no-band": {"KBENCH_MOE_BAND": "0"},
     "tma-gather-no-band": {"KBENCH_MOE_GATHER_LSU": "0", "KBENCH_MOE_BAND": "0"},
-    # the twenty-fifth session: the unit on a band's first m-tile asks L2 for B's k-blocks this many ahead, in GEMM 2
-    # (whose units wait on their stages at 2048 tokens) or in GEMM 1
-    "prefetch-b2": {"KBENCH_MOE_PREFETCH_B2": "8"},
-    "prefetch-b2-4": {"KBENCH_MOE_PREFETCH_B2": "4"},
-    "prefetch-b2-16": {"KBENCH_MOE_PREFETCH_B2": "16"},
-    "prefetch-b1": {"KBENCH_MOE_PREFETCH_B1": "8"},
 }
 
 

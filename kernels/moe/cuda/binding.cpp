@@ -135,8 +135,6 @@ MoeArgs layer_args(const torch::Tensor& x, const std::vector<torch::Tensor>& gat
   a.shared_gather = config.shared_gather;
   a.gather_lsu = config.gather_lsu;
   a.band = config.band;
-  a.prefetch_b1 = config.prefetch_b1;
-  a.prefetch_b2 = config.prefetch_b2;
   return a;
 }
 

@@ -93,7 +93,6 @@ struct GemmParams {
   __half* const* zero_slot;       // the output's address in device memory; null: not zeroed here
   int gather_lsu;                 // MoeConfig::gather_lsu: the copies through the load/store units (gather_slice_lsu)
   int band;                       // MoeConfig::band: m-tiles a band of a group's units (decode); 0: the whole group
-  int prefetch_b;                 // MoeConfig::prefetch_b*: k-blocks of B the band's first m-tile asks L2 for ahead
 #ifdef KBENCH_DEV
   long long* trace;               // KBENCH_MOE_DEV_TRACE: per-unit stamps (kTrace instances; see below)
   int trace_launch;               // which of the call's GEMM launches this is (the trace's first index)
@@ -155,23 +154,8 @@ __device__ __forceinline__ void red_add_f16x8(__half* out, const uint4& v) {
                : "memory");
 }
 
-// Box j (0..3) of unit w's B for one k-block: its tensor map and inner coordinate. GEMM 1: boxes 0, 1 the gate
-// columns n0 .. n0 + 127, boxes 2, 3 the same up columns; GEMM 2: four boxes of 64 of the 256 down columns.
-template <bool kGlu>
-__device__ __forceinline__ const CUtensorMap* b_box(const GemmParams& p, const Unit& w, int j, int& c0) {
-  if constexpr (kGlu) {
-    c0 = w.nt * 128 + (j & 1) * 64;
-    return &p.b[(j < 2 ? 0 : kMaxGroups) + w.g];
-  } else {
-    c0 = w.nt * 256 + j * 64;
-    return &p.b[w.g];
-  }
-}
-
 // The producer (one thread): for each of this CTA's units, every k-block's A tile and four B boxes into the next
-// free stage. GemmParams::prefetch_b > 0: the unit on a band's first m-tile (its other m-tiles' CTAs read the same B
-// at about the same time) also asks L2 for B's k-blocks up to prefetch_b beyond the one it loads, so that more of
-// the weights' DRAM stream is in flight than the ring holds (docs/moe-notes.md, twenty-fifth session).
+// free stage.
 template <bool kGlu, int kStages>
 __device__ __forceinline__ void produce(const GemmParams& p, const int* s_meta, uint8_t* s_a, uint8_t* s_b,
                                         uint64_t* full, uint64_t* empty, int units, int num_kb) {
@@ -185,8 +169,6 @@ __device__ __forceinline__ void produce(const GemmParams& p, const int* s_meta, 
     // A group's last m-tile reads on into the next group's rows (its results there are never stored). Keep it so:
     // the same rows as zeros made GEMM 1 ~35% slower on an H100 (docs/moe-notes.md, eighth session).
     const int a_row = (shared_x ? 0 : w.row0) + w.mt * kBM;
-    const bool lead = p.prefetch_b > 0 && (p.band > 0 ? w.mt % p.band : w.mt) == 0;
-    int pf = kStages;  // the next k-block to prefetch (the first kStages go straight into the ring)
     for (int kb = 0; kb < num_kb; ++kb) {
       mbar_wait(&empty[s], phase ^ 1);
       mbar_arrive_expect_tx(&full[s], kStageBytes);
@@ -194,20 +176,11 @@ __device__ __forceinline__ void produce(const GemmParams& p, const int* s_meta, 
       uint8_t* sb = s_b + s * kBBytes;
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
-        int c0;
-        const CUtensorMap* bmap = b_box<kGlu>(p, w, j, c0);
-        tma_load_2d(sb + j * kBChunk, bmap, &full[s], c0, kb * kBK);
-      }
-      // after the stage's own loads: the TMA unit takes requests in order, and prefetches issued first delayed the
-      // unit's first stage by ~2 us (twenty-fifth session, first version)
-      if (lead) {
-        for (; pf < num_kb && pf <= kb + p.prefetch_b; ++pf) {
-#pragma unroll 1
-          for (int j = 0; j < 4; ++j) {
-            int c0;
-            const CUtensorMap* bmap = b_box<kGlu>(p, w, j, c0);
-            tma_prefetch_2d(bmap, c0, pf * kBK);
-          }
+        if constexpr (kGlu) {  // chunks 0, 1: gate columns n0 .. n0 + 127; chunks 2, 3: the same up columns
+          const CUtensorMap* bmap = &p.b[(j < 2 ? 0 : kMaxGroups) + w.g];
+          tma_load_2d(sb + j * kBChunk, bmap, &full[s], w.nt * 128 + (j & 1) * 64, kb * kBK);
+        } else {
+          tma_load_2d(sb + j * kBChunk, &p.b[w.g], &full[s], w.nt * 256 + j * 64, kb * kBK);
         }
       }
       ring_next(s, phase, kStages);

@@ -102,7 +102,6 @@ GemmParams gemm1_params(const MoeArgs& a) {
   g.k = a.d;
   g.skip_empty_halves = a.skip_empty_halves;
   g.band = a.band;
-  g.prefetch_b = a.prefetch_b1;
   return g;
 }
 
@@ -166,18 +165,15 @@ MoeConfig moe_config(int, int, int) {
                    kb::env_int("KBENCH_MOE_KEEP_WORKSPACES", 0) != 0, stages,
                    kb::env_int("KBENCH_MOE_RED_COMBINE", 1) != 0, kb::env_int("KBENCH_MOE_SPLIT_ROUTE", 1) != 0,
                    async_epilogue, shared_first, shared_gather, kb::env_int("KBENCH_MOE_GATHER_LSU", 1) != 0,
-                   std::max(0, kb::env_int("KBENCH_MOE_BAND", 16)),
-                   std::max(0, kb::env_int("KBENCH_MOE_PREFETCH_B1", 0)),
-                   std::max(0, kb::env_int("KBENCH_MOE_PREFETCH_B2", 0))};
+                   std::max(0, kb::env_int("KBENCH_MOE_BAND", 16))};
 }
 
 void moe_describe(const MoeConfig& c, char* buf, int size) {
   snprintf(buf, size,
            "MoeConfig{skip_empty_halves=%d, keep_workspaces=%d, stages=%d, red_combine=%d, split_route=%d, "
-           "async_epilogue=%d, shared_first=%d, shared_gather=%d, gather_lsu=%d, band=%d, prefetch_b1=%d, "
-           "prefetch_b2=%d}",
+           "async_epilogue=%d, shared_first=%d, shared_gather=%d, gather_lsu=%d, band=%d}",
            c.skip_empty_halves, c.keep_workspaces, c.stages, c.red_combine, c.split_route, c.async_epilogue,
-           c.shared_first, c.shared_gather, c.gather_lsu, c.band, c.prefetch_b1, c.prefetch_b2);
+           c.shared_first, c.shared_gather, c.gather_lsu, c.band);
 }
 
 const char* moe_run(const MoeArgs& a, cudaStream_t stream, cudaEvent_t* events) {
@@ -245,7 +241,6 @@ const char* moe_run(const MoeArgs& a, cudaStream_t stream, cudaEvent_t* events) 
   g2.K = a.K;
   g2.skip_empty_halves = a.skip_empty_halves;
   g2.band = a.band;
-  g2.prefetch_b = a.prefetch_b2;
   launch_gemm(g1, true, a, stream, 1);
   mark(3);
   launch_gemm(g2, false, a, stream, 2);

@@ -37,7 +37,6 @@ struct MoeArgs {
                           // and that launch gathers xs and zeroes the output (no gather pass)
   int gather_lsu;         // MoeConfig::gather_lsu
   int band;               // MoeConfig::band
-  int prefetch_b1, prefetch_b2;  // MoeConfig::prefetch_b1, prefetch_b2
 };
 
 // A named configuration (KBENCH_PRINT_CONFIG=1 prints the one picked for each shape). The defaults are the measured
@@ -64,8 +63,6 @@ struct MoeConfig {
                            // twenty-fourth session)
   int band;                // the GEMMs walk a group of more m-tiles than this in bands of this many (KBENCH_MOE_BAND,
                            // 16 since the twenty-fourth session; 0: n-tile by n-tile over the whole group)
-  int prefetch_b1;         // GEMM 1's (prefetch_b2: GEMM 2's) unit on a band's first m-tile asks L2 for B's k-blocks
-  int prefetch_b2;         // this many ahead (KBENCH_MOE_PREFETCH_B1, _B2; 0: off, the default)
 };
 MoeConfig moe_config(int T, int K, int E);
 void moe_describe(const MoeConfig& c, char* buf, int size);
