@@ -57,6 +57,8 @@ CANDIDATES = {
     "tma-gather": {"KBENCH_MOE_GATHER_LSU": "0"},
     "no-band": {"KBENCH_MOE_BAND": "0"},
     "tma-gather-no-band": {"KBENCH_MOE_GATHER_LSU": "0", "KBENCH_MOE_BAND": "0"},
+    # the twenty-fifth session: ring stages of k 32 (6 x 24 KB instead of 3 x 48 KB)
+    "bk32": {"KBENCH_MOE_BK": "32"},
 }
 
 

@@ -133,6 +133,19 @@ __device__ __forceinline__ uint64_t make_desc_sw128(const void* smem_tile, uint3
   return desc;
 }
 
+// The same for a K-major tile written with CU_TENSOR_MAP_SWIZZLE_64B into rows of exactly 64 bytes (32 16-bit
+// elements of K): 8-row core groups are 512 bytes apart (SBO); advancing K by 16 elements (32 bytes) adds 2 to the
+// address field, as in the 128-byte layout.
+__device__ __forceinline__ uint64_t make_desc_sw64(const void* smem_tile) {
+  const uint64_t addr = smem_u32(smem_tile);
+  uint64_t desc = 0;
+  desc |= (addr & 0x3FFFF) >> 4;             // bits 0-13: start address / 16
+  desc |= uint64_t(16 >> 4) << 16;           // bits 16-29: LBO / 16 (unused for a swizzled K-major operand)
+  desc |= uint64_t((512 >> 4) & 0x3FFF) << 32;  // bits 32-45: SBO / 16
+  desc |= uint64_t(2) << 62;                 // bits 62-63: 2 = 64-byte swizzle
+  return desc;
+}
+
 // Byte offset of 16-byte chunk `chunk` (0..7) of row `row` inside a 128B-swizzled tile of 128-byte rows (what
 // TMA writes and wgmma reads): the chunk index is XORed with the row's position in its 8-row group.
 __device__ __forceinline__ uint32_t sw128_offset(int row, int chunk) {

@@ -23,7 +23,8 @@ _graphs = graph_replay.GraphReplay()
 # MoeConfig's knobs (moe_api.h): the binding reads them on each call, a graph keeps what it saw when captured
 _KNOBS = ("KBENCH_MOE_SKIP_EMPTY_HALVES", "KBENCH_MOE_KEEP_WORKSPACES", "KBENCH_MOE_STAGES", "KBENCH_MOE_RED_COMBINE",
           "KBENCH_MOE_SPLIT_ROUTE", "KBENCH_MOE_ASYNC_EPILOGUE", "KBENCH_MOE_SHARED_FIRST",
-          "KBENCH_MOE_SHARED_GATHER", "KBENCH_MOE_GATHER_LSU", "KBENCH_MOE_BAND")
+          "KBENCH_MOE_SHARED_GATHER", "KBENCH_MOE_GATHER_LSU", "KBENCH_MOE_BAND",
+          "KBENCH_MOE_BK")
 
 
 @functools.lru_cache(maxsize=None)

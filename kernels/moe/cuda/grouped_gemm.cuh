@@ -34,13 +34,25 @@ using namespace kb::sm90;
 constexpr int kMaxGroups = 65;       // kMoeMaxRouted routed experts + the shared one
 constexpr int kBM = 128;             // rows per tile: two consumer warpgroups x 64
 constexpr int kBN = 256;             // B columns per tile (GEMM 1: 128 gate + 128 up)
-constexpr int kBK = 64;              // k per stage: one 128-byte swizzle span of fp16
 constexpr int kThreads = 384;        // warpgroup 0 produces, 1 and 2 consume
-constexpr int kMaxStages = 4;  // the shared-memory ring's depth is a template parameter: 4 (~211 KB) or 3 (~163 KB)
-constexpr int kABytes = kBM * kBK * 2;          // 16 KB
-constexpr int kBChunk = kBK * 64 * 2;           // one TMA box of B: 64 k-rows x 64 columns, 8 KB
-constexpr int kBBytes = 4 * kBChunk;            // 32 KB
-constexpr int kStageBytes = kABytes + kBBytes;  // 48 KB
+constexpr int kMaxStages = 8;  // the ring's depth is a template parameter: 3 or 4 stages of k 64, 6 of k 32
+// A ring stage's k (the kernels' template parameter kBK, MoeConfig::bk): 64, one 128-byte swizzle span of fp16 (A
+// rows of 128 bytes, 48 KB a stage), or 32 (A rows of 64 bytes in 64-byte swizzle spans, B boxes of 32 k-rows: 24 KB
+// a stage, so twice the stages in the same bytes and more of them in flight while the consumers hold one).
+template <int kBK>
+struct Ring {
+  static_assert(kBK == 64 || kBK == 32, "a stage holds 32 or 64 of k");
+  static constexpr int kABytes = kBM * kBK * 2;          // 16 KB (k 64)
+  static constexpr int kBChunk = kBK * 64 * 2;           // one TMA box of B: kBK k-rows x 64 columns, 8 KB (k 64)
+  static constexpr int kBBytes = 4 * kBChunk;            // 32 KB (k 64)
+  static constexpr int kStageBytes = kABytes + kBBytes;  // 48 KB (k 64)
+  static constexpr int kSteps = kBK / 16;                // wgmma k16 steps a stage
+  // A tile's descriptor: rows of kBK * 2 bytes, K-major, in the swizzle TMA wrote them with
+  static __device__ __forceinline__ uint64_t a_desc(const uint8_t* tile) {
+    if constexpr (kBK == 64) return make_desc_sw128(tile);
+    else return make_desc_sw64(tile);
+  }
+};
 constexpr int kCPitch = 64 * 2 + 16;            // epilogue staging row: 64 fp16 + 16 bytes (conflict-free writes)
 constexpr int kCBytes = 64 * kCPitch;           // per consumer warpgroup
 constexpr int kStagePitch = 256 * 2 + 16;       // kAsync staging row: 256 fp16 + 16 bytes (conflict-free writes)
@@ -56,8 +68,8 @@ constexpr int kGatherBytes = 4096;              // kAsync: a chain's bounce buff
 constexpr int kLaunchRegs = 168, kConsumerRegs = 224, kProducerRegs = 56;
 static_assert(2 * (kConsumerRegs - kLaunchRegs) <= kLaunchRegs - kProducerRegs,
               "setmaxnreg: the consumer warpgroups would wait forever for registers the producer does not free");
-constexpr int smem_bytes(int stages, bool async = false) {
-  return 1024 + stages * kStageBytes + (async ? 2 * kStageCBytes + kRowTabBytes + 4 * 8 : 2 * kCBytes) +
+__host__ __device__ constexpr int smem_bytes(int stages, bool async = false, int bk = 64) {
+  return 1024 + stages * (kBM * bk * 2 + 4 * bk * 64 * 2) + (async ? 2 * kStageCBytes + kRowTabBytes + 4 * 8 : 2 * kCBytes) +
          2 * stages * 8 + 2 * (kMaxGroups + 1) * 4 + (async ? 128 + kGatherChains * (kGatherBytes + 8) : 0);
 }
 
@@ -156,7 +168,7 @@ __device__ __forceinline__ void red_add_f16x8(__half* out, const uint4& v) {
 
 // The producer (one thread): for each of this CTA's units, every k-block's A tile and four B boxes into the next
 // free stage.
-template <bool kGlu, int kStages>
+template <bool kGlu, int kStages, int kBK>
 __device__ __forceinline__ void produce(const GemmParams& p, const int* s_meta, uint8_t* s_a, uint8_t* s_b,
                                         uint64_t* full, uint64_t* empty, int units, int num_kb) {
   const int G = p.groups;
@@ -171,16 +183,17 @@ __device__ __forceinline__ void produce(const GemmParams& p, const int* s_meta, 
     const int a_row = (shared_x ? 0 : w.row0) + w.mt * kBM;
     for (int kb = 0; kb < num_kb; ++kb) {
       mbar_wait(&empty[s], phase ^ 1);
-      mbar_arrive_expect_tx(&full[s], kStageBytes);
-      tma_load_2d(s_a + s * kABytes, amap, &full[s], kb * kBK, a_row);
-      uint8_t* sb = s_b + s * kBBytes;
+      using R = Ring<kBK>;
+      mbar_arrive_expect_tx(&full[s], R::kStageBytes);
+      tma_load_2d(s_a + s * R::kABytes, amap, &full[s], kb * kBK, a_row);
+      uint8_t* sb = s_b + s * R::kBBytes;
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
         if constexpr (kGlu) {  // chunks 0, 1: gate columns n0 .. n0 + 127; chunks 2, 3: the same up columns
           const CUtensorMap* bmap = &p.b[(j < 2 ? 0 : kMaxGroups) + w.g];
-          tma_load_2d(sb + j * kBChunk, bmap, &full[s], w.nt * 128 + (j & 1) * 64, kb * kBK);
+          tma_load_2d(sb + j * R::kBChunk, bmap, &full[s], w.nt * 128 + (j & 1) * 64, kb * kBK);
         } else {
-          tma_load_2d(sb + j * kBChunk, &p.b[w.g], &full[s], w.nt * 256 + j * 64, kb * kBK);
+          tma_load_2d(sb + j * R::kBChunk, &p.b[w.g], &full[s], w.nt * 256 + j * 64, kb * kBK);
         }
       }
       ring_next(s, phase, kStages);
@@ -332,9 +345,12 @@ __device__ __forceinline__ void drain_epilogues(const GemmParams& p, const int* 
   }
 }
 
-template <bool kGlu, int kStages, bool kAsync = false, bool kTrace = false>
+template <bool kGlu, int kStages, bool kAsync = false, bool kTrace = false, int kBK = 64>
 __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_kernel(const __grid_constant__ GemmParams p) {
-  static_assert(kStages >= 2 && kStages <= kMaxStages, "the ring needs two stages and fits four");
+  static_assert(kStages >= 2 && kStages <= kMaxStages, "the ring needs two stages and fits eight");
+  static_assert(smem_bytes(kStages, kAsync, kBK) <= 232448, "the ring and staging exceed the 227 KB of a block");
+  using R = Ring<kBK>;
+  constexpr int kABytes = R::kABytes, kBBytes = R::kBBytes;
   extern __shared__ uint8_t smem_raw[];
   // 128B-swizzled TMA tiles and wgmma descriptors both assume 1024-byte aligned tiles.
   uint8_t* base = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
@@ -377,7 +393,7 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_kernel(const __grid_
 
   if (wg == 0) {
     setmaxnreg_dec<kProducerRegs>();
-    if (threadIdx.x == 0) produce<kGlu, kStages>(p, s_meta, s_a, s_b, full, empty, units, num_kb);
+    if (threadIdx.x == 0) produce<kGlu, kStages, kBK>(p, s_meta, s_a, s_b, full, empty, units, num_kb);
     if constexpr (kAsync) {
       if (threadIdx.x >= 32)
         drain_epilogues<kGlu>(p, s_meta, s_c, s_off, s_scale, stg_full, stg_empty, units, threadIdx.x - 32, s_gbuf,
@@ -421,11 +437,11 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_kernel(const __grid_
         mbar_wait(&full[s], phase);
       }
       if (!idle) {
-        const uint64_t da = make_desc_sw128(s_a + s * kABytes + cw * 64 * 128);
-        const uint64_t db = make_desc_sw128(s_b + s * kBBytes, kBChunk, 1024);
+        const uint64_t da = R::a_desc(s_a + s * kABytes + cw * 64 * (kBK * 2));
+        const uint64_t db = make_desc_sw128(s_b + s * kBBytes, R::kBChunk, 1024);
         wgmma_fence();
 #pragma unroll
-        for (int q = 0; q < 4; ++q)  // k16 steps: A advances 32 bytes, B 16 rows of 128 bytes
+        for (int q = 0; q < R::kSteps; ++q)  // k16 steps: A advances 32 bytes, B 16 rows of 128 bytes
           wgmma_m64n256k16_f16<1>(acc, da + 2 * q, db + (2048 >> 4) * q, kb > 0 || q > 0);
         wgmma_commit();
       }

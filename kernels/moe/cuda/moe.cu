@@ -20,34 +20,37 @@
 namespace moe {
 namespace {
 
-// 2-D fp16 map over a row-major [rows][cols] array, 64 x box_rows boxes (128 bytes of a row: one swizzle span).
+// 2-D fp16 map over a row-major [rows][cols] array, box_cols x box_rows boxes: 64 columns (128 bytes of a row, one
+// 128-byte swizzle span) or 32 (64 bytes, a 64-byte swizzle span: A tiles of a k-32 ring).
 // Rows past the end read as zeros (the last m-tile of the shared group). A map's bytes depend only on these
 // arguments, so maps are kept by them: the weights of the next call usually sit at the same addresses.
-bool map_f16(CUtensorMap* map, const void* ptr, uint64_t cols, uint64_t rows, uint32_t box_rows) {
+bool map_f16(CUtensorMap* map, const void* ptr, uint64_t cols, uint64_t rows, uint32_t box_rows,
+             uint32_t box_cols = 64) {
   struct Key {
     const void* ptr;
     uint64_t cols, rows;
-    uint32_t box_rows;
+    uint32_t box_rows, box_cols;
     bool operator==(const Key& o) const {
-      return ptr == o.ptr && cols == o.cols && rows == o.rows && box_rows == o.box_rows;
+      return ptr == o.ptr && cols == o.cols && rows == o.rows && box_rows == o.box_rows && box_cols == o.box_cols;
     }
   };
   struct KeyHash {
     size_t operator()(const Key& k) const {
-      return std::hash<const void*>()(k.ptr) ^ (k.cols * 0x9E3779B97F4A7C15ull) ^ (k.rows << 20) ^ k.box_rows;
+      return std::hash<const void*>()(k.ptr) ^ (k.cols * 0x9E3779B97F4A7C15ull) ^ (k.rows << 20) ^ k.box_rows ^
+             (static_cast<size_t>(k.box_cols) << 40);
     }
   };
   static std::unordered_map<Key, CUtensorMap, KeyHash> cache;
   static std::mutex mu;
-  const Key key{ptr, cols, rows, box_rows};
+  const Key key{ptr, cols, rows, box_rows, box_cols};
   std::lock_guard<std::mutex> lock(mu);
   auto hit = cache.find(key);
   if (hit != cache.end()) {
     *map = hit->second;
     return true;
   }
-  if (!kb::make_map_2d(map, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, ptr, cols, rows, cols * 2, 64, box_rows,
-                       CU_TENSOR_MAP_SWIZZLE_128B))
+  if (!kb::make_map_2d(map, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, ptr, cols, rows, cols * 2, box_cols, box_rows,
+                       box_cols == 64 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B))
     return false;
   if (cache.size() > 4096) cache.clear();  // bounded: addresses of freed tensors accumulate otherwise
   cache.emplace(key, *map);
@@ -56,19 +59,27 @@ bool map_f16(CUtensorMap* map, const void* ptr, uint64_t cols, uint64_t rows, ui
 
 // The grouped GEMM for one use (glu: GEMM 1, else GEMM 2) and ring depth (MoeConfig::stages, 3 or 4): the one
 // place that picks an instantiation, for the launches and the shared-memory attribute alike.
-// async (MoeConfig::async_epilogue) builds have 3 stages: the staging buffer takes the fourth's room.
+// async (MoeConfig::async_epilogue) builds have 3 stages of k 64, or 6 of k 32 (MoeConfig::bk): the staging buffer
+// takes the fourth's room. The consumers' own epilogue has k 64 only (moe_config sees to it).
 // (Dev builds: `trace` picks the asynchronous instances that stamp their units, benchmarks/moe.py --trace.)
 using GemmKernel = void (*)(GemmParams);
-GemmKernel gemm_kernel(bool glu, int stages, bool async, bool trace = false) {
+GemmKernel gemm_kernel(bool glu, int stages, bool async, int bk, bool trace = false) {
 #ifdef KBENCH_DEV
+  if (async && trace && bk == 32)
+    return glu ? grouped_gemm_kernel<true, 6, true, true, 32> : grouped_gemm_kernel<false, 6, true, true, 32>;
   if (async && trace)
     return glu ? grouped_gemm_kernel<true, 3, true, true> : grouped_gemm_kernel<false, 3, true, true>;
 #endif
+  if (async && bk == 32)
+    return glu ? grouped_gemm_kernel<true, 6, true, false, 32> : grouped_gemm_kernel<false, 6, true, false, 32>;
   if (async) return glu ? grouped_gemm_kernel<true, 3, true> : grouped_gemm_kernel<false, 3, true>;
   if (stages == 3) return glu ? grouped_gemm_kernel<true, 3> : grouped_gemm_kernel<false, 3>;
   return glu ? grouped_gemm_kernel<true, 4> : grouped_gemm_kernel<false, 4>;
 }
-int gemm_smem_bytes(int stages, bool async) { return async ? smem_bytes(3, true) : smem_bytes(stages); }
+int gemm_smem_bytes(int stages, bool async, int bk) {
+  if (async) return bk == 32 ? smem_bytes(6, true, 32) : smem_bytes(3, true);
+  return smem_bytes(stages);
+}
 
 struct DeviceInfo {
   int sms = 0;
@@ -86,9 +97,10 @@ const DeviceInfo& device_info() {
     for (const int stages : {3, 4})
       for (const bool glu : {false, true})
         for (const bool async : {false, true})
-          for (const bool trace : {false, true})
-            cudaFuncSetAttribute(gemm_kernel(glu, stages, async, trace), cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                 gemm_smem_bytes(stages, async));
+          for (const int bk : {32, 64})
+            for (const bool trace : {false, true})
+              cudaFuncSetAttribute(gemm_kernel(glu, stages, async, bk, trace),
+                                   cudaFuncAttributeMaxDynamicSharedMemorySize, gemm_smem_bytes(stages, async, bk));
   }
   return d;
 }
@@ -108,8 +120,8 @@ GemmParams gemm1_params(const MoeArgs& a) {
 // The shared expert's GEMM 1 alone: one group, its meta in the parameters (H rows T*K .. T*K + T - 1).
 bool shared_gemm1_params(const MoeArgs& a, GemmParams& g) {
   g = gemm1_params(a);
-  if (!map_f16(&g.a[1], a.x, a.d, a.T, kBM) || !map_f16(&g.b[0], a.w_gate[a.E], a.dexp, a.d, kBK) ||
-      !map_f16(&g.b[kMaxGroups], a.w_up[a.E], a.dexp, a.d, kBK))
+  if (!map_f16(&g.a[1], a.x, a.d, a.T, kBM, a.bk) || !map_f16(&g.b[0], a.w_gate[a.E], a.dexp, a.d, a.bk) ||
+      !map_f16(&g.b[kMaxGroups], a.w_up[a.E], a.dexp, a.d, a.bk))
     return false;
   const int routed_rows = a.T * a.K;  // H keeps the routed rows first, then the shared expert's
   g.groups = g.meta_groups = 1;
@@ -137,8 +149,8 @@ void launch_gemm(GemmParams g, bool glu, const MoeArgs& a, cudaStream_t stream, 
 #else
   (void)launch;
 #endif
-  gemm_kernel(glu, a.stages, async, trace)<<<device_info().sms, kThreads, gemm_smem_bytes(a.stages, async),
-                                             stream>>>(g);
+  gemm_kernel(glu, a.stages, async, a.bk, trace)<<<device_info().sms, kThreads,
+                                                   gemm_smem_bytes(a.stages, async, a.bk), stream>>>(g);
 }
 
 }  // namespace
@@ -165,15 +177,17 @@ MoeConfig moe_config(int, int, int) {
                    kb::env_int("KBENCH_MOE_KEEP_WORKSPACES", 0) != 0, stages,
                    kb::env_int("KBENCH_MOE_RED_COMBINE", 1) != 0, kb::env_int("KBENCH_MOE_SPLIT_ROUTE", 1) != 0,
                    async_epilogue, shared_first, shared_gather, kb::env_int("KBENCH_MOE_GATHER_LSU", 1) != 0,
-                   std::max(0, kb::env_int("KBENCH_MOE_BAND", 16))};
+                   std::max(0, kb::env_int("KBENCH_MOE_BAND", 16)),
+                   // k 32 stages only where both GEMMs hand their epilogue over (6 stages beside the staging)
+                   kb::env_int("KBENCH_MOE_BK", 64) == 32 && async_epilogue == 3 ? 32 : 64};
 }
 
 void moe_describe(const MoeConfig& c, char* buf, int size) {
   snprintf(buf, size,
            "MoeConfig{skip_empty_halves=%d, keep_workspaces=%d, stages=%d, red_combine=%d, split_route=%d, "
-           "async_epilogue=%d, shared_first=%d, shared_gather=%d, gather_lsu=%d, band=%d}",
+           "async_epilogue=%d, shared_first=%d, shared_gather=%d, gather_lsu=%d, band=%d, bk=%d}",
            c.skip_empty_halves, c.keep_workspaces, c.stages, c.red_combine, c.split_route, c.async_epilogue,
-           c.shared_first, c.shared_gather, c.gather_lsu, c.band);
+           c.shared_first, c.shared_gather, c.gather_lsu, c.band, c.bk);
 }
 
 const char* moe_run(const MoeArgs& a, cudaStream_t stream, cudaEvent_t* events) {
@@ -216,12 +230,12 @@ const char* moe_run(const MoeArgs& a, cudaStream_t stream, cudaEvent_t* events) 
   const bool shared_ran = a.shared_done || shared_gather;
   const int G1 = shared_ran ? a.E : G;
   GemmParams g1 = gemm1_params(a), g2{};
-  bool ok = map_f16(&g1.a[0], a.xs, a.d, pairs, kBM) && map_f16(&g1.a[1], a.x, a.d, a.T, kBM) &&
-            map_f16(&g2.a[0], a.h, a.dexp, pairs + a.T, kBM);
+  bool ok = map_f16(&g1.a[0], a.xs, a.d, pairs, kBM, a.bk) && map_f16(&g1.a[1], a.x, a.d, a.T, kBM, a.bk) &&
+            map_f16(&g2.a[0], a.h, a.dexp, pairs + a.T, kBM, a.bk);
   for (int g = 0; ok && g < G; ++g) {
-    ok = (g >= G1 || (map_f16(&g1.b[g], a.w_gate[g], a.dexp, a.d, kBK) &&
-                      map_f16(&g1.b[kMaxGroups + g], a.w_up[g], a.dexp, a.d, kBK))) &&
-         map_f16(&g2.b[g], a.w_down[g], a.d, a.dexp, kBK);
+    ok = (g >= G1 || (map_f16(&g1.b[g], a.w_gate[g], a.dexp, a.d, a.bk) &&
+                      map_f16(&g1.b[kMaxGroups + g], a.w_up[g], a.dexp, a.d, a.bk))) &&
+         map_f16(&g2.b[g], a.w_down[g], a.d, a.dexp, a.bk);
   }
   if (!ok) return "moe cuda: cuTensorMapEncodeTiled failed (driver entry point missing or misaligned weights)";
   g1.meta = g2.meta = a.meta;
