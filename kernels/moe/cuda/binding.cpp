@@ -135,7 +135,7 @@ MoeArgs layer_args(const torch::Tensor& x, const std::vector<torch::Tensor>& gat
   a.shared_gather = config.shared_gather;
   a.gather_lsu = config.gather_lsu;
   a.band = config.band;
-  a.bk = config.bk;
+  a.bk32 = config.bk32;
   return a;
 }
 

@@ -105,6 +105,13 @@ const DeviceInfo& device_info() {
   return d;
 }
 
+// The k of launch `launch`'s ring stages (its tensor maps' boxes and its kernel instance), from MoeConfig::bk32's
+// bits: the shared expert's GEMM 1 (launches 0 and 3), the routed GEMM 1 (1), GEMM 2 (2).
+int launch_bk(const MoeArgs& a, int launch) {
+  const int bit = launch == 1 ? 2 : launch == 2 ? 4 : 1;
+  return a.bk32 & bit ? 32 : 64;
+}
+
 // GEMM 1's parameters that do not depend on which groups a launch takes.
 GemmParams gemm1_params(const MoeArgs& a) {
   GemmParams g{};
@@ -120,8 +127,9 @@ GemmParams gemm1_params(const MoeArgs& a) {
 // The shared expert's GEMM 1 alone: one group, its meta in the parameters (H rows T*K .. T*K + T - 1).
 bool shared_gemm1_params(const MoeArgs& a, GemmParams& g) {
   g = gemm1_params(a);
-  if (!map_f16(&g.a[1], a.x, a.d, a.T, kBM, a.bk) || !map_f16(&g.b[0], a.w_gate[a.E], a.dexp, a.d, a.bk) ||
-      !map_f16(&g.b[kMaxGroups], a.w_up[a.E], a.dexp, a.d, a.bk))
+  const int bk = launch_bk(a, 0);
+  if (!map_f16(&g.a[1], a.x, a.d, a.T, kBM, bk) || !map_f16(&g.b[0], a.w_gate[a.E], a.dexp, a.d, bk) ||
+      !map_f16(&g.b[kMaxGroups], a.w_up[a.E], a.dexp, a.d, bk))
     return false;
   const int routed_rows = a.T * a.K;  // H keeps the routed rows first, then the shared expert's
   g.groups = g.meta_groups = 1;
@@ -133,8 +141,9 @@ bool shared_gemm1_params(const MoeArgs& a, GemmParams& g) {
   return true;
 }
 
-// launch: which of the call's GEMM launches this is (0 the shared expert's GEMM 1, 1 the routed GEMM 1, 2 GEMM 2),
-// the index of its stamps in a dev build's unit trace.
+// launch: which of the call's GEMM launches this is (0 the shared expert's GEMM 1, 1 the routed GEMM 1, 2 GEMM 2,
+// 3 the shared expert's GEMM 1 before the router): its ring's k (launch_bk) and the index of its stamps in a dev
+// build's unit trace.
 void launch_gemm(GemmParams g, bool glu, const MoeArgs& a, cudaStream_t stream, int launch) {
   const bool async = a.async_epilogue & (glu ? 1 : 2);
   bool trace = false;
@@ -146,11 +155,10 @@ void launch_gemm(GemmParams g, bool glu, const MoeArgs& a, cudaStream_t stream, 
     g.trace_launch = launch;
     trace = async && g.trace != nullptr;
   }
-#else
-  (void)launch;
 #endif
-  gemm_kernel(glu, a.stages, async, a.bk, trace)<<<device_info().sms, kThreads,
-                                                   gemm_smem_bytes(a.stages, async, a.bk), stream>>>(g);
+  const int bk = launch_bk(a, launch);
+  gemm_kernel(glu, a.stages, async, bk, trace)<<<device_info().sms, kThreads, gemm_smem_bytes(a.stages, async, bk),
+                                                 stream>>>(g);
 }
 
 }  // namespace
@@ -179,15 +187,15 @@ MoeConfig moe_config(int, int, int) {
                    async_epilogue, shared_first, shared_gather, kb::env_int("KBENCH_MOE_GATHER_LSU", 1) != 0,
                    std::max(0, kb::env_int("KBENCH_MOE_BAND", 16)),
                    // k 32 stages only where both GEMMs hand their epilogue over (6 stages beside the staging)
-                   kb::env_int("KBENCH_MOE_BK", 64) == 32 && async_epilogue == 3 ? 32 : 64};
+                   async_epilogue == 3 ? kb::env_int("KBENCH_MOE_BK32", 0) & 7 : 0};
 }
 
 void moe_describe(const MoeConfig& c, char* buf, int size) {
   snprintf(buf, size,
            "MoeConfig{skip_empty_halves=%d, keep_workspaces=%d, stages=%d, red_combine=%d, split_route=%d, "
-           "async_epilogue=%d, shared_first=%d, shared_gather=%d, gather_lsu=%d, band=%d, bk=%d}",
+           "async_epilogue=%d, shared_first=%d, shared_gather=%d, gather_lsu=%d, band=%d, bk32=%d}",
            c.skip_empty_halves, c.keep_workspaces, c.stages, c.red_combine, c.split_route, c.async_epilogue,
-           c.shared_first, c.shared_gather, c.gather_lsu, c.band, c.bk);
+           c.shared_first, c.shared_gather, c.gather_lsu, c.band, c.bk32);
 }
 
 const char* moe_run(const MoeArgs& a, cudaStream_t stream, cudaEvent_t* events) {
@@ -230,12 +238,13 @@ const char* moe_run(const MoeArgs& a, cudaStream_t stream, cudaEvent_t* events) 
   const bool shared_ran = a.shared_done || shared_gather;
   const int G1 = shared_ran ? a.E : G;
   GemmParams g1 = gemm1_params(a), g2{};
-  bool ok = map_f16(&g1.a[0], a.xs, a.d, pairs, kBM, a.bk) && map_f16(&g1.a[1], a.x, a.d, a.T, kBM, a.bk) &&
-            map_f16(&g2.a[0], a.h, a.dexp, pairs + a.T, kBM, a.bk);
+  const int bk1 = launch_bk(a, 1), bk2 = launch_bk(a, 2);
+  bool ok = map_f16(&g1.a[0], a.xs, a.d, pairs, kBM, bk1) && map_f16(&g1.a[1], a.x, a.d, a.T, kBM, bk1) &&
+            map_f16(&g2.a[0], a.h, a.dexp, pairs + a.T, kBM, bk2);
   for (int g = 0; ok && g < G; ++g) {
-    ok = (g >= G1 || (map_f16(&g1.b[g], a.w_gate[g], a.dexp, a.d, a.bk) &&
-                      map_f16(&g1.b[kMaxGroups + g], a.w_up[g], a.dexp, a.d, a.bk))) &&
-         map_f16(&g2.b[g], a.w_down[g], a.d, a.dexp, a.bk);
+    ok = (g >= G1 || (map_f16(&g1.b[g], a.w_gate[g], a.dexp, a.d, bk1) &&
+                      map_f16(&g1.b[kMaxGroups + g], a.w_up[g], a.dexp, a.d, bk1))) &&
+         map_f16(&g2.b[g], a.w_down[g], a.d, a.dexp, bk2);
   }
   if (!ok) return "moe cuda: cuTensorMapEncodeTiled failed (driver entry point missing or misaligned weights)";
   g1.meta = g2.meta = a.meta;

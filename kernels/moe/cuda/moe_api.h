@@ -37,7 +37,7 @@ struct MoeArgs {
                           // and that launch gathers xs and zeroes the output (no gather pass)
   int gather_lsu;         // MoeConfig::gather_lsu
   int band;               // MoeConfig::band
-  int bk;                 // MoeConfig::bk
+  int bk32;               // MoeConfig::bk32
 };
 
 // A named configuration (KBENCH_PRINT_CONFIG=1 prints the one picked for each shape). The defaults are the measured
@@ -64,8 +64,9 @@ struct MoeConfig {
                            // twenty-fourth session)
   int band;                // the GEMMs walk a group of more m-tiles than this in bands of this many (KBENCH_MOE_BAND,
                            // 16 since the twenty-fourth session; 0: n-tile by n-tile over the whole group)
-  int bk;                  // k a ring stage holds: 64 (3 stages of 48 KB) or 32 (6 of 24 KB, more bytes in flight
-                           // while the consumers hold one; KBENCH_MOE_BK=32, both epilogues asynchronous only)
+  int bk32;                // the launches whose ring stages hold k 32 (6 stages of 24 KB: more bytes in flight while
+                           // the consumers hold one) instead of 64 (3 of 48 KB): bit 0 the shared expert's GEMM 1,
+                           // bit 1 the routed GEMM 1, bit 2 GEMM 2 (KBENCH_MOE_BK32; both epilogues asynchronous only)
 };
 MoeConfig moe_config(int T, int K, int E);
 void moe_describe(const MoeConfig& c, char* buf, int size);
