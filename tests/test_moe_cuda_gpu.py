@@ -42,22 +42,22 @@ ROUTINGS = [(1, 4, 4, None), (7, 8, 2, None), (300, 8, 4, 4), (1000, 32, 4, None
 
 
 # the shipped configuration (the async epilogue, the gather through the load/store units, bands of 16 m-tiles: the
-# (4096, 8, 4) routing's shared expert has 32), the candidates' knobs (kernels/moe/cuda/moe_api.h: MoeConfig) on
+# (4096, 8, 4) routing's shared expert has 32; k-32 ring stages in the shared expert's GEMM 1 and GEMM 2), the candidates' knobs (kernels/moe/cuda/moe_api.h: MoeConfig) on
 # together with the consumers' own epilogue, the previous builds' combine pass and one-block routing, the consumers'
 # own epilogue alone and with Y written, the gather pass, the TMA gather without bands, bands of 2 and 3 m-tiles
-# (a band shorter than the others at the group's end), and ring stages of k 32 (64-byte swizzled A tiles) in every
-# launch, in the shared expert's GEMM 1 and GEMM 2 only (the routed GEMM 1 at k 64 beside them), and with bands and
-# the gather pass
+# (a band shorter than the others at the group's end), and the ring stages' k: 32 (64-byte swizzled A tiles) in
+# every launch, 64 in every launch (the default has 32 in the shared expert's GEMM 1 and GEMM 2 beside the routed
+# GEMM 1's 64), and 32 with bands and the gather pass
 KNOBS = [{}, {"KBENCH_MOE_SKIP_EMPTY_HALVES": "1", "KBENCH_MOE_KEEP_WORKSPACES": "1", "KBENCH_MOE_STAGES": "3",
               "KBENCH_MOE_ASYNC_EPILOGUE": "0"},
          {"KBENCH_MOE_RED_COMBINE": "0", "KBENCH_MOE_SPLIT_ROUTE": "0"},
          {"KBENCH_MOE_ASYNC_EPILOGUE": "0"}, {"KBENCH_MOE_ASYNC_EPILOGUE": "0", "KBENCH_MOE_RED_COMBINE": "0"},
          {"KBENCH_MOE_SHARED_GATHER": "0"}, {"KBENCH_MOE_GATHER_LSU": "0", "KBENCH_MOE_BAND": "0"},
          {"KBENCH_MOE_BAND": "2"}, {"KBENCH_MOE_BAND": "3", "KBENCH_MOE_ASYNC_EPILOGUE": "0"},
-         {"KBENCH_MOE_BK32": "7"}, {"KBENCH_MOE_BK32": "5"},
+         {"KBENCH_MOE_BK32": "7"}, {"KBENCH_MOE_BK32": "0"},
          {"KBENCH_MOE_BK32": "7", "KBENCH_MOE_BAND": "2", "KBENCH_MOE_SHARED_GATHER": "0"}]
 KNOB_IDS = ["default", "candidates", "combine-pass", "sync-epilogue", "sync-epilogue-y", "gather-pass",
-            "tma-gather-no-band", "band2", "band3-sync-epilogue", "bk32", "bk32-shared-gemm2", "bk32-band2-gather-pass"]
+            "tma-gather-no-band", "band2", "band3-sync-epilogue", "bk32", "bk64", "bk32-band2-gather-pass"]
 
 
 @pytest.mark.gpu

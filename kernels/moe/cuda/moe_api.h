@@ -66,7 +66,8 @@ struct MoeConfig {
                            // 16 since the twenty-fourth session; 0: n-tile by n-tile over the whole group)
   int bk32;                // the launches whose ring stages hold k 32 (6 stages of 24 KB: more bytes in flight while
                            // the consumers hold one) instead of 64 (3 of 48 KB): bit 0 the shared expert's GEMM 1,
-                           // bit 1 the routed GEMM 1, bit 2 GEMM 2 (KBENCH_MOE_BK32; both epilogues asynchronous only)
+                           // bit 1 the routed GEMM 1, bit 2 GEMM 2 (KBENCH_MOE_BK32; both epilogues asynchronous only;
+                           // 5 since the twenty-fifth session, 0 the build before)
 };
 MoeConfig moe_config(int T, int K, int E);
 void moe_describe(const MoeConfig& c, char* buf, int size);
