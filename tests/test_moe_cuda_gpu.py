@@ -42,7 +42,8 @@ ROUTINGS = [(1, 4, 4, None), (7, 8, 2, None), (300, 8, 4, 4), (1000, 32, 4, None
 
 
 # the shipped configuration (the async epilogue, the gather through the load/store units, bands of 16 m-tiles: the
-# (4096, 8, 4) routing's shared expert has 32; k-32 ring stages in the shared expert's GEMM 1 and GEMM 2), the candidates' knobs (kernels/moe/cuda/moe_api.h: MoeConfig) on
+# (4096, 8, 4) routing's shared expert has 32; k-32 ring stages in the shared expert's GEMM 1 and GEMM 2), the
+# candidates' knobs (kernels/moe/cuda/moe_api.h: MoeConfig) on
 # together with the consumers' own epilogue, the previous builds' combine pass and one-block routing, the consumers'
 # own epilogue alone and with Y written, the gather pass, the TMA gather without bands, bands of 2 and 3 m-tiles
 # (a band shorter than the others at the group's end), and the ring stages' k: 32 (64-byte swizzled A tiles) in
