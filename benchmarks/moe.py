@@ -63,9 +63,6 @@ CANDIDATES = {
     "bk32": {"KBENCH_MOE_BK32": "7"},
     "bk64": {"KBENCH_MOE_BK32": "0"},
     "bk32-gemm2": {"KBENCH_MOE_BK32": "4"},
-    # stages of k 16 (12 x 12 KB) in GEMM 2, in the shared expert's GEMM 1 and GEMM 2
-    "bk16-gemm2": {"KBENCH_MOE_BK16": "4"},
-    "bk16-shared-gemm2": {"KBENCH_MOE_BK16": "5"},
 }
 
 

@@ -133,18 +133,16 @@ __device__ __forceinline__ uint64_t make_desc_sw128(const void* smem_tile, uint3
   return desc;
 }
 
-// The same for a K-major tile written with CU_TENSOR_MAP_SWIZZLE_64B or _32B into rows of exactly kRowBytes = 64 or
-// 32 bytes (32 or 16 16-bit elements of K): 8-row core groups are 8 rows apart (SBO); advancing K by 16 elements (32
-// bytes, within a 64-byte row) adds 2 to the address field, as in the 128-byte layout.
-template <int kRowBytes>
-__device__ __forceinline__ uint64_t make_desc_kmajor(const void* smem_tile) {
-  static_assert(kRowBytes == 64 || kRowBytes == 32, "64- or 32-byte swizzle spans");
+// The same for a K-major tile written with CU_TENSOR_MAP_SWIZZLE_64B into rows of exactly 64 bytes (32 16-bit
+// elements of K): 8-row core groups are 512 bytes apart (SBO); advancing K by 16 elements (32 bytes) adds 2 to the
+// address field, as in the 128-byte layout.
+__device__ __forceinline__ uint64_t make_desc_sw64(const void* smem_tile) {
   const uint64_t addr = smem_u32(smem_tile);
   uint64_t desc = 0;
-  desc |= (addr & 0x3FFFF) >> 4;                         // bits 0-13: start address / 16
-  desc |= uint64_t(16 >> 4) << 16;                       // bits 16-29: LBO / 16 (unused when swizzled, K-major)
-  desc |= uint64_t(((8 * kRowBytes) >> 4) & 0x3FFF) << 32;  // bits 32-45: SBO / 16
-  desc |= uint64_t(kRowBytes == 64 ? 2 : 3) << 62;       // bits 62-63: 2 = 64-byte swizzle, 3 = 32-byte
+  desc |= (addr & 0x3FFFF) >> 4;             // bits 0-13: start address / 16
+  desc |= uint64_t(16 >> 4) << 16;           // bits 16-29: LBO / 16 (unused for a swizzled K-major operand)
+  desc |= uint64_t((512 >> 4) & 0x3FFF) << 32;  // bits 32-45: SBO / 16
+  desc |= uint64_t(2) << 62;                 // bits 62-63: 2 = 64-byte swizzle
   return desc;
 }
 

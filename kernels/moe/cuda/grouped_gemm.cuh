@@ -35,14 +35,13 @@ constexpr int kMaxGroups = 65;       // kMoeMaxRouted routed experts + the share
 constexpr int kBM = 128;             // rows per tile: two consumer warpgroups x 64
 constexpr int kBN = 256;             // B columns per tile (GEMM 1: 128 gate + 128 up)
 constexpr int kThreads = 384;        // warpgroup 0 produces, 1 and 2 consume
-constexpr int kMaxStages = 12;  // the ring's depth is a template parameter: 3 or 4 stages of k 64, 6 of k 32, 12 of 16
-// A ring stage's k (the kernels' template parameter kBK, MoeConfig::bk32 / bk16): 64, one 128-byte swizzle span of
-// fp16 (A rows of 128 bytes, 48 KB a stage), or 32 / 16 (A rows of 64 / 32 bytes in swizzle spans of that width, B
-// boxes of 32 / 16 k-rows: 24 / 12 KB a stage, so 2x / 4x the stages in the same bytes and more of them in flight
-// while the consumers hold one).
+constexpr int kMaxStages = 8;  // the ring's depth is a template parameter: 3 or 4 stages of k 64, 6 of k 32
+// A ring stage's k (the kernels' template parameter kBK, MoeConfig::bk): 64, one 128-byte swizzle span of fp16 (A
+// rows of 128 bytes, 48 KB a stage), or 32 (A rows of 64 bytes in 64-byte swizzle spans, B boxes of 32 k-rows: 24 KB
+// a stage, so twice the stages in the same bytes and more of them in flight while the consumers hold one).
 template <int kBK>
 struct Ring {
-  static_assert(kBK == 64 || kBK == 32 || kBK == 16, "a stage holds 16, 32 or 64 of k");
+  static_assert(kBK == 64 || kBK == 32, "a stage holds 32 or 64 of k");
   static constexpr int kABytes = kBM * kBK * 2;          // 16 KB (k 64)
   static constexpr int kBChunk = kBK * 64 * 2;           // one TMA box of B: kBK k-rows x 64 columns, 8 KB (k 64)
   static constexpr int kBBytes = 4 * kBChunk;            // 32 KB (k 64)
@@ -51,7 +50,7 @@ struct Ring {
   // A tile's descriptor: rows of kBK * 2 bytes, K-major, in the swizzle TMA wrote them with
   static __device__ __forceinline__ uint64_t a_desc(const uint8_t* tile) {
     if constexpr (kBK == 64) return make_desc_sw128(tile);
-    else return make_desc_kmajor<kBK * 2>(tile);
+    else return make_desc_sw64(tile);
   }
 };
 constexpr int kCPitch = 64 * 2 + 16;            // epilogue staging row: 64 fp16 + 16 bytes (conflict-free writes)
@@ -70,8 +69,7 @@ constexpr int kLaunchRegs = 168, kConsumerRegs = 224, kProducerRegs = 56;
 static_assert(2 * (kConsumerRegs - kLaunchRegs) <= kLaunchRegs - kProducerRegs,
               "setmaxnreg: the consumer warpgroups would wait forever for registers the producer does not free");
 __host__ __device__ constexpr int smem_bytes(int stages, bool async = false, int bk = 64) {
-  return 1024 + stages * (kBM * bk * 2 + 4 * bk * 64 * 2) +
-         (async ? 2 * kStageCBytes + kRowTabBytes + 4 * 8 : 2 * kCBytes) +
+  return 1024 + stages * (kBM * bk * 2 + 4 * bk * 64 * 2) + (async ? 2 * kStageCBytes + kRowTabBytes + 4 * 8 : 2 * kCBytes) +
          2 * stages * 8 + 2 * (kMaxGroups + 1) * 4 + (async ? 128 + kGatherChains * (kGatherBytes + 8) : 0);
 }
 
@@ -349,7 +347,7 @@ __device__ __forceinline__ void drain_epilogues(const GemmParams& p, const int* 
 
 template <bool kGlu, int kStages, bool kAsync = false, bool kTrace = false, int kBK = 64>
 __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_kernel(const __grid_constant__ GemmParams p) {
-  static_assert(kStages >= 2 && kStages <= kMaxStages, "the ring needs two stages and fits twelve");
+  static_assert(kStages >= 2 && kStages <= kMaxStages, "the ring needs two stages and fits eight");
   static_assert(smem_bytes(kStages, kAsync, kBK) <= 232448, "the ring and staging exceed the 227 KB of a block");
   using R = Ring<kBK>;
   constexpr int kABytes = R::kABytes, kBBytes = R::kBBytes;

@@ -21,7 +21,7 @@ namespace moe {
 namespace {
 
 // 2-D fp16 map over a row-major [rows][cols] array, box_cols x box_rows boxes: 64 columns (128 bytes of a row, one
-// 128-byte swizzle span), 32 or 16 (64 / 32 bytes, a swizzle span of that width: A tiles of a k-32 / k-16 ring).
+// 128-byte swizzle span) or 32 (64 bytes, a 64-byte swizzle span: A tiles of a k-32 ring).
 // Rows past the end read as zeros (the last m-tile of the shared group). A map's bytes depend only on these
 // arguments, so maps are kept by them: the weights of the next call usually sit at the same addresses.
 bool map_f16(CUtensorMap* map, const void* ptr, uint64_t cols, uint64_t rows, uint32_t box_rows,
@@ -50,9 +50,7 @@ bool map_f16(CUtensorMap* map, const void* ptr, uint64_t cols, uint64_t rows, ui
     return true;
   }
   if (!kb::make_map_2d(map, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, ptr, cols, rows, cols * 2, box_cols, box_rows,
-                       box_cols == 64   ? CU_TENSOR_MAP_SWIZZLE_128B
-                       : box_cols == 32 ? CU_TENSOR_MAP_SWIZZLE_64B
-                                        : CU_TENSOR_MAP_SWIZZLE_32B))
+                       box_cols == 64 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B))
     return false;
   if (cache.size() > 4096) cache.clear();  // bounded: addresses of freed tensors accumulate otherwise
   cache.emplace(key, *map);
@@ -67,15 +65,11 @@ bool map_f16(CUtensorMap* map, const void* ptr, uint64_t cols, uint64_t rows, ui
 using GemmKernel = void (*)(GemmParams);
 GemmKernel gemm_kernel(bool glu, int stages, bool async, int bk, bool trace = false) {
 #ifdef KBENCH_DEV
-  if (async && trace && bk == 16)
-    return glu ? grouped_gemm_kernel<true, 12, true, true, 16> : grouped_gemm_kernel<false, 12, true, true, 16>;
   if (async && trace && bk == 32)
     return glu ? grouped_gemm_kernel<true, 6, true, true, 32> : grouped_gemm_kernel<false, 6, true, true, 32>;
   if (async && trace)
     return glu ? grouped_gemm_kernel<true, 3, true, true> : grouped_gemm_kernel<false, 3, true, true>;
 #endif
-  if (async && bk == 16)
-    return glu ? grouped_gemm_kernel<true, 12, true, false, 16> : grouped_gemm_kernel<false, 12, true, false, 16>;
   if (async && bk == 32)
     return glu ? grouped_gemm_kernel<true, 6, true, false, 32> : grouped_gemm_kernel<false, 6, true, false, 32>;
   if (async) return glu ? grouped_gemm_kernel<true, 3, true> : grouped_gemm_kernel<false, 3, true>;
@@ -83,7 +77,7 @@ GemmKernel gemm_kernel(bool glu, int stages, bool async, int bk, bool trace = fa
   return glu ? grouped_gemm_kernel<true, 4> : grouped_gemm_kernel<false, 4>;
 }
 int gemm_smem_bytes(int stages, bool async, int bk) {
-  if (async) return smem_bytes(3 * 64 / bk, true, bk);
+  if (async) return bk == 32 ? smem_bytes(6, true, 32) : smem_bytes(3, true);
   return smem_bytes(stages);
 }
 
@@ -103,7 +97,7 @@ const DeviceInfo& device_info() {
     for (const int stages : {3, 4})
       for (const bool glu : {false, true})
         for (const bool async : {false, true})
-          for (const int bk : {16, 32, 64})
+          for (const int bk : {32, 64})
             for (const bool trace : {false, true})
               cudaFuncSetAttribute(gemm_kernel(glu, stages, async, bk, trace),
                                    cudaFuncAttributeMaxDynamicSharedMemorySize, gemm_smem_bytes(stages, async, bk));
@@ -111,11 +105,11 @@ const DeviceInfo& device_info() {
   return d;
 }
 
-// The k of launch `launch`'s ring stages (its tensor maps' boxes and its kernel instance), from MoeConfig::bk16's and
-// bk32's bits: the shared expert's GEMM 1 (launches 0 and 3), the routed GEMM 1 (1), GEMM 2 (2).
+// The k of launch `launch`'s ring stages (its tensor maps' boxes and its kernel instance), from MoeConfig::bk32's
+// bits: the shared expert's GEMM 1 (launches 0 and 3), the routed GEMM 1 (1), GEMM 2 (2).
 int launch_bk(const MoeArgs& a, int launch) {
   const int bit = launch == 1 ? 2 : launch == 2 ? 4 : 1;
-  return a.bk16 & bit ? 16 : a.bk32 & bit ? 32 : 64;
+  return a.bk32 & bit ? 32 : 64;
 }
 
 // GEMM 1's parameters that do not depend on which groups a launch takes.
@@ -194,16 +188,15 @@ MoeConfig moe_config(int, int, int) {
                    std::max(0, kb::env_int("KBENCH_MOE_BAND", 16)),
                    // k 32 stages only where both GEMMs hand their epilogue over (6 stages beside the staging); the
                    // routed GEMM 1 keeps k 64 (at k 32 it ran at a lower clock, docs/moe-notes.md)
-                   async_epilogue == 3 ? kb::env_int("KBENCH_MOE_BK32", 5) & 7 : 0,
-                   async_epilogue == 3 ? kb::env_int("KBENCH_MOE_BK16", 0) & 7 : 0};
+                   async_epilogue == 3 ? kb::env_int("KBENCH_MOE_BK32", 5) & 7 : 0};
 }
 
 void moe_describe(const MoeConfig& c, char* buf, int size) {
   snprintf(buf, size,
            "MoeConfig{skip_empty_halves=%d, keep_workspaces=%d, stages=%d, red_combine=%d, split_route=%d, "
-           "async_epilogue=%d, shared_first=%d, shared_gather=%d, gather_lsu=%d, band=%d, bk32=%d, bk16=%d}",
+           "async_epilogue=%d, shared_first=%d, shared_gather=%d, gather_lsu=%d, band=%d, bk32=%d}",
            c.skip_empty_halves, c.keep_workspaces, c.stages, c.red_combine, c.split_route, c.async_epilogue,
-           c.shared_first, c.shared_gather, c.gather_lsu, c.band, c.bk32, c.bk16);
+           c.shared_first, c.shared_gather, c.gather_lsu, c.band, c.bk32);
 }
 
 const char* moe_run(const MoeArgs& a, cudaStream_t stream, cudaEvent_t* events) {

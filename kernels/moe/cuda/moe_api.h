@@ -37,7 +37,7 @@ struct MoeArgs {
                           // and that launch gathers xs and zeroes the output (no gather pass)
   int gather_lsu;         // MoeConfig::gather_lsu
   int band;               // MoeConfig::band
-  int bk32, bk16;         // MoeConfig::bk32, bk16
+  int bk32;               // MoeConfig::bk32
 };
 
 // A named configuration (KBENCH_PRINT_CONFIG=1 prints the one picked for each shape). The defaults are the measured
@@ -68,8 +68,6 @@ struct MoeConfig {
                            // the consumers hold one) instead of 64 (3 of 48 KB): bit 0 the shared expert's GEMM 1,
                            // bit 1 the routed GEMM 1, bit 2 GEMM 2 (KBENCH_MOE_BK32; both epilogues asynchronous only;
                            // 5 since the twenty-fifth session, 0 the build before)
-  int bk16;                // the launches (the same bits) whose stages hold k 16: 12 of 12 KB (KBENCH_MOE_BK16;
-                           // over bk32)
 };
 MoeConfig moe_config(int T, int K, int E);
 void moe_describe(const MoeConfig& c, char* buf, int size);
