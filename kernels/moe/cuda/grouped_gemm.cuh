@@ -69,7 +69,8 @@ constexpr int kLaunchRegs = 168, kConsumerRegs = 224, kProducerRegs = 56;
 static_assert(2 * (kConsumerRegs - kLaunchRegs) <= kLaunchRegs - kProducerRegs,
               "setmaxnreg: the consumer warpgroups would wait forever for registers the producer does not free");
 __host__ __device__ constexpr int smem_bytes(int stages, bool async = false, int bk = 64) {
-  return 1024 + stages * (kBM * bk * 2 + 4 * bk * 64 * 2) + (async ? 2 * kStageCBytes + kRowTabBytes + 4 * 8 : 2 * kCBytes) +
+  return 1024 + stages * (kBM * bk * 2 + 4 * bk * 64 * 2) +
+         (async ? 2 * kStageCBytes + kRowTabBytes + 4 * 8 : 2 * kCBytes) +
          2 * stages * 8 + 2 * (kMaxGroups + 1) * 4 + (async ? 128 + kGatherChains * (kGatherBytes + 8) : 0);
 }
 
