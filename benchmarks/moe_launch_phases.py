@@ -33,8 +33,8 @@ def phases_of_one_call(mod, data) -> list[float]:
     t = [time.perf_counter_ns()]
     out = mod.ext.moe_output(x.view(-1, x.shape[-1]), k, n_experts)
     t.append(time.perf_counter_ns())
-    tensors = (x, *weights.values())
-    key = mod.graph_replay.addresses(tensors) + (n_experts, k, x.shape) + mod.graph_replay.env_values(mod._KNOBS)
+    tensors, extra = mod._launch_inputs(x, weights, n_experts, k)
+    key = mod.graph_replay.addresses(tensors) + extra  # as custom_kernel keys its replay
     held = mod._graphs._graphs[key]  # a KeyError: the graph was not captured (the knobs or the inputs moved)
     t.append(time.perf_counter_ns())
     held[0].replay()

@@ -45,6 +45,13 @@ def _experts(x: torch.Tensor, weights: dict, n_experts: int, k: int, out: torch.
                          [weights[n] for n in up], [weights[n] for n in down], out)
 
 
+def _launch_inputs(x: torch.Tensor, weights: dict, n_experts: int, k: int) -> tuple:
+    """What the graph's launch key is made of: (the tensors a replay reads: x, then the weights in the dict's order;
+    the host values: the counts, x's shape (a replay writes the output with the captured token count) and the
+    knobs). benchmarks/moe_launch_phases.py builds the key from it too."""
+    return (x, *weights.values()), (n_experts, k, x.shape) + graph_replay.env_values(_KNOBS)
+
+
 def custom_kernel(data: input_t) -> output_t:
     x, weights, config = data
     n_experts, k = config["n_routed_experts"], config["n_experts_per_token"]
@@ -63,9 +70,7 @@ def custom_kernel(data: input_t) -> output_t:
         # their addresses (~5 us) and their shapes, strides and dtypes (tensor_key, ~30 us of host time on the CPU
         # machine) are checked after the launch, while the GPU runs
         # (KBENCH_MOE_FULL_KEY=1: the whole key before the launch, as before, for benchmarks/host_gap.py to compare)
-        tensors = (x, *weights.values())
-        # x's shape in the launch key: a replay writes the output with the captured token count
-        extra = (n_experts, k, x.shape) + graph_replay.env_values(_KNOBS)
+        tensors, extra = _launch_inputs(x, weights, n_experts, k)
         full_key = lambda: graph_replay.tensor_key(*tensors)  # noqa: E731
         if os.environ.get("KBENCH_MOE_FULL_KEY") == "1":
             y, top_scores = _graphs.replay(full_key() + extra, step)
