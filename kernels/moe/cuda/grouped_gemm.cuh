@@ -36,9 +36,10 @@ constexpr int kBM = 128;             // rows per tile: two consumer warpgroups x
 constexpr int kBN = 256;             // B columns per tile (GEMM 1: 128 gate + 128 up)
 constexpr int kThreads = 384;        // warpgroup 0 produces, 1 and 2 consume
 constexpr int kMaxStages = 8;  // the ring's depth is a template parameter: 3 or 4 stages of k 64, 6 of k 32
-// A ring stage's k (the kernels' template parameter kBK, MoeConfig::bk): 64, one 128-byte swizzle span of fp16 (A
-// rows of 128 bytes, 48 KB a stage), or 32 (A rows of 64 bytes in 64-byte swizzle spans, B boxes of 32 k-rows: 24 KB
-// a stage, so twice the stages in the same bytes and more of them in flight while the consumers hold one).
+// A ring stage's k (the kernels' template parameter kBK, from MoeConfig::bk32): 64, one 128-byte swizzle span of
+// fp16 (A rows of 128 bytes, 48 KB a stage), or 32 (A rows of 64 bytes in 64-byte swizzle spans, B boxes of 32
+// k-rows: 24 KB a stage, so twice the stages in the same bytes and more of them in flight while the consumers hold
+// one).
 template <int kBK>
 struct Ring {
   static_assert(kBK == 64 || kBK == 32, "a stage holds 32 or 64 of k");
@@ -172,6 +173,7 @@ __device__ __forceinline__ void red_add_f16x8(__half* out, const uint4& v) {
 template <bool kGlu, int kStages, int kBK>
 __device__ __forceinline__ void produce(const GemmParams& p, const int* s_meta, uint8_t* s_a, uint8_t* s_b,
                                         uint64_t* full, uint64_t* empty, int units, int num_kb) {
+  using R = Ring<kBK>;
   const int G = p.groups;
   int s = 0;
   uint32_t phase = 0;
@@ -184,7 +186,6 @@ __device__ __forceinline__ void produce(const GemmParams& p, const int* s_meta, 
     const int a_row = (shared_x ? 0 : w.row0) + w.mt * kBM;
     for (int kb = 0; kb < num_kb; ++kb) {
       mbar_wait(&empty[s], phase ^ 1);
-      using R = Ring<kBK>;
       mbar_arrive_expect_tx(&full[s], R::kStageBytes);
       tma_load_2d(s_a + s * R::kABytes, amap, &full[s], kb * kBK, a_row);
       uint8_t* sb = s_b + s * R::kBBytes;

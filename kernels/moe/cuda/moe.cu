@@ -59,7 +59,7 @@ bool map_f16(CUtensorMap* map, const void* ptr, uint64_t cols, uint64_t rows, ui
 
 // The grouped GEMM for one use (glu: GEMM 1, else GEMM 2) and ring depth (MoeConfig::stages, 3 or 4): the one
 // place that picks an instantiation, for the launches and the shared-memory attribute alike.
-// async (MoeConfig::async_epilogue) builds have 3 stages of k 64, or 6 of k 32 (MoeConfig::bk): the staging buffer
+// async (MoeConfig::async_epilogue) builds have 3 stages of k 64, or 6 of k 32 (MoeConfig::bk32): the staging buffer
 // takes the fourth's room. The consumers' own epilogue has k 64 only (moe_config sees to it).
 // (Dev builds: `trace` picks the asynchronous instances that stamp their units, benchmarks/moe.py --trace.)
 using GemmKernel = void (*)(GemmParams);
