@@ -48,6 +48,7 @@ struct Ring {
   static constexpr int kBBytes = 4 * kBChunk;            // 32 KB (k 64)
   static constexpr int kStageBytes = kABytes + kBBytes;  // 48 KB (k 64)
   static constexpr int kSteps = kBK / 16;                // wgmma k16 steps a stage
+  static constexpr int kAsyncStages = 3 * 64 / kBK;      // the asynchronous epilogue's ring: 144 KB beside its staging
   // A tile's descriptor: rows of kBK * 2 bytes, K-major, in the swizzle TMA wrote them with
   static __device__ __forceinline__ uint64_t a_desc(const uint8_t* tile) {
     if constexpr (kBK == 64) return make_desc_sw128(tile);
@@ -69,8 +70,9 @@ constexpr int kGatherBytes = 4096;              // kAsync: a chain's bounce buff
 constexpr int kLaunchRegs = 168, kConsumerRegs = 224, kProducerRegs = 56;
 static_assert(2 * (kConsumerRegs - kLaunchRegs) <= kLaunchRegs - kProducerRegs,
               "setmaxnreg: the consumer warpgroups would wait forever for registers the producer does not free");
-__host__ __device__ constexpr int smem_bytes(int stages, bool async = false, int bk = 64) {
-  return 1024 + stages * (kBM * bk * 2 + 4 * bk * 64 * 2) +
+template <int kBK = 64>
+__host__ __device__ constexpr int smem_bytes(int stages, bool async = false) {
+  return 1024 + stages * Ring<kBK>::kStageBytes +
          (async ? 2 * kStageCBytes + kRowTabBytes + 4 * 8 : 2 * kCBytes) +
          2 * stages * 8 + 2 * (kMaxGroups + 1) * 4 + (async ? 128 + kGatherChains * (kGatherBytes + 8) : 0);
 }
@@ -350,7 +352,7 @@ __device__ __forceinline__ void drain_epilogues(const GemmParams& p, const int* 
 template <bool kGlu, int kStages, bool kAsync = false, bool kTrace = false, int kBK = 64>
 __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_kernel(const __grid_constant__ GemmParams p) {
   static_assert(kStages >= 2 && kStages <= kMaxStages, "the ring needs two stages and fits eight");
-  static_assert(smem_bytes(kStages, kAsync, kBK) <= 232448, "the ring and staging exceed the 227 KB of a block");
+  static_assert(smem_bytes<kBK>(kStages, kAsync) <= 232448, "the ring and staging exceed the 227 KB of a block");
   using R = Ring<kBK>;
   constexpr int kABytes = R::kABytes, kBBytes = R::kBBytes;
   extern __shared__ uint8_t smem_raw[];

@@ -64,20 +64,21 @@ bool map_f16(CUtensorMap* map, const void* ptr, uint64_t cols, uint64_t rows, ui
 // (Dev builds: `trace` picks the asynchronous instances that stamp their units, benchmarks/moe.py --trace.)
 using GemmKernel = void (*)(GemmParams);
 GemmKernel gemm_kernel(bool glu, int stages, bool async, int bk, bool trace = false) {
+  constexpr int a32 = Ring<32>::kAsyncStages, a64 = Ring<64>::kAsyncStages;
 #ifdef KBENCH_DEV
   if (async && trace && bk == 32)
-    return glu ? grouped_gemm_kernel<true, 6, true, true, 32> : grouped_gemm_kernel<false, 6, true, true, 32>;
+    return glu ? grouped_gemm_kernel<true, a32, true, true, 32> : grouped_gemm_kernel<false, a32, true, true, 32>;
   if (async && trace)
-    return glu ? grouped_gemm_kernel<true, 3, true, true> : grouped_gemm_kernel<false, 3, true, true>;
+    return glu ? grouped_gemm_kernel<true, a64, true, true> : grouped_gemm_kernel<false, a64, true, true>;
 #endif
   if (async && bk == 32)
-    return glu ? grouped_gemm_kernel<true, 6, true, false, 32> : grouped_gemm_kernel<false, 6, true, false, 32>;
-  if (async) return glu ? grouped_gemm_kernel<true, 3, true> : grouped_gemm_kernel<false, 3, true>;
+    return glu ? grouped_gemm_kernel<true, a32, true, false, 32> : grouped_gemm_kernel<false, a32, true, false, 32>;
+  if (async) return glu ? grouped_gemm_kernel<true, a64, true> : grouped_gemm_kernel<false, a64, true>;
   if (stages == 3) return glu ? grouped_gemm_kernel<true, 3> : grouped_gemm_kernel<false, 3>;
   return glu ? grouped_gemm_kernel<true, 4> : grouped_gemm_kernel<false, 4>;
 }
 int gemm_smem_bytes(int stages, bool async, int bk) {
-  if (async) return bk == 32 ? smem_bytes(6, true, 32) : smem_bytes(3, true);
+  if (async) return bk == 32 ? smem_bytes<32>(Ring<32>::kAsyncStages, true) : smem_bytes(Ring<64>::kAsyncStages, true);
   return smem_bytes(stages);
 }
 
