@@ -66,9 +66,6 @@ CANDIDATES = {
     "bk32": {"KBENCH_MOE_BK32": "7"},
     "bk64": {"KBENCH_MOE_BK32": "0"},
     "bk32-gemm2": {"KBENCH_MOE_BK32": "4"},
-    # a routed group's tail of up to 32 rows past a full m-tile computed by that m-tile's units (swapped m64n32 wgmmas
-    # over the same B stages) instead of a unit of its own (docs/moe-notes.md, twenty-sixth session)
-    "fold": {"KBENCH_MOE_FOLD_TAILS": "32"},
 }
 
 

@@ -37,11 +37,8 @@ def definition(x, experts, scores, gate, up, down):
 # (tokens, experts, slots, skew): skew = every token picks among the first `skew` experts (the others get none)
 # (4096, 8, 4): ~320 units, so each CTA of the persistent GEMMs walks two or three and every ring wraps
 # (192 / 193, 4, 1, 1): one expert and the shared one get 192 / 193 rows: a last m-tile of exactly 64 rows and of 65
-# (129 / 160 / 161, 4, 1, 1): a tail of 1 and of 32 rows past a full m-tile (folded with KBENCH_MOE_FOLD_TAILS=32),
-# and of 33 (not folded); (2048, 32, 4): the official 2048-token case's groups (~256 rows: tails of a few to ~30)
 ROUTINGS = [(1, 4, 4, None), (7, 8, 2, None), (300, 8, 4, 4), (1000, 32, 4, None), (513, 4, 1, 1),
-            (2048, 32, 4, 6), (129, 64, 8, None), (4096, 8, 4, None), (192, 4, 1, 1), (193, 4, 1, 1),
-            (129, 4, 1, 1), (160, 4, 1, 1), (161, 4, 1, 1), (2048, 32, 4, None)]
+            (2048, 32, 4, 6), (129, 64, 8, None), (4096, 8, 4, None), (192, 4, 1, 1), (193, 4, 1, 1)]
 
 
 # the shipped configuration (the async epilogue, the gather through the load/store units, bands of 16 m-tiles: the
@@ -51,8 +48,7 @@ ROUTINGS = [(1, 4, 4, None), (7, 8, 2, None), (300, 8, 4, 4), (1000, 32, 4, None
 # own epilogue alone and with Y written, the gather pass, the TMA gather without bands, bands of 2 and 3 m-tiles
 # (a band shorter than the others at the group's end), and the ring stages' k: 32 (64-byte swizzled A tiles) in
 # every launch, 64 in every launch (the default has 32 in the shared expert's GEMM 1 and GEMM 2 beside the routed
-# GEMM 1's 64), and 32 with bands and the gather pass; folded tails (the swapped tail MMAs) with the default, with k 32
-# in every launch and Y written (no red.add), and with k 64 in every launch and bands of 2
+# GEMM 1's 64), and 32 with bands and the gather pass
 KNOBS = [{}, {"KBENCH_MOE_SKIP_EMPTY_HALVES": "1", "KBENCH_MOE_KEEP_WORKSPACES": "1", "KBENCH_MOE_STAGES": "3",
               "KBENCH_MOE_ASYNC_EPILOGUE": "0"},
          {"KBENCH_MOE_RED_COMBINE": "0", "KBENCH_MOE_SPLIT_ROUTE": "0"},
@@ -60,13 +56,9 @@ KNOBS = [{}, {"KBENCH_MOE_SKIP_EMPTY_HALVES": "1", "KBENCH_MOE_KEEP_WORKSPACES":
          {"KBENCH_MOE_SHARED_GATHER": "0"}, {"KBENCH_MOE_GATHER_LSU": "0", "KBENCH_MOE_BAND": "0"},
          {"KBENCH_MOE_BAND": "2"}, {"KBENCH_MOE_BAND": "3", "KBENCH_MOE_ASYNC_EPILOGUE": "0"},
          {"KBENCH_MOE_BK32": "7"}, {"KBENCH_MOE_BK32": "0"},
-         {"KBENCH_MOE_BK32": "7", "KBENCH_MOE_BAND": "2", "KBENCH_MOE_SHARED_GATHER": "0"},
-         {"KBENCH_MOE_FOLD_TAILS": "32"}, {"KBENCH_MOE_FOLD_TAILS": "32", "KBENCH_MOE_BK32": "7",
-                                           "KBENCH_MOE_RED_COMBINE": "0"},
-         {"KBENCH_MOE_FOLD_TAILS": "32", "KBENCH_MOE_BK32": "0", "KBENCH_MOE_BAND": "2"}]
+         {"KBENCH_MOE_BK32": "7", "KBENCH_MOE_BAND": "2", "KBENCH_MOE_SHARED_GATHER": "0"}]
 KNOB_IDS = ["default", "candidates", "combine-pass", "sync-epilogue", "sync-epilogue-y", "gather-pass",
-            "tma-gather-no-band", "band2", "band3-sync-epilogue", "bk32", "bk64", "bk32-band2-gather-pass", "fold",
-            "fold-bk32-y", "fold-bk64-band2"]
+            "tma-gather-no-band", "band2", "band3-sync-epilogue", "bk32", "bk64", "bk32-band2-gather-pass"]
 
 
 @pytest.mark.gpu
@@ -101,9 +93,8 @@ def test_synthetic_routings_match_the_definition(moe, tokens, n_experts, k, skew
 
 # moe_layer's launch orders (kernels/moe/cuda/moe_api.h: MoeConfig): the shared expert's GEMM 1 gathering after the
 # routing (the default, and with the TMA unit's bulk copies), before the router, and after the router with the gather
-# pass; the default with folded tails
+# pass
 LAYER_ORDERS = {"shared-gather": {}, "shared-gather-tma": {"KBENCH_MOE_GATHER_LSU": "0"},
-                "shared-gather-fold": {"KBENCH_MOE_FOLD_TAILS": "32"},
                 "shared-first": {"KBENCH_MOE_SHARED_GATHER": "0"},
                 "shared-last": {"KBENCH_MOE_SHARED_GATHER": "0", "KBENCH_MOE_SHARED_FIRST": "0"}}
 

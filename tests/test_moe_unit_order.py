@@ -1,8 +1,7 @@
 """CPU tier: the moe grouped GEMMs' unit order (kernels/moe/cuda/unit_order.h, which every role of grouped_gemm.cuh
 decodes units with), compiled with the host compiler: every (group, m-tile, n-tile) exactly once, in the order the
 notes give (group by group; within a group n-tile by n-tile, m-tile fastest, or in bands of `band` m-tiles where the
-group has more), and with folded tails (group_m_tiles, MoeConfig::fold_tails) every row of a group in exactly one
-unit of each n-tile: its m-tile's 128 or, for the last full m-tile, those and the tail."""
+group has more)."""
 import shutil
 import subprocess
 from pathlib import Path
@@ -19,35 +18,32 @@ PROGRAM = r"""
 #include <vector>
 #include "unit_order.h"
 int main(int argc, char** argv) {
-  // argv: n_tiles band fold rows_0 rows_1 ...: the groups' row counts
-  const int n_tiles = atoi(argv[1]), band = atoi(argv[2]), fold = atoi(argv[3]), G = argc - 4;
+  // argv: n_tiles band rows_0 rows_1 ...: the groups' row counts
+  const int n_tiles = atoi(argv[1]), band = atoi(argv[2]), G = argc - 3;
   std::vector<int> meta(2 * (G + 1));
   for (int g = 0; g < G; ++g) {
-    const int rows = atoi(argv[4 + g]);
+    const int rows = atoi(argv[3 + g]);
     meta[g + 1] = meta[g] + rows;
-    meta[G + 1 + g + 1] = meta[G + 1 + g] + moe::group_m_tiles(rows, fold);
+    meta[G + 1 + g + 1] = meta[G + 1 + g] + (rows + 127) / 128;
   }
   const int units = meta[2 * G + 1] * n_tiles;
   for (int u = 0; u < units; ++u) {
     const moe::Unit w = moe::decode(meta.data(), G, n_tiles, u, band);
-    printf("%d %d %d %d %d %d\n", w.g, w.mt, w.nt, w.row0, w.rows, w.tail);
+    printf("%d %d %d %d %d\n", w.g, w.mt, w.nt, w.row0, w.rows);
   }
   return 0;
 }
 """
 
 
-def expected_order(rows: list[int], n_tiles: int, band: int, fold: int = 0) -> list[tuple]:
+def expected_order(rows: list[int], n_tiles: int, band: int) -> list[tuple]:
     out, row0 = [], 0
     for g, r in enumerate(rows):
-        full, rest = divmod(r, KBM)
-        folded = full > 0 and 0 < rest <= fold
-        m_tiles = full if folded else -(-r // KBM)
-        tail = lambda mt: rest if folded and mt == m_tiles - 1 else 0  # noqa: E731
+        m_tiles = -(-r // KBM)
         bands = range(0, m_tiles, band) if band > 0 and m_tiles > band else [0]
         for m0 in bands:
             m1 = min(m0 + band, m_tiles) if band > 0 and m_tiles > band else m_tiles
-            out += [(g, mt, nt, row0, r, tail(mt)) for nt in range(n_tiles) for mt in range(m0, m1)]
+            out += [(g, mt, nt, row0, r) for nt in range(n_tiles) for mt in range(m0, m1)]
         row0 += r
     return out
 
@@ -61,9 +57,9 @@ def decoder(tmp_path_factory):
     src.write_text(PROGRAM)
     subprocess.run(["c++", "-std=c++17", f"-I{MOE}", str(src), "-o", str(exe)], check=True)
 
-    def run(rows, n_tiles, band, fold=0):
-        out = subprocess.run([str(exe), str(n_tiles), str(band), str(fold), *map(str, rows)], capture_output=True,
-                             text=True, check=True).stdout
+    def run(rows, n_tiles, band):
+        out = subprocess.run([str(exe), str(n_tiles), str(band), *map(str, rows)], capture_output=True, text=True,
+                             check=True).stdout
         return [tuple(int(v) for v in line.split()) for line in out.splitlines()]
     return run
 
@@ -88,18 +84,3 @@ def test_bands_keep_a_wave_on_few_m_tiles(decoder):
         for w0 in range(0, len(units), 132):
             wave = units[w0:w0 + 132]
             assert len({u[1] for u in wave}) <= max_m and len({u[2] for u in wave}) <= max_n
-
-
-# the official 2048-token case's kind of groups (2 m-tiles and 1-23 rows), a tail of exactly 32 and of 33 rows (not
-# folded), a group under one m-tile (never folded: it has no full m-tile), an empty group, and many m-tiles in bands
-@pytest.mark.parametrize("rows", [[279, 256, 228, 257], [160, 161, 100, 0, 128], [129 * 128 + 5, 40]])
-@pytest.mark.parametrize("band", [0, 2, 16])
-@pytest.mark.parametrize("fold", [0, 1, 32])
-def test_folded_tails_cover_every_row_once(decoder, rows, band, fold):
-    got = decoder(rows, 4, band, fold)
-    assert got == expected_order(rows, 4, band, fold)
-    for g, r in enumerate(rows):  # per n-tile, the units' rows (128 a unit, plus its tail) cover the group exactly
-        for nt in range(4):
-            covered = sorted(i for u in got if u[0] == g and u[2] == nt
-                             for i in range(u[1] * KBM, min(r, (u[1] + 1) * KBM) + u[5]))
-            assert covered == list(range(r))

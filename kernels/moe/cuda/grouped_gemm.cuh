@@ -18,14 +18,6 @@
 // accumulators to fp16 into a per-warpgroup staging buffer (the whole 64 x 256 tile) and start the next unit's MMAs;
 // the producer warpgroup's three idle warps finish the epilogue (GEMM 1's silu * up, GEMM 2's score and red.add /
 // store) while the tensor cores run. The staging buffer takes a ring stage's room: kAsync builds have 3 stages.
-//
-// Folded tails (kAsync, GemmParams::a_tail, MoeConfig::fold_tails): a routed group's last 1-32 rows past a full
-// m-tile (unit_order.h group_m_tiles) ride on that m-tile's units. Each stage then also holds the tail's 32 rows of A
-// (one more TMA box), and each consumer warpgroup issues, beside its m64n256 over its 64 rows, two swapped wgmmas
-// m64n32k16 over the same B: A = two of B's 64-column chunks read M-major (the weights' columns as rows), B = the
-// tail's rows read K-major, so the tail costs 32 rows of MMAs instead of a whole unit that reads the expert's weights
-// again (the 2048-token case's groups end 1-23 rows past their second m-tile: 20% of the units). The consumers store
-// the tail's results themselves (scalar stores or red.add: 8 KB a unit).
 #pragma once
 #include <cstdint>
 #include <cuda.h>
@@ -43,8 +35,7 @@ constexpr int kMaxGroups = 65;       // kMoeMaxRouted routed experts + the share
 constexpr int kBM = 128;             // rows per tile: two consumer warpgroups x 64
 constexpr int kBN = 256;             // B columns per tile (GEMM 1: 128 gate + 128 up)
 constexpr int kThreads = 384;        // warpgroup 0 produces, 1 and 2 consume
-constexpr int kMaxStages = 8;
-static_assert(kBM == kTileRows, "unit_order.h counts m-tiles of kBM rows");  // the ring's depth is a template parameter: 3 or 4 stages of k 64, 6 of k 32
+constexpr int kMaxStages = 8;  // the ring's depth is a template parameter: 3 or 4 stages of k 64, 6 of k 32
 // A ring stage's k (the kernels' template parameter kBK, from MoeConfig::bk32): 64, one 128-byte swizzle span of
 // fp16 (A rows of 128 bytes, 48 KB a stage), or 32 (A rows of 64 bytes in 64-byte swizzle spans, B boxes of 32
 // k-rows: 24 KB a stage, so twice the stages in the same bytes and more of them in flight while the consumers hold
@@ -58,7 +49,6 @@ struct Ring {
   static constexpr int kStageBytes = kABytes + kBBytes;  // 48 KB (k 64)
   static constexpr int kSteps = kBK / 16;                // wgmma k16 steps a stage
   static constexpr int kAsyncStages = 3 * 64 / kBK;      // the asynchronous epilogue's ring: 144 KB beside its staging
-  static constexpr int kTailBytes = kMaxFold * kBK * 2;  // kAsync: a stage's folded-tail rows of A, 4 KB (k 64)
   // A tile's descriptor: rows of kBK * 2 bytes, K-major, in the swizzle TMA wrote them with
   static __device__ __forceinline__ uint64_t a_desc(const uint8_t* tile) {
     if constexpr (kBK == 64) return make_desc_sw128(tile);
@@ -73,12 +63,6 @@ constexpr int kEpiThreads = 96;                 // kAsync: the producer warpgrou
 constexpr int kRowTabBytes = kBM * 16;          // kAsync: per tile row, its output offset (8 bytes) and scale
 constexpr int kGatherChains = kEpiThreads / 32;  // kAsync: the gather's copy chains, one a drain warp (its lane 0)
 constexpr int kGatherBytes = 4096;              // kAsync: a chain's bounce buffer (a row goes in pieces of this)
-// kAsync: one region after the ring holds either the folded tails' rows (a ring stage's at stage x kTailBytes: only
-// routed groups fold) or the gather's bounce buffers (only the shared expert's launch gathers)
-constexpr int kXBytes = kGatherChains * kGatherBytes;
-static_assert(Ring<64>::kAsyncStages * Ring<64>::kTailBytes <= kXBytes &&
-                  Ring<32>::kAsyncStages * Ring<32>::kTailBytes <= kXBytes,
-              "the folded tails' rows share the gather's region");
 // Registers a thread after setmaxnreg. The CTA starts with kLaunchRegs a thread (ptxas's count under
 // __launch_bounds__(384, 1)) and setmaxnreg.inc waits until the pool can give what it asks for: consumers that take
 // more than the producer gives back wait forever (every launch hung with a 64-register producer, docs/moe-notes.md,
@@ -89,8 +73,8 @@ static_assert(2 * (kConsumerRegs - kLaunchRegs) <= kLaunchRegs - kProducerRegs,
 template <int kBK = 64>
 __host__ __device__ constexpr int smem_bytes(int stages, bool async = false) {
   return 1024 + stages * Ring<kBK>::kStageBytes +
-         (async ? kXBytes + 2 * kStageCBytes + kRowTabBytes + 4 * 8 : 2 * kCBytes) +
-         2 * stages * 8 + 2 * (kMaxGroups + 1) * 4 + (async ? kGatherChains * 8 : 0);
+         (async ? 2 * kStageCBytes + kRowTabBytes + 4 * 8 : 2 * kCBytes) +
+         2 * stages * 8 + 2 * (kMaxGroups + 1) * 4 + (async ? 128 + kGatherChains * (kGatherBytes + 8) : 0);
 }
 
 // meta (int32, written by route_kernel): [0, G]: first sorted row of group g (G = groups, so [G] = the end),
@@ -100,7 +84,6 @@ __host__ __device__ constexpr int smem_bytes(int stages, bool async = false) {
 struct GemmParams {
   CUtensorMap a[2];               // kGlu: [0] the gathered routed rows, [1] x (the shared group); else [0] H
   CUtensorMap b[2 * kMaxGroups];  // kGlu: gate of group g at [g], up at [kMaxGroups + g]; else down at [g]
-  CUtensorMap a_tail;             // folded tails (kAsync): a[0]'s array in boxes of kMaxFold rows
   const int* meta;
   int meta_groups;                // the group count meta was written for (>= groups)
   int fixed_meta[4];              // meta null: groups = 1 and these are its meta
@@ -187,16 +170,11 @@ __device__ __forceinline__ void red_add_f16x8(__half* out, const uint4& v) {
                : "memory");
 }
 
-// out[0] += v (fp16, rounded to nearest, subnormals kept): a folded tail's element.
-__device__ __forceinline__ void red_add_f16(__half* out, __half v) {
-  asm volatile("red.global.add.noftz.f16 [%0], %1;" ::"l"(out), "h"(__half_as_ushort(v)) : "memory");
-}
-
 // The producer (one thread): for each of this CTA's units, every k-block's A tile and four B boxes into the next
-// free stage (kAsync, a unit with a folded tail: and the tail's rows of A into s_x).
-template <bool kGlu, int kStages, int kBK, bool kAsync>
+// free stage.
+template <bool kGlu, int kStages, int kBK>
 __device__ __forceinline__ void produce(const GemmParams& p, const int* s_meta, uint8_t* s_a, uint8_t* s_b,
-                                        uint8_t* s_x, uint64_t* full, uint64_t* empty, int units, int num_kb) {
+                                        uint64_t* full, uint64_t* empty, int units, int num_kb) {
   using R = Ring<kBK>;
   const int G = p.groups;
   int s = 0;
@@ -208,12 +186,10 @@ __device__ __forceinline__ void produce(const GemmParams& p, const int* s_meta, 
     // A group's last m-tile reads on into the next group's rows (its results there are never stored). Keep it so:
     // the same rows as zeros made GEMM 1 ~35% slower on an H100 (docs/moe-notes.md, eighth session).
     const int a_row = (shared_x ? 0 : w.row0) + w.mt * kBM;
-    const bool tail = kAsync && w.tail > 0;  // (never the shared group: lay_out_groups folds routed groups only)
     for (int kb = 0; kb < num_kb; ++kb) {
       mbar_wait(&empty[s], phase ^ 1);
-      mbar_arrive_expect_tx(&full[s], R::kStageBytes + (tail ? R::kTailBytes : 0));
+      mbar_arrive_expect_tx(&full[s], R::kStageBytes);
       tma_load_2d(s_a + s * R::kABytes, amap, &full[s], kb * kBK, a_row);
-      if (tail) tma_load_2d(s_x + s * R::kTailBytes, &p.a_tail, &full[s], kb * kBK, a_row + kBM);
       uint8_t* sb = s_b + s * R::kBBytes;
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
@@ -373,45 +349,6 @@ __device__ __forceinline__ void drain_epilogues(const GemmParams& p, const int* 
   }
 }
 
-// A folded tail's results, by the consumer warpgroup that computed them: tacc[b] (m64n32, the swapped wgmma) holds
-// 64 output columns (rows of the fragment) x the tail's 32 rows (its columns); GEMM 1: b = 0 gate, 1 up of H columns
-// nt 128 + 64 cw + [0, 64); GEMM 2: output columns nt 256 + 64 (2 cw + b) + [0, 64). Rows past the group's end
-// (row_target -1) are dropped.
-template <bool kGlu>
-__device__ __forceinline__ void store_tail(const GemmParams& p, const Unit& w, const float (&tacc)[2][16], int cw,
-                                           int t, __half* out, bool accumulate) {
-  const int f0 = (t / 32) * 16 + (t % 32) / 4;  // fragment rows f0 and f0 + 8: output columns within the block
-#pragma unroll
-  for (int c = 0; c < 4; ++c) {
-#pragma unroll
-    for (int e = 0; e < 2; ++e) {
-      __half2 scale;
-      const long long off = row_target<kGlu>(p, w, (w.mt + 1) * kBM + 8 * c + 2 * (t % 4) + e, accumulate, scale);
-      if (off < 0) continue;
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int i = 4 * c + 2 * h + e, f = f0 + 8 * h;
-        if constexpr (kGlu) {
-          out[off + w.nt * 128 + 64 * cw + f] = glu(tacc[0][i], tacc[1][i]);
-        } else {
-#pragma unroll
-          for (int b = 0; b < 2; ++b) {
-            __half* const at = out + off + w.nt * 256 + 64 * (2 * cw + b) + f;
-            const __half v = __float2half_rn(tacc[b][i]);
-            if (accumulate) red_add_f16(at, __hmul(v, __low2half(scale)));
-            else *at = v;
-          }
-        }
-      }
-    }
-  }
-}
-
-template <bool kB>
-struct Flag {
-  static constexpr bool value = kB;
-};
-
 template <bool kGlu, int kStages, bool kAsync = false, bool kTrace = false, int kBK = 64>
 __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_kernel(const __grid_constant__ GemmParams p) {
   static_assert(kStages >= 2 && kStages <= kMaxStages, "the ring needs two stages and fits eight");
@@ -423,8 +360,7 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_kernel(const __grid_
   uint8_t* base = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
   uint8_t* s_a = base;
   uint8_t* s_b = s_a + kStages * kABytes;
-  uint8_t* s_x = s_b + kStages * kBBytes;  // kAsync: the folded tails' rows or the gather's buffers (kXBytes)
-  uint8_t* s_c = s_x + (kAsync ? kXBytes : 0);  // the epilogue's staging (kAsync: 2 x kStageCBytes, then the row table)
+  uint8_t* s_c = s_b + kStages * kBBytes;  // the epilogue's staging (kAsync: 2 x kStageCBytes, then the row table)
   long long* s_off = reinterpret_cast<long long*>(s_c + 2 * kStageCBytes);  // kAsync only
   __half2* s_scale = reinterpret_cast<__half2*>(s_off + kBM);
   uint64_t* full = reinterpret_cast<uint64_t*>(kAsync ? s_c + 2 * kStageCBytes + kRowTabBytes : s_c + 2 * kCBytes);
@@ -432,9 +368,10 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_kernel(const __grid_
   uint64_t* stg_full = empty + kStages;  // kAsync: per consumer warpgroup, its staged rows are there
   uint64_t* stg_empty = stg_full + 2;    // kAsync: the epilogue warps are done with them
   int* s_meta = reinterpret_cast<int*>(kAsync ? stg_empty + 2 : empty + kStages);
-  // kAsync: GemmParams::gather_x's bounce buffers and their barriers, one a copy chain
-  uint8_t* s_gbuf = s_x;
-  uint64_t* gbar = reinterpret_cast<uint64_t*>(s_meta + 2 * (kMaxGroups + 1));
+  // kAsync: GemmParams::gather_x's bounce buffers (128-byte aligned) and their barriers, one a copy chain
+  uint8_t* s_gbuf = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(s_meta + 2 * (kMaxGroups + 1)) + 127) &
+                                               ~uintptr_t(127));
+  uint64_t* gbar = reinterpret_cast<uint64_t*>(s_gbuf + kGatherChains * kGatherBytes);
 
   const int G = p.groups;
   for (int i = threadIdx.x; i < 2 * (G + 1); i += blockDim.x)
@@ -460,7 +397,7 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_kernel(const __grid_
 
   if (wg == 0) {
     setmaxnreg_dec<kProducerRegs>();
-    if (threadIdx.x == 0) produce<kGlu, kStages, kBK, kAsync>(p, s_meta, s_a, s_b, s_x, full, empty, units, num_kb);
+    if (threadIdx.x == 0) produce<kGlu, kStages, kBK>(p, s_meta, s_a, s_b, full, empty, units, num_kb);
     if constexpr (kAsync) {
       if (threadIdx.x >= 32)
         drain_epilogues<kGlu>(p, s_meta, s_c, s_off, s_scale, stg_full, stg_empty, units, threadIdx.x - 32, s_gbuf,
@@ -489,155 +426,124 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_kernel(const __grid_
     // (Broadcast from lane 0: the compiler must see the branch around the wgmma as warp-uniform, or it serializes
     // every wgmma of the kernel, ptxas C7518.)
     const bool idle = __shfl_sync(0xffffffffu, p.skip_empty_halves && w.mt * kBM + cw * 64 >= w.rows, 0);
-    // kAsync: a folded tail (tested warp-uniform for the same reason); its MMAs read B's chunks tb0 and tb1 (GEMM 1:
-    // this warpgroup's gate and up columns, 64 cw + [0, 64) of each; GEMM 2: output columns 128 cw + [0, 128))
-    const int tb0 = kGlu ? cw : 2 * cw, tb1 = kGlu ? cw + 2 : 2 * cw + 1;
-    // The unit's body, instantiated twice: with the folded tail's MMAs and stores (kFold) and without. One body with
-    // a branch around them made ptxas inject wgmma fences (C7519): tacc would be live, undefined, on the other path.
-    auto run_unit = [&](auto fold) {
-      constexpr bool kFold = decltype(fold)::value;
-      float acc[128];
-      float tacc[2][16];  // kFold only
-      int prev = -1;
-      long long tr_ns[3], tr_clk = 0, tr_wait = 0;  // kTrace only
-      if constexpr (kTrace) tr_ns[0] = global_ns();
-      for (int kb = 0; kb < num_kb; ++kb) {
-        if constexpr (kTrace) {
-          const long long c0 = clock64();
-          mbar_wait(&full[s], phase);
-          const long long c1 = clock64();
-          tr_wait += c1 - c0;
-          if (kb == 0) tr_ns[1] = global_ns(), tr_clk = c1;
-        } else {
-          mbar_wait(&full[s], phase);
-        }
-        if (!idle) {
-          const uint64_t da = R::a_desc(s_a + s * kABytes + cw * 64 * (kBK * 2));
-          const uint64_t db = make_desc_sw128(s_b + s * kBBytes, R::kBChunk, 1024);
-          wgmma_fence();
-#pragma unroll
-          for (int q = 0; q < R::kSteps; ++q)  // k16 steps: A advances 32 bytes, B 16 rows of 128 bytes
-            wgmma_m64n256k16_f16<1>(acc, da + 2 * q, db + (2048 >> 4) * q, kb > 0 || q > 0);
-          if constexpr (kAsync) {
-            if constexpr (kFold) {  // swapped MMAs: A = B's chunk read M-major (the same descriptor), B = the tail
-              const uint8_t* sb = s_b + s * kBBytes;
-              const uint64_t dt0 = make_desc_sw128(sb + tb0 * R::kBChunk, R::kBChunk, 1024);
-              const uint64_t dt1 = make_desc_sw128(sb + tb1 * R::kBChunk, R::kBChunk, 1024);
-              const uint64_t dx = R::a_desc(s_x + s * R::kTailBytes);
-#pragma unroll
-              for (int q = 0; q < R::kSteps; ++q) {
-                wgmma_m64n32k16_f16<0, 1>(tacc[0], dt0 + (2048 >> 4) * q, dx + 2 * q, kb > 0 || q > 0);
-                wgmma_m64n32k16_f16<0, 1>(tacc[1], dt1 + (2048 >> 4) * q, dx + 2 * q, kb > 0 || q > 0);
-              }
-            }
-          }
-          wgmma_commit();
-        }
-        if (prev >= 0) release_after_wgmma(&empty[prev], lane);
-        prev = s;
-        ring_next(s, phase, kStages);
+    float acc[128];
+    int prev = -1;
+    long long tr_ns[3], tr_clk = 0, tr_wait = 0;  // kTrace only
+    if constexpr (kTrace) tr_ns[0] = global_ns();
+    for (int kb = 0; kb < num_kb; ++kb) {
+      if constexpr (kTrace) {
+        const long long c0 = clock64();
+        mbar_wait(&full[s], phase);
+        const long long c1 = clock64();
+        tr_wait += c1 - c0;
+        if (kb == 0) tr_ns[1] = global_ns(), tr_clk = c1;
+      } else {
+        mbar_wait(&full[s], phase);
       }
-      // The epilogue's destination rows: this thread stores 16 bytes of rows t / 8 + 16 i (i < 4) in every pass. GEMM
-      // 2's routed rows come from out_rows in global memory: loaded here, while the last MMAs run, not inside the
-      // passes (ncu, 2026-11-24: those dependent loads were ~3% of GEMM 2's stall samples).
-      const int row_base = w.mt * kBM + cw * 64;  // first row of this warpgroup within the group
-      long long out_off[4];                        // element offset of the row's first column, or -1: past the group
-      __half2 scale[4];                            // accumulate: the row's score (1 for the shared expert's rows)
-      if constexpr (!kAsync) {  // (kAsync: the epilogue warps find the rows)
+      if (!idle) {
+        const uint64_t da = R::a_desc(s_a + s * kABytes + cw * 64 * (kBK * 2));
+        const uint64_t db = make_desc_sw128(s_b + s * kBBytes, R::kBChunk, 1024);
+        wgmma_fence();
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          out_off[i] = row_target<kGlu>(p, w, row_base + t / 8 + 16 * i, accumulate, scale[i]);
-          if (out_off[i] >= 0) out_off[i] += (t % 8) * 8;
-        }
+        for (int q = 0; q < R::kSteps; ++q)  // k16 steps: A advances 32 bytes, B 16 rows of 128 bytes
+          wgmma_m64n256k16_f16<1>(acc, da + 2 * q, db + (2048 >> 4) * q, kb > 0 || q > 0);
+        wgmma_commit();
       }
-      wgmma_wait<0>();
+      if (prev >= 0) release_after_wgmma(&empty[prev], lane);
+      prev = s;
+      ring_next(s, phase, kStages);
+    }
+    // The epilogue's destination rows: this thread stores 16 bytes of rows t / 8 + 16 i (i < 4) in every pass. GEMM
+    // 2's routed rows come from out_rows in global memory: loaded here, while the last MMAs run, not inside the
+    // passes (ncu, 2026-11-24: those dependent loads were ~3% of GEMM 2's stall samples).
+    const int row_base = w.mt * kBM + cw * 64;  // first row of this warpgroup within the group
+    long long out_off[4];                        // element offset of the row's first column, or -1: past the group
+    __half2 scale[4];                            // accumulate: the row's score (1 for the shared expert's rows)
+    if constexpr (!kAsync) {  // (kAsync: the epilogue warps find the rows)
 #pragma unroll
-      for (int i = 0; i < 128; ++i) reg_fence(acc[i]);
-      if constexpr (kAsync) {
-        if constexpr (kFold) {
-#pragma unroll
-          for (int i = 0; i < 16; ++i) reg_fence(tacc[0][i]), reg_fence(tacc[1][i]);
-        }
+      for (int i = 0; i < 4; ++i) {
+        out_off[i] = row_target<kGlu>(p, w, row_base + t / 8 + 16 * i, accumulate, scale[i]);
+        if (out_off[i] >= 0) out_off[i] += (t % 8) * 8;
       }
-      long long tr_end_clk = 0;
-      if constexpr (kTrace) tr_ns[2] = global_ns(), tr_end_clk = clock64();
-      __syncwarp();
-      if (lane == 0 && prev >= 0) mbar_arrive(&empty[prev]);
-      if constexpr (kAsync) {  // fp16 into the staging buffer once the epilogue warps have drained the last unit's
-        mbar_wait(&stg_empty[cw], stg_phase ^ 1);
-        if (!idle) {
-          uint8_t* rows = s_c + cw * kStageCBytes;
+    }
+    wgmma_wait<0>();
 #pragma unroll
-          for (int c = 0; c < 32; ++c)
+    for (int i = 0; i < 128; ++i) reg_fence(acc[i]);
+    long long tr_end_clk = 0;
+    if constexpr (kTrace) tr_ns[2] = global_ns(), tr_end_clk = clock64();
+    __syncwarp();
+    if (lane == 0 && prev >= 0) mbar_arrive(&empty[prev]);
+    if constexpr (kAsync) {  // fp16 into the staging buffer once the epilogue warps have drained the last unit's
+      mbar_wait(&stg_empty[cw], stg_phase ^ 1);
+      if (!idle) {
+        uint8_t* rows = s_c + cw * kStageCBytes;
 #pragma unroll
-            for (int h = 0; h < 2; ++h)
-              *reinterpret_cast<__half2*>(rows + (frag_row + 8 * h) * kStagePitch + (8 * c + frag_col) * 2) =
-                  __floats2half2_rn(acc[4 * c + 2 * h], acc[4 * c + 2 * h + 1]);
-        }
-        mbar_arrive(&stg_full[cw]);  // every thread: its own writes are released to the epilogue warps
-        stg_phase ^= 1;
-        if constexpr (kFold) store_tail<kGlu>(p, w, tacc, cw, t, out, accumulate);
+        for (int c = 0; c < 32; ++c)
+#pragma unroll
+          for (int h = 0; h < 2; ++h)
+            *reinterpret_cast<__half2*>(rows + (frag_row + 8 * h) * kStagePitch + (8 * c + frag_col) * 2) =
+                __floats2half2_rn(acc[4 * c + 2 * h], acc[4 * c + 2 * h + 1]);
+      }
+      mbar_arrive(&stg_full[cw]);  // every thread: its own writes are released to the epilogue warps
+      stg_phase ^= 1;
 #ifdef KBENCH_DEV
-        if constexpr (kTrace) {
-          if (cw == 0 && t == 0 && p.trace && u < kTraceUnits) {
-            long long* at = p.trace + (static_cast<long long>(p.trace_launch) * kTraceUnits + u) * kTraceFields;
-            const int tile_rows = max(0, min(kBM, w.rows - w.mt * kBM));
-            at[0] = static_cast<long long>(sm_id() & 255) | (static_cast<long long>(w.g & 255) << 8) |
-                    (static_cast<long long>(w.mt & 255) << 16) | (static_cast<long long>(tile_rows) << 24) |
-                    (static_cast<long long>(w.nt & 0xffff) << 32);
-            at[1] = tr_ns[0];
-            at[2] = tr_ns[1];
-            at[3] = tr_ns[2];
-            at[4] = tr_clk;
-            at[5] = tr_end_clk;
-            at[6] = tr_wait;
-            at[7] = global_ns();
-          }
+      if constexpr (kTrace) {
+        if (cw == 0 && t == 0 && p.trace && u < kTraceUnits) {
+          long long* at = p.trace + (static_cast<long long>(p.trace_launch) * kTraceUnits + u) * kTraceFields;
+          const int tile_rows = max(0, min(kBM, w.rows - w.mt * kBM));
+          at[0] = static_cast<long long>(sm_id() & 255) | (static_cast<long long>(w.g & 255) << 8) |
+                  (static_cast<long long>(w.mt & 255) << 16) | (static_cast<long long>(tile_rows) << 24) |
+                  (static_cast<long long>(w.nt & 0xffff) << 32);
+          at[1] = tr_ns[0];
+          at[2] = tr_ns[1];
+          at[3] = tr_ns[2];
+          at[4] = tr_clk;
+          at[5] = tr_end_clk;
+          at[6] = tr_wait;
+          at[7] = global_ns();
         }
+      }
 #endif
-        return;
-      }
-      if (idle) return;  // no rows of this warpgroup to store
+      continue;
+    }
+    if (idle) continue;  // no rows of this warpgroup to store
 
-      // Epilogue: 64-column passes through shared memory, so global stores are 128-byte row segments.
-      constexpr int kPasses = kGlu ? 2 : 4;
+    // Epilogue: 64-column passes through shared memory, so global stores are 128-byte row segments.
+    constexpr int kPasses = kGlu ? 2 : 4;
 #pragma unroll
-      for (int pass = 0; pass < kPasses; ++pass) {
-        named_bar_sync(1 + cw, 128);  // the previous pass's readers are done with my_c
+    for (int pass = 0; pass < kPasses; ++pass) {
+      named_bar_sync(1 + cw, 128);  // the previous pass's readers are done with my_c
 #pragma unroll
-        for (int cc = 0; cc < 8; ++cc) {
-          const int c = pass * 8 + cc;  // 8-column group of the accumulator
+      for (int cc = 0; cc < 8; ++cc) {
+        const int c = pass * 8 + cc;  // 8-column group of the accumulator
 #pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            __half2 v;
-            if constexpr (kGlu) {
-              v = __halves2half2(glu(acc[4 * c + 2 * h], acc[4 * (c + 16) + 2 * h]),
-                                 glu(acc[4 * c + 2 * h + 1], acc[4 * (c + 16) + 2 * h + 1]));
-            } else {
-              v = __floats2half2_rn(acc[4 * c + 2 * h], acc[4 * c + 2 * h + 1]);
-            }
-            *reinterpret_cast<__half2*>(my_c + (frag_row + 8 * h) * kCPitch + (8 * cc + frag_col) * 2) = v;
-          }
-        }
-        named_bar_sync(1 + cw, 128);
-        const int col0 = w.nt * (kGlu ? 128 : 256) + pass * 64;
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          if (out_off[i] < 0) continue;
-          uint4 v = *reinterpret_cast<const uint4*>(my_c + (t / 8 + 16 * i) * kCPitch + (t % 8) * 16);
-          if (accumulate) {  // the reference's out.mul_(score): the fp16 output times the fp16 score, rounded
-            __half2* h = reinterpret_cast<__half2*>(&v);
-#pragma unroll
-            for (int j = 0; j < 4; ++j) h[j] = __hmul2(h[j], scale[i]);
-            red_add_f16x8(out + out_off[i] + col0, v);
+        for (int h = 0; h < 2; ++h) {
+          __half2 v;
+          if constexpr (kGlu) {
+            v = __halves2half2(glu(acc[4 * c + 2 * h], acc[4 * (c + 16) + 2 * h]),
+                               glu(acc[4 * c + 2 * h + 1], acc[4 * (c + 16) + 2 * h + 1]));
           } else {
-            *reinterpret_cast<uint4*>(out + out_off[i] + col0) = v;
+            v = __floats2half2_rn(acc[4 * c + 2 * h], acc[4 * c + 2 * h + 1]);
           }
+          *reinterpret_cast<__half2*>(my_c + (frag_row + 8 * h) * kCPitch + (8 * cc + frag_col) * 2) = v;
         }
       }
-    };
-    if (kAsync && __shfl_sync(0xffffffffu, w.tail > 0, 0)) run_unit(Flag<kAsync>{});
-    else run_unit(Flag<false>{});
+      named_bar_sync(1 + cw, 128);
+      const int col0 = w.nt * (kGlu ? 128 : 256) + pass * 64;
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        if (out_off[i] < 0) continue;
+        uint4 v = *reinterpret_cast<const uint4*>(my_c + (t / 8 + 16 * i) * kCPitch + (t % 8) * 16);
+        if (accumulate) {  // the reference's out.mul_(score): the fp16 output times the fp16 score, rounded
+          __half2* h = reinterpret_cast<__half2*>(&v);
+#pragma unroll
+          for (int j = 0; j < 4; ++j) h[j] = __hmul2(h[j], scale[i]);
+          red_add_f16x8(out + out_off[i] + col0, v);
+        } else {
+          *reinterpret_cast<uint4*>(out + out_off[i] + col0) = v;
+        }
+      }
+    }
   }
 }
 

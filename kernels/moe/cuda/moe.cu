@@ -189,18 +189,15 @@ MoeConfig moe_config(int, int, int) {
                    std::max(0, kb::env_int("KBENCH_MOE_BAND", 16)),
                    // k 32 stages only where both GEMMs hand their epilogue over (6 stages beside the staging); the
                    // routed GEMM 1 keeps k 64 (at k 32 it ran at a lower clock, docs/moe-notes.md)
-                   async_epilogue == 3 ? kb::env_int("KBENCH_MOE_BK32", 5) & 7 : 0,
-                   // the tail's MMAs and epilogue live in the asynchronous instances only
-                   async_epilogue == 3 ? std::min(std::max(0, kb::env_int("KBENCH_MOE_FOLD_TAILS", 0)), kMaxFold)
-                                       : 0};
+                   async_epilogue == 3 ? kb::env_int("KBENCH_MOE_BK32", 5) & 7 : 0};
 }
 
 void moe_describe(const MoeConfig& c, char* buf, int size) {
   snprintf(buf, size,
            "MoeConfig{skip_empty_halves=%d, keep_workspaces=%d, stages=%d, red_combine=%d, split_route=%d, "
-           "async_epilogue=%d, shared_first=%d, shared_gather=%d, gather_lsu=%d, band=%d, bk32=%d, fold_tails=%d}",
+           "async_epilogue=%d, shared_first=%d, shared_gather=%d, gather_lsu=%d, band=%d, bk32=%d}",
            c.skip_empty_halves, c.keep_workspaces, c.stages, c.red_combine, c.split_route, c.async_epilogue,
-           c.shared_first, c.shared_gather, c.gather_lsu, c.band, c.bk32, c.fold_tails);
+           c.shared_first, c.shared_gather, c.gather_lsu, c.band, c.bk32);
 }
 
 const char* moe_run(const MoeArgs& a, cudaStream_t stream, cudaEvent_t* events) {
@@ -215,10 +212,9 @@ const char* moe_run(const MoeArgs& a, cudaStream_t stream, cudaEvent_t* events) 
     const int blocks = route_blocks(pairs);
     route_count_kernel<<<blocks, kRouteThreads, 0, stream>>>(a.experts, pairs, a.E, a.route_hist);
     route_place_kernel<<<blocks, kRouteThreads, 0, stream>>>(a.experts, a.T, a.K, a.E, a.route_hist, blocks, a.meta,
-                                                             a.rows_pair, a.pair_row, a.fold_tails);
+                                                             a.rows_pair, a.pair_row);
   } else {
-    route_kernel<<<1, kRouteThreads, 0, stream>>>(a.experts, a.T, a.K, a.E, a.meta, a.rows_pair, a.pair_row,
-                                                  a.fold_tails);
+    route_kernel<<<1, kRouteThreads, 0, stream>>>(a.experts, a.T, a.K, a.E, a.meta, a.rows_pair, a.pair_row);
   }
   mark(1);
   __half* const* out_slot = reinterpret_cast<__half* const*>(a.out_slot);
@@ -247,9 +243,6 @@ const char* moe_run(const MoeArgs& a, cudaStream_t stream, cudaEvent_t* events) 
   const int bk1 = launch_bk(a, 1), bk2 = launch_bk(a, 2);
   bool ok = map_f16(&g1.a[0], a.xs, a.d, pairs, kBM, bk1) && map_f16(&g1.a[1], a.x, a.d, a.T, kBM, bk1) &&
             map_f16(&g2.a[0], a.h, a.dexp, pairs + a.T, kBM, bk2);
-  if (ok && a.fold_tails)  // the folded tails' rows: boxes of kMaxFold rows over the same arrays as a[0]
-    ok = map_f16(&g1.a_tail, a.xs, a.d, pairs, kMaxFold, bk1) &&
-         map_f16(&g2.a_tail, a.h, a.dexp, pairs + a.T, kMaxFold, bk2);
   for (int g = 0; ok && g < G; ++g) {
     ok = (g >= G1 || (map_f16(&g1.b[g], a.w_gate[g], a.dexp, a.d, bk1) &&
                       map_f16(&g1.b[kMaxGroups + g], a.w_up[g], a.dexp, a.d, bk1))) &&

@@ -38,7 +38,6 @@ struct MoeArgs {
   int gather_lsu;         // MoeConfig::gather_lsu
   int band;               // MoeConfig::band
   int bk32;               // MoeConfig::bk32
-  int fold_tails;         // MoeConfig::fold_tails
 };
 
 // A named configuration (KBENCH_PRINT_CONFIG=1 prints the one picked for each shape). The defaults are the measured
@@ -69,10 +68,6 @@ struct MoeConfig {
                            // the consumers hold one) instead of 64 (3 of 48 KB): bit 0 the shared expert's GEMM 1,
                            // bit 1 the routed GEMM 1, bit 2 GEMM 2 (KBENCH_MOE_BK32; both epilogues asynchronous only;
                            // 5 since the twenty-fifth session, 0 the build before)
-  int fold_tails;          // a routed group's tail of up to this many rows (<= 32) rides on its last full m-tile's
-                           // units (a second, swapped wgmma m64n32 over the same B stages) instead of an m-tile of
-                           // its own that reads all the expert's weights again for them (KBENCH_MOE_FOLD_TAILS; both
-                           // epilogues asynchronous only; 0: off)
 };
 MoeConfig moe_config(int T, int K, int E);
 void moe_describe(const MoeConfig& c, char* buf, int size);

@@ -11,22 +11,10 @@
 
 namespace moe {
 
-constexpr int kTileRows = 128;  // rows an m-tile (grouped_gemm.cuh kBM)
-constexpr int kMaxFold = 32;    // the most rows of a group's tail that its last full m-tile's units take on
-
 struct Unit {
   int g, mt, nt, rows;  // group, m-tile within it, n-tile, the group's row count
   int row0;             // the group's first sorted row
-  int tail;             // rows past this m-tile's 128 that its units also compute (folded tail), else 0
 };
-
-// A group's m-tiles: one a 128 rows, except that a tail of 1 to `fold` rows past the last full m-tile (fold <=
-// kMaxFold; 0: never) goes with that m-tile's units instead of an m-tile of its own, which would read the same
-// weights again for a few rows (MoeConfig::fold_tails; docs/moe-notes.md, twenty-sixth session).
-MOE_HD int group_m_tiles(int rows, int fold) {
-  const int full = rows / kTileRows, rest = rows % kTileRows;
-  return full + (rest > 0 && (full == 0 || rest > fold) ? 1 : 0);
-}
 
 // meta: [0, G] the groups' first sorted rows (meta[G]: the end), then [G + 1, 2 G + 1] their first m-tiles. Units go
 // group by group, n-tile by n-tile, m-tile fastest: CTAs working at the same time share B tiles (the expert weights,
@@ -55,8 +43,6 @@ MOE_HD Unit decode(const int* meta, int G, int n_tiles, int u, int band = 0) {
   }
   w.row0 = meta[g];
   w.rows = meta[g + 1] - meta[g];
-  const int past = w.rows - (w.mt + 1) * kTileRows;  // rows after this m-tile's; only a folded tail when it is last
-  w.tail = w.mt == m_tiles - 1 && past > 0 ? past : 0;
   return w;
 }
 
