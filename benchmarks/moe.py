@@ -66,6 +66,11 @@ CANDIDATES = {
     "bk32": {"KBENCH_MOE_BK32": "7"},
     "bk64": {"KBENCH_MOE_BK32": "0"},
     "bk32-gemm2": {"KBENCH_MOE_BK32": "4"},
+    # skip-halves with the idle warpgroup paced (it holds each stage as long as a whole unit's MMAs take: 256 cycles a
+    # k16 step at the peak, 276 = 8% over it as the whole units run), so the unit keeps its neighbours' step
+    # (docs/moe-notes.md, twenty-sixth session)
+    "skip-paced": {"KBENCH_MOE_SKIP_EMPTY_HALVES": "1", "KBENCH_MOE_SKIP_PACE": "276"},
+    "skip-paced-256": {"KBENCH_MOE_SKIP_EMPTY_HALVES": "1", "KBENCH_MOE_SKIP_PACE": "256"},
 }
 
 

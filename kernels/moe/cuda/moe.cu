@@ -121,6 +121,7 @@ GemmParams gemm1_params(const MoeArgs& a) {
   g.n_tiles = a.dexp / 128;
   g.k = a.d;
   g.skip_empty_halves = a.skip_empty_halves;
+  g.skip_pace = a.skip_pace;
   g.band = a.band;
   return g;
 }
@@ -189,15 +190,17 @@ MoeConfig moe_config(int, int, int) {
                    std::max(0, kb::env_int("KBENCH_MOE_BAND", 16)),
                    // k 32 stages only where both GEMMs hand their epilogue over (6 stages beside the staging); the
                    // routed GEMM 1 keeps k 64 (at k 32 it ran at a lower clock, docs/moe-notes.md)
-                   async_epilogue == 3 ? kb::env_int("KBENCH_MOE_BK32", 5) & 7 : 0};
+                   async_epilogue == 3 ? kb::env_int("KBENCH_MOE_BK32", 5) & 7 : 0,
+                   std::max(0, kb::env_int("KBENCH_MOE_SKIP_PACE", 0))};
 }
 
 void moe_describe(const MoeConfig& c, char* buf, int size) {
   snprintf(buf, size,
            "MoeConfig{skip_empty_halves=%d, keep_workspaces=%d, stages=%d, red_combine=%d, split_route=%d, "
-           "async_epilogue=%d, shared_first=%d, shared_gather=%d, gather_lsu=%d, band=%d, bk32=%d}",
+           "async_epilogue=%d, shared_first=%d, shared_gather=%d, gather_lsu=%d, band=%d, bk32=%d, "
+           "skip_pace=%d}",
            c.skip_empty_halves, c.keep_workspaces, c.stages, c.red_combine, c.split_route, c.async_epilogue,
-           c.shared_first, c.shared_gather, c.gather_lsu, c.band, c.bk32);
+           c.shared_first, c.shared_gather, c.gather_lsu, c.band, c.bk32, c.skip_pace);
 }
 
 const char* moe_run(const MoeArgs& a, cudaStream_t stream, cudaEvent_t* events) {
@@ -265,6 +268,7 @@ const char* moe_run(const MoeArgs& a, cudaStream_t stream, cudaEvent_t* events) 
   g2.scores = static_cast<const __half*>(a.scores);
   g2.K = a.K;
   g2.skip_empty_halves = a.skip_empty_halves;
+  g2.skip_pace = a.skip_pace;
   g2.band = a.band;
   launch_gemm(g1, true, a, stream, 1);
   mark(3);
