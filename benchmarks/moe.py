@@ -40,7 +40,7 @@ STAGES = ("route", "gather", "gemm1", "gemm2", "combine")
 # candidate name -> knobs; predictions in docs/moe-notes.md
 CANDIDATES = {
     "eager": {"KBENCH_MOE_GRAPH": "0"},
-    "skip-halves": {"KBENCH_MOE_SKIP_EMPTY_HALVES": "1"},
+    "skip-halves": {"KBENCH_MOE_SKIP_EMPTY_HALVES": "1"},  # at every size
     "keep-ws": {"KBENCH_MOE_KEEP_WORKSPACES": "1"},
     "stages3": {"KBENCH_MOE_STAGES": "3"},
     "all": {"KBENCH_MOE_SKIP_EMPTY_HALVES": "1", "KBENCH_MOE_KEEP_WORKSPACES": "1"},
@@ -66,11 +66,9 @@ CANDIDATES = {
     "bk32": {"KBENCH_MOE_BK32": "7"},
     "bk64": {"KBENCH_MOE_BK32": "0"},
     "bk32-gemm2": {"KBENCH_MOE_BK32": "4"},
-    # skip-halves with the idle warpgroup paced (it holds each stage as long as a whole unit's MMAs take: 256 cycles a
-    # k16 step at the peak, 276 = 8% over it as the whole units run), so the unit keeps its neighbours' step
-    # (docs/moe-notes.md, twenty-sixth session)
-    "skip-paced": {"KBENCH_MOE_SKIP_EMPTY_HALVES": "1", "KBENCH_MOE_SKIP_PACE": "276"},
-    "skip-paced-256": {"KBENCH_MOE_SKIP_EMPTY_HALVES": "1", "KBENCH_MOE_SKIP_PACE": "256"},
+    # the empty halves' MMAs issued at every size (skip-halves, on by default where experts average <= 512 rows since
+    # the twenty-sixth session, off: the build before)
+    "no-skip": {"KBENCH_MOE_SKIP_EMPTY_HALVES": "0"},
 }
 
 

@@ -99,8 +99,6 @@ struct GemmParams {
   int k;                          // reduction length (multiple of 64)
   int shared_out_row0;            // !kGlu: Y row of the shared group's first token (T*K)
   int skip_empty_halves;          // a consumer whose 64 rows all lie past its group's end issues no MMAs
-  int skip_pace;                  // with skip_empty_halves: such a consumer still holds each stage until this many
-                                  // cycles a k16 step have passed since the unit's first stage (0: releases at once)
   // kGlu and kAsync, the shared expert's own launch after the routing (MoeConfig::shared_gather): besides H, each
   // unit's epilogue warps copy a slice of the tokens' rows of x to their K sorted rows of xs through shared memory
   // (gather_lsu: cp.async and stores, else bulk copies; the gather pass's job, under the MMAs), and zero those
@@ -163,11 +161,6 @@ __device__ __forceinline__ long long row_target(const GemmParams& p, const Unit&
     out_row = w.g == p.shared_group ? p.shared_out_row0 + local : p.out_rows[w.row0 + local];
   }
   return out_row * p.n_out;
-}
-
-// Returns once the SM's clock64 has reached `until`, sleeping in short naps (an idle warpgroup's pace, skip_pace).
-__device__ __forceinline__ void wait_until_clock(long long until) {
-  while (clock64() < until) __nanosleep(32);
 }
 
 // out[0..7] += v[0..7] (fp16, each sum rounded to nearest, subnormals kept), one 16-byte reduction in L2.
@@ -433,12 +426,6 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_kernel(const __grid_
     // (Broadcast from lane 0: the compiler must see the branch around the wgmma as warp-uniform, or it serializes
     // every wgmma of the kernel, ptxas C7518.)
     const bool idle = __shfl_sync(0xffffffffu, p.skip_empty_halves && w.mt * kBM + cw * 64 >= w.rows, 0);
-    // skip_pace: an idle warpgroup releases stage kb no sooner than kb x kSteps x skip_pace cycles after the first
-    // landed, so the unit lasts about as long as a whole one and its CTA stays in step with the CTAs that share its
-    // B tiles through L2 (a unit that ends early drifts out of that step: docs/moe-notes.md, sixth and twenty-sixth
-    // sessions), while its tensor cores do half the MMAs: less energy under the power cap.
-    const long long pace = idle ? static_cast<long long>(p.skip_pace) * R::kSteps : 0;
-    long long pace0 = 0;
     float acc[128];
     int prev = -1;
     long long tr_ns[3], tr_clk = 0, tr_wait = 0;  // kTrace only
@@ -461,9 +448,6 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_kernel(const __grid_
         for (int q = 0; q < R::kSteps; ++q)  // k16 steps: A advances 32 bytes, B 16 rows of 128 bytes
           wgmma_m64n256k16_f16<1>(acc, da + 2 * q, db + (2048 >> 4) * q, kb > 0 || q > 0);
         wgmma_commit();
-      } else if (pace) {
-        if (kb == 0) pace0 = clock64();
-        wait_until_clock(pace0 + kb * pace);
       }
       if (prev >= 0) release_after_wgmma(&empty[prev], lane);
       prev = s;
@@ -485,7 +469,6 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_kernel(const __grid_
     wgmma_wait<0>();
 #pragma unroll
     for (int i = 0; i < 128; ++i) reg_fence(acc[i]);
-    if (pace) wait_until_clock(pace0 + num_kb * pace);
     long long tr_end_clk = 0;
     if constexpr (kTrace) tr_ns[2] = global_ns(), tr_end_clk = clock64();
     __syncwarp();

@@ -121,7 +121,6 @@ GemmParams gemm1_params(const MoeArgs& a) {
   g.n_tiles = a.dexp / 128;
   g.k = a.d;
   g.skip_empty_halves = a.skip_empty_halves;
-  g.skip_pace = a.skip_pace;
   g.band = a.band;
   return g;
 }
@@ -176,31 +175,35 @@ const char* moe_supported(int T, int K, int E, int d, int dexp) {
   return nullptr;
 }
 
-MoeConfig moe_config(int, int, int) {
+MoeConfig moe_config(int T, int K, int E) {
   const int stages = kb::env_int("KBENCH_MOE_STAGES", 4) == 3 ? 3 : 4;
   const int async_epilogue = kb::env_int("KBENCH_MOE_ASYNC_EPILOGUE", 3) & 3;
   // the gather needs GEMM 1's epilogue warps (async_epilogue bit 0); without them the gather pass runs
   const bool shared_gather = kb::env_int("KBENCH_MOE_SHARED_GATHER", 1) != 0 && (async_epilogue & 1);
   // the gathering launch must follow the routing, so it cannot also go before the router
   const bool shared_first = kb::env_int("KBENCH_MOE_SHARED_FIRST", 1) != 0 && !shared_gather;
-  return MoeConfig{kb::env_int("KBENCH_MOE_SKIP_EMPTY_HALVES", 0) != 0,
+  // skip_empty_halves by default where a routed expert averages <= 512 rows (the 2048-token case: its groups end
+  // 1-23 rows into a third m-tile, 20% of the units): there those units run at the pace of their loads either way, so
+  // they keep their neighbours' step, and the MMAs skipped raise the clock (-1.1% / -1.8% of GEMM 1 / 2, twenty-sixth
+  // session). With larger groups the few half-empty units end early and fall out of the step (+3% at 8192 tokens).
+  const int skip = kb::env_int("KBENCH_MOE_SKIP_EMPTY_HALVES", -1);
+  const bool skip_empty_halves = skip < 0 ? static_cast<long long>(T) * K <= 512LL * E : skip != 0;
+  return MoeConfig{skip_empty_halves,
                    kb::env_int("KBENCH_MOE_KEEP_WORKSPACES", 0) != 0, stages,
                    kb::env_int("KBENCH_MOE_RED_COMBINE", 1) != 0, kb::env_int("KBENCH_MOE_SPLIT_ROUTE", 1) != 0,
                    async_epilogue, shared_first, shared_gather, kb::env_int("KBENCH_MOE_GATHER_LSU", 1) != 0,
                    std::max(0, kb::env_int("KBENCH_MOE_BAND", 16)),
                    // k 32 stages only where both GEMMs hand their epilogue over (6 stages beside the staging); the
                    // routed GEMM 1 keeps k 64 (at k 32 it ran at a lower clock, docs/moe-notes.md)
-                   async_epilogue == 3 ? kb::env_int("KBENCH_MOE_BK32", 5) & 7 : 0,
-                   std::max(0, kb::env_int("KBENCH_MOE_SKIP_PACE", 0))};
+                   async_epilogue == 3 ? kb::env_int("KBENCH_MOE_BK32", 5) & 7 : 0};
 }
 
 void moe_describe(const MoeConfig& c, char* buf, int size) {
   snprintf(buf, size,
            "MoeConfig{skip_empty_halves=%d, keep_workspaces=%d, stages=%d, red_combine=%d, split_route=%d, "
-           "async_epilogue=%d, shared_first=%d, shared_gather=%d, gather_lsu=%d, band=%d, bk32=%d, "
-           "skip_pace=%d}",
+           "async_epilogue=%d, shared_first=%d, shared_gather=%d, gather_lsu=%d, band=%d, bk32=%d}",
            c.skip_empty_halves, c.keep_workspaces, c.stages, c.red_combine, c.split_route, c.async_epilogue,
-           c.shared_first, c.shared_gather, c.gather_lsu, c.band, c.bk32, c.skip_pace);
+           c.shared_first, c.shared_gather, c.gather_lsu, c.band, c.bk32);
 }
 
 const char* moe_run(const MoeArgs& a, cudaStream_t stream, cudaEvent_t* events) {
@@ -268,7 +271,6 @@ const char* moe_run(const MoeArgs& a, cudaStream_t stream, cudaEvent_t* events) 
   g2.scores = static_cast<const __half*>(a.scores);
   g2.K = a.K;
   g2.skip_empty_halves = a.skip_empty_halves;
-  g2.skip_pace = a.skip_pace;
   g2.band = a.band;
   launch_gemm(g1, true, a, stream, 1);
   mark(3);

@@ -38,7 +38,6 @@ struct MoeArgs {
   int gather_lsu;         // MoeConfig::gather_lsu
   int band;               // MoeConfig::band
   int bk32;               // MoeConfig::bk32
-  int skip_pace;          // MoeConfig::skip_pace
 };
 
 // A named configuration (KBENCH_PRINT_CONFIG=1 prints the one picked for each shape). The defaults are the measured
@@ -48,7 +47,8 @@ struct MoeArgs {
 // epilogue, combine pass and one-block routing; KBENCH_MOE_SHARED_FIRST=0 moe_layer's GEMM 1 in one launch after the
 // router, as before (docs/moe-notes.md).
 struct MoeConfig {
-  bool skip_empty_halves;  // GEMM consumers with no rows in the last m-tile of a group issue no MMAs
+  bool skip_empty_halves;  // GEMM consumers with no rows in the last m-tile of a group issue no MMAs (by default
+                           // where routed experts average <= 512 rows; KBENCH_MOE_SKIP_EMPTY_HALVES=0/1 off/on)
   bool keep_workspaces;    // the gather, H and Y workspaces stay allocated across calls of one shape
   int stages;              // the synchronous-epilogue GEMMs' shared-memory ring: 4 or 3 stages (KBENCH_MOE_STAGES)
   bool red_combine;        // GEMM 2's epilogue adds score * expert output into the zeroed output (fp16 red.add)
@@ -69,9 +69,6 @@ struct MoeConfig {
                            // the consumers hold one) instead of 64 (3 of 48 KB): bit 0 the shared expert's GEMM 1,
                            // bit 1 the routed GEMM 1, bit 2 GEMM 2 (KBENCH_MOE_BK32; both epilogues asynchronous only;
                            // 5 since the twenty-fifth session, 0 the build before)
-  int skip_pace;           // with skip_empty_halves: the idle warpgroup's pace, cycles a k16 step (both warpgroups'
-                           // m64n256k16 take 256 at the tensor cores' peak), so that its unit lasts as long as a
-                           // whole one (KBENCH_MOE_SKIP_PACE; 0: no pace, the unit ends early)
 };
 MoeConfig moe_config(int T, int K, int E);
 void moe_describe(const MoeConfig& c, char* buf, int size);
