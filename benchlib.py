@@ -112,6 +112,23 @@ class Timer:
         return median(self.samples(fn, runs, warmup))
 
 
+def interleaved(timer: Timer, variants: Mapping[str, tuple[Callable[[], Any], Mapping[str, str]]], runs: int = 25,
+                rounds: int = 4, warmup: int = 3) -> dict[str, float]:
+    """The median time (us) of each variant, name -> (fn, knobs: the environment it runs under), its ``runs`` samples
+    taken in ``rounds`` passes that alternate in order (A B C, C B A, ...), ``warmup`` calls before each pass (a knob
+    that changes a graph's key makes the first calls capture it). Timed one after the other, two identical moe
+    configurations read up to 7% apart on an H100 whose clock drifted under the power cap (docs/moe-notes.md,
+    twenty-sixth session); alternated, a drift favours none."""
+    samples: dict[str, list[float]] = {name: [] for name in variants}
+    names, per_round = list(variants), max(1, -(-runs // rounds))
+    for r in range(rounds):
+        for name in (names[::-1] if r % 2 else names):
+            fn, settings = variants[name]
+            with knobs(settings):
+                samples[name] += timer.samples(fn, per_round, warmup)
+    return {name: median(got) for name, got in samples.items()}
+
+
 def host_time_us(fn: Callable[[], Any], runs: int = 10, warmup: int = 2) -> float:
     """Median of the official host-clock timer (synchronize, clock, call, synchronize, clock), in us."""
     import torch

@@ -103,7 +103,11 @@ def time_case(case, cuda_mod, torch_mod, ref, runs, candidates, revisions) -> di
         cache.seq_len = seq0  # the same decode step every run (the cache row is rewritten, not appended)
         return mod.custom_kernel(data)
 
-    row = {"case": problems.format_case(case), "floor": floor, "cuda": timer(lambda: call(cuda_mod), runs),
+    # the shipped build, its candidates and the revisions in alternating rounds (benchlib.interleaved)
+    variants = {"cuda": (lambda: call(cuda_mod), {})}
+    variants |= {f"cuda+{n}": (lambda: call(cuda_mod), CANDIDATES[n]) for n in candidates}
+    variants |= {name: (lambda mod=mod: call(mod), {}) for name, mod in revisions.items()}
+    row = {"case": problems.format_case(case), "floor": floor, **benchlib.interleaved(timer, variants, runs),
            "cuda_host": benchlib.host_time_us(lambda: call(cuda_mod), runs),
            "torch": timer(lambda: call(torch_mod), runs)}
     # the attention kernel alone, on this call's inputs
@@ -120,7 +124,10 @@ def time_case(case, cuda_mod, torch_mod, ref, runs, candidates, revisions) -> di
     def gbps_qo(us):  # FlashMLA's benchmark's count: the cache, q [bs, 128, 576] and the output [bs, 128, 512] bf16
         return (bs * kv_len * 576 + bs * 128 * (576 + 512)) * 2 / (us * 1e-6) / 1e9
 
-    row["attention"] = timer(lambda: attention(cuda_mod), runs)
+    attentions = {"attention": (lambda: attention(cuda_mod), {})}
+    attentions |= {f"cuda+{n}/attention": (lambda: attention(cuda_mod), CANDIDATES[n]) for n in candidates}
+    attentions |= {f"{name}/attention": (lambda mod=mod: attention(mod), {}) for name, mod in revisions.items()}
+    row |= benchlib.interleaved(timer, attentions, runs)
     row["attention_GBps"] = gbps(row["attention"])
     # the official timer flushes nothing and the step's attention follows read-mostly GEMMs: a clean L2 is its setting
     row["attention[clean-L2]"] = benchlib.Timer(clean=True)(lambda: attention(cuda_mod), runs)
@@ -132,13 +139,6 @@ def time_case(case, cuda_mod, torch_mod, ref, runs, candidates, revisions) -> di
         print(f"{row['case']}: flashinfer's attention within {ratio:.2f}x of the tolerance from ours", flush=True)
         row["flashinfer/attention"] = timer(peer, runs)
     row["projections"] = row["cuda"] - row["attention"]
-    for name in candidates:
-        with benchlib.knobs(CANDIDATES[name]):
-            row[f"cuda+{name}"] = timer(lambda: call(cuda_mod), runs)
-            row[f"cuda+{name}/attention"] = timer(lambda: attention(cuda_mod), runs)
-    for name, mod in revisions.items():
-        row[name] = timer(lambda: call(mod), runs)
-        row[f"{name}/attention"] = timer(lambda: attention(mod), runs)
     # the shipped attention once more, last: a drift across the run shows as the two figures' difference
     row["attention (again)"] = timer(lambda: attention(cuda_mod), runs)
     return row

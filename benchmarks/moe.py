@@ -144,14 +144,13 @@ def time_case(case, cuda_mod, torch_mod, runs, candidates, revisions) -> dict:
     ref = problems.load_modules("moe").reference
     data = ref.generate_input(**problems.official_case(case))
     timer = benchlib.Timer()
-    row = {"case": problems.format_case(case), "floor": floor_us(case),
-           "cuda": timer(lambda: cuda_mod.custom_kernel(data), runs),
-           "cuda_host": benchlib.host_time_us(lambda: cuda_mod.custom_kernel(data), runs)}
-    for name in candidates:
-        with benchlib.knobs(CANDIDATES[name]):
-            row[f"cuda+{name}"] = timer(lambda: cuda_mod.custom_kernel(data), runs)
-    for name, mod in revisions.items():
-        row[name] = timer(lambda: mod.custom_kernel(data), runs)
+    row = {"case": problems.format_case(case), "floor": floor_us(case)}
+    # the shipped build, its candidates and the revisions in alternating rounds (benchlib.interleaved)
+    variants = {"cuda": (lambda: cuda_mod.custom_kernel(data), {})}
+    variants |= {f"cuda+{n}": (lambda: cuda_mod.custom_kernel(data), CANDIDATES[n]) for n in candidates}
+    variants |= {name: (lambda mod=mod: mod.custom_kernel(data), {}) for name, mod in revisions.items()}
+    row |= benchlib.interleaved(timer, variants, runs)
+    row["cuda_host"] = benchlib.host_time_us(lambda: cuda_mod.custom_kernel(data), runs)
     peer = flashinfer_moe(data, ref)
     if peer is not None:
         print(f"{row['case']}: flashinfer's layer within {peer[1]:.2f}x of the tolerance", flush=True)
@@ -170,11 +169,15 @@ def time_case(case, cuda_mod, torch_mod, runs, candidates, revisions) -> dict:
     args = extension_args(data)
     staged = [("", cuda_mod, {})] + [(f"cuda+{n}/", cuda_mod, CANDIDATES[n]) for n in candidates] + \
         [(f"{n}/", mod, {}) for n, mod in revisions.items() if hasattr(mod.ext, "moe_forward_staged")]
-    for prefix, mod, settings in staged:
-        with benchlib.knobs(settings):
-            stage_runs = [mod.ext.moe_forward_staged(*args)[1] for _ in range(runs)]
+    stage_runs = {prefix: [] for prefix, _, _ in staged}
+    for r in range(4):  # alternating rounds, as benchlib.interleaved
+        for prefix, mod, settings in (staged[::-1] if r % 2 else staged):
+            with benchlib.knobs(settings):
+                mod.ext.moe_forward_staged(*args)  # (a knob's first call)
+                stage_runs[prefix] += [mod.ext.moe_forward_staged(*args)[1] for _ in range(-(-runs // 4))]
+    for prefix, got in stage_runs.items():
         for i, name in enumerate(STAGES):
-            row[prefix + name] = benchlib.median([r[i] * 1e3 for r in stage_runs])
+            row[prefix + name] = benchlib.median([r[i] * 1e3 for r in got])
     return row
 
 

@@ -160,6 +160,32 @@ def test_benchlib_knobs_set_and_restore(monkeypatch):
     assert "KBENCH_T_NEW" not in os.environ
 
 
+def test_interleaved_variants_share_a_drift_and_run_under_their_knobs():
+    """benchlib.interleaved: on a timer that reads 1 us more every sample (a GPU heating up), two variants doing the
+    same work get the same median, where timing one after the other would put the second 8 us behind; each variant's
+    calls see its own knobs, and the environment is restored."""
+    calls = []
+
+    class DriftingTimer:
+        now = 0.0
+
+        def samples(self, fn, runs, warmup):
+            out = []
+            for _ in range(runs):
+                fn()
+                DriftingTimer.now += 1.0
+                out.append(DriftingTimer.now)
+            return out
+
+    variants = {"a": (lambda: calls.append(("a", os.environ.get("KBENCH_TEST_T"))), {}),
+                "b": (lambda: calls.append(("b", os.environ.get("KBENCH_TEST_T"))), {"KBENCH_TEST_T": "1"})}
+    got = benchlib.interleaved(DriftingTimer(), variants, runs=8, rounds=4)
+    assert got["a"] == got["b"] == 8.5
+    assert {knob for name, knob in calls if name == "a"} == {None}
+    assert {knob for name, knob in calls if name == "b"} == {"1"}
+    assert "KBENCH_TEST_T" not in os.environ
+
+
 def test_candidates_are_checked_under_their_knobs():
     seen = []
 
