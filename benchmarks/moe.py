@@ -69,9 +69,6 @@ CANDIDATES = {
     # the empty halves' MMAs issued at every size (skip-halves, on by default where experts average <= 512 rows since
     # the twenty-sixth session, off: the build before)
     "no-skip": {"KBENCH_MOE_SKIP_EMPTY_HALVES": "0"},
-    # every call makes and publishes its own output before its launch (before the twenty-sixth session: the next
-    # call's output is now made behind each launch, entry.py _publish_ahead)
-    "no-ahead": {"KBENCH_MOE_AHEAD": "0"},
 }
 
 

@@ -6,12 +6,10 @@ official window has no kernel running).
 
 Per benchmark case: inputs generated once, the call checked, three calls to capture its graph, then --runs calls the
 official way (inputs cloned, synchronize) with custom_kernel's steps taken one at a time under the host clock, as
-kernels/moe/cuda/entry.py runs them: `output` (the output the previous call published behind its launch, or, with
-KBENCH_MOE_AHEAD=0 or when it does not fit, a new one and the launch that hands its address to the graph), `key` (the
-inputs' addresses and the knobs), `graph-launch` (the replay's cudaGraphLaunch), `verify` (the inputs' shapes and
-strides, checked while the GPU runs), `ahead` (the next call's output, published behind this launch), `gpu-rest` (the
-synchronize after them). Medians, us. Rows: metric host-loop, backend "cuda[phases]/<phase>" ("cuda[phases,
-no-ahead]/<phase>" with KBENCH_MOE_AHEAD=0).
+kernels/moe/cuda/entry.py runs them: `alloc+publish` (the output and the launch that hands its address to the graph),
+`key` (the inputs' addresses and the knobs), `graph-launch` (the replay's cudaGraphLaunch), `verify` (the inputs'
+shapes and strides, checked while the GPU runs), `gpu-rest` (the synchronize after them). Medians, us. Rows: metric
+host-loop, backend "cuda[phases]/<phase>".
 """
 from __future__ import annotations
 
@@ -25,17 +23,15 @@ from kbench import benchlib, problems
 from kbench.evaluator import guards
 
 guards.torch = torch  # the harness sets it when it starts; guards.clone needs it
-PHASES = ("output", "key", "graph-launch", "verify", "ahead", "gpu-rest")
-VARIANTS = {"cuda[phases]": {}, "cuda[phases,no-ahead]": {"KBENCH_MOE_AHEAD": "0"}}
+PHASES = ("alloc+publish", "key", "graph-launch", "verify", "gpu-rest")
 
 
 def phases_of_one_call(mod, data) -> list[float]:
     """custom_kernel(data)'s graph path, step by step (the same calls as entry.py), host clock per step (us)."""
     x, weights, config = data
     n_experts, k = config["n_routed_experts"], config["n_experts_per_token"]
-    x2d, stream = x.view(-1, x.shape[-1]), torch.cuda.current_stream()
     t = [time.perf_counter_ns()]
-    out = mod._output(x2d, k, n_experts, stream)
+    out = mod.ext.moe_output(x.view(-1, x.shape[-1]), k, n_experts)
     t.append(time.perf_counter_ns())
     tensors, extra = mod._launch_inputs(x, weights, n_experts, k)
     key = mod.graph_replay.addresses(tensors) + extra  # as custom_kernel keys its replay
@@ -45,8 +41,6 @@ def phases_of_one_call(mod, data) -> list[float]:
     t.append(time.perf_counter_ns())
     if mod.graph_replay.tensor_key(*tensors) != held[2]:
         raise SystemExit("the inputs' shapes or strides changed under the graph: not an official loop")
-    t.append(time.perf_counter_ns())
-    mod._publish_ahead(x2d, k, n_experts, stream)
     t.append(time.perf_counter_ns())
     torch.cuda.synchronize()
     t.append(time.perf_counter_ns())
@@ -70,24 +64,19 @@ def main():
         for _ in range(3):  # eager, captured, replayed
             mod.custom_kernel(guards.clone(data))
         torch.cuda.synchronize()
-        runs = {label: [] for label in VARIANTS}
-        for r in range(4):  # the variants in alternating blocks; a block's first call is the switch's, not counted
-            for label in list(VARIANTS)[::-1] if r % 2 else VARIANTS:
-                with benchlib.knobs(VARIANTS[label]):
-                    for i in range(-(-args.runs // 4) + 1):
-                        given = guards.clone(data)
-                        torch.cuda.synchronize()
-                        phases = phases_of_one_call(mod, given)
-                        runs[label] += [phases] if i else []
-                        del given
-        for label, got in runs.items():
-            medians = [statistics.median(r[i] for r in got) for i in range(len(PHASES))]
-            rows += [benchlib.Row(gpu, 1, f"{label}/{p}", "host-loop", line, v) for p, v in zip(PHASES, medians)]
-            table.append([line.split("; seed")[0].split("; ")[-1], label] + [f"{v:.1f}" for v in medians])
+        runs = []
+        for _ in range(args.runs):
+            given = guards.clone(data)
+            torch.cuda.synchronize()
+            runs.append(phases_of_one_call(mod, given))
+            del given
+        medians = [statistics.median(r[i] for r in runs) for i in range(len(PHASES))]
+        rows += [benchlib.Row(gpu, 1, f"cuda[phases]/{p}", "host-loop", line, v) for p, v in zip(PHASES, medians)]
+        table.append([line.split("; seed")[0].split("; ")[-1]] + [f"{v:.1f}" for v in medians])
         del data
     benchlib.record("moe", rows)
     benchlib.table(f"moe cuda: custom_kernel's host phases, medians of {args.runs} official-style calls (us, {gpu})",
-                   ["case", "variant", *PHASES], table)
+                   ["case", *PHASES], table)
 
 
 if __name__ == "__main__":

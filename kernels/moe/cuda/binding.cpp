@@ -229,12 +229,6 @@ c10::optional<torch::Tensor> moe_output(torch::Tensor x, int64_t K, int64_t E) {
   return publish_output(x, output_slot(x));
 }
 
-// The address moe_output last published for x's device (0: none yet): entry.py hands the output it published behind
-// the previous call's graph to the next call only while the slot still holds it.
-int64_t moe_published(torch::Tensor x) {
-  return static_cast<int64_t>(reinterpret_cast<uintptr_t>(output_slot(x).published));
-}
-
 // The layer up to the weighted sum: Y [T*K + T, d] fp16 (pair t*K + k: expert k's output for token t; rows T*K + t:
 // the shared expert's). entry.py replays this part as one CUDA graph and runs moe_combine after it. With
 // red_combine: `out` is moe_output's tensor, which this call fills (the kernels find it through the slot); returns

@@ -7,13 +7,9 @@ module the template defines above this code. The expert weights are read in plac
 The call is replayed as one CUDA graph while the inputs stay at their addresses (graph_replay: the harness's clone
 of the inputs lands at the same addresses run after run), which takes the host's launches and its per-call work on
 99 weights out of the timed call; the graph launches on the inputs' addresses and their full key is checked behind
-the launch. The output is a new tensor every call: moe_output makes it and writes its address to device memory, where
-the graph's kernels read it. Each call makes the next call's output behind its own launch (the write of its address
-queued after the graph), so the next call launches without that step (~20-45 us of host time, docs/moe-notes.md,
-twenty-sixth session); a call that finds it unfit (another shape, stream or device, or the address since replaced by
-another moe_output) makes its own first. KBENCH_MOE_AHEAD=0: every call makes its own before its launch, as before.
-(KBENCH_MOE_RED_COMBINE=0, the previous path: the graph writes the experts' outputs to its own buffer Y and
-moe_combine makes the output from it after the launch.)
+the launch. The output is a new tensor every call: moe_output makes it before the launch and writes its address to
+device memory, where the graph's kernels read it. (KBENCH_MOE_RED_COMBINE=0, the previous path: the graph writes
+the experts' outputs to its own buffer Y and moe_combine makes the output from it after the launch.)
 """
 import functools
 import os
@@ -24,7 +20,6 @@ import graph_replay
 from task import input_t, output_t
 
 _graphs = graph_replay.GraphReplay()
-_ahead = None  # (output, stream): the next call's output, made and published behind the previous call's launch
 # MoeConfig's knobs (moe_api.h): the binding reads them on each call, a graph keeps what it saw when captured
 _KNOBS = ("KBENCH_MOE_SKIP_EMPTY_HALVES", "KBENCH_MOE_KEEP_WORKSPACES", "KBENCH_MOE_STAGES", "KBENCH_MOE_RED_COMBINE",
           "KBENCH_MOE_SPLIT_ROUTE", "KBENCH_MOE_ASYNC_EPILOGUE", "KBENCH_MOE_SHARED_FIRST",
@@ -57,27 +52,6 @@ def _launch_inputs(x: torch.Tensor, weights: dict, n_experts: int, k: int) -> tu
     return (x, *weights.values()), (n_experts, k, x.shape) + graph_replay.env_values(_KNOBS)
 
 
-def _output(x2d: torch.Tensor, k: int, n_experts: int, stream) -> torch.Tensor | None:
-    """This call's output [T, d] fp16, its address in the kernels' device word: the one the previous call published
-    behind its graph when it fits (same shape and device, same stream, so the write of its address is ordered before
-    this launch, and still the word's last value), else a new one published now. None: no output slot
-    (KBENCH_MOE_RED_COMBINE=0)."""
-    global _ahead
-    held, _ahead = _ahead, None
-    if (held is not None and held[1] == stream and held[0].shape == x2d.shape and held[0].device == x2d.device
-            and ext.moe_published(x2d) == held[0].data_ptr()):  # noqa: F821 (ext: template)
-        return held[0]
-    return ext.moe_output(x2d, k, n_experts)  # noqa: F821 (ext: template)
-
-
-def _publish_ahead(x2d: torch.Tensor, k: int, n_experts: int, stream) -> None:
-    """The next call's output, made now and its address written on `stream` behind this call's launch."""
-    global _ahead
-    if os.environ.get("KBENCH_MOE_AHEAD") != "0":
-        out = ext.moe_output(x2d, k, n_experts)  # noqa: F821 (ext: template)
-        _ahead = None if out is None else (out, stream)
-
-
 def custom_kernel(data: input_t) -> output_t:
     x, weights, config = data
     n_experts, k = config["n_routed_experts"], config["n_experts_per_token"]
@@ -85,10 +59,9 @@ def custom_kernel(data: input_t) -> output_t:
         raise ValueError("the moe cuda backend takes exactly one shared expert (all official cases); "
                          "use the torch backend for others")
     x2d = x.view(-1, x.shape[-1])
-    stream = torch.cuda.current_stream()
-    # MoeConfig::red_combine: GEMM 2 adds into this tensor, published to the kernels through device memory so that
-    # the graph below serves it; None: moe_combine makes the output from Y after the graph
-    out = _output(x2d, k, n_experts, stream)
+    # MoeConfig::red_combine: GEMM 2 adds into this new tensor, published to the kernels through device memory so
+    # that the graph below serves it; None: moe_combine makes the output from Y after the graph
+    out = ext.moe_output(x2d, k, n_experts)  # noqa: F821 (ext: template)
     step = lambda: _experts(x, weights, n_experts, k, out)  # noqa: E731
     if os.environ.get("KBENCH_MOE_GRAPH") == "0":  # the launches one by one (docs/moe-notes.md)
         y, top_scores = step()
@@ -105,6 +78,4 @@ def custom_kernel(data: input_t) -> output_t:
             y, top_scores = _graphs.replay(graph_replay.addresses(tensors) + extra, step, verify=full_key)
     if out is None:
         out = ext.moe_combine(y, top_scores)  # noqa: F821 (ext: template)
-    else:
-        _publish_ahead(x2d, k, n_experts, stream)
     return out.view(x.shape)
