@@ -112,6 +112,29 @@ def test_mla_splits_only_where_the_batch_leaves_waves_empty(tmp_path, forced):
     assert run.stdout.split() == (["2"] * 7 if forced else ["1", "1", "1", "2", "4", "16", "1"])
 
 
+MOE_RULES_PROGRAM = r"""
+#include <cstdio>
+#include "moe_rules.h"
+int main() {
+  // (tokens, slots, routed experts): the official cases, the 512-row boundary, the tests' E = 8 and E = 4 routings
+  const int shapes[][3] = {{2048, 4, 32}, {8192, 4, 32}, {4096, 4, 32}, {4097, 4, 32}, {1000, 4, 8}, {4096, 1, 4}};
+  for (const auto& s : shapes) printf("%d ", moe_skip_empty_halves(s[0], s[1], s[2]) ? 1 : 0);
+  return 0;
+}
+"""
+
+
+@pytest.mark.skipif(shutil.which("c++") is None, reason="no host C++ compiler on PATH")
+@pytest.mark.parametrize("knobs,expected", [({}, ["1", "0", "1", "0", "1", "0"]),
+                                            ({"KBENCH_MOE_SKIP_EMPTY_HALVES": "0"}, ["0"] * 6),
+                                            ({"KBENCH_MOE_SKIP_EMPTY_HALVES": "1"}, ["1"] * 6)])
+def test_moe_skips_empty_halves_where_experts_average_at_most_512_rows(tmp_path, knobs, expected):
+    """moe's skip_empty_halves: on by default for the 2048-token case (256 rows an expert), off for 8192 (1024), the
+    boundary at 512 rows an expert; KBENCH_MOE_SKIP_EMPTY_HALVES=0/1 forces it."""
+    run = _compile_and_run(tmp_path, MOE_RULES_PROGRAM, ROOT / "kernels" / "moe" / "cuda", **knobs)
+    assert run.stdout.split() == expected
+
+
 LINEAR_CONFIG_PROGRAM = r"""
 #include <cstdio>
 #include "linear_config.h"
@@ -229,7 +252,7 @@ def test_a_carried_kernels_folder_stands_for_a_revision(tmp_path):
 
 @pytest.mark.parametrize("problem,config_sources,key_tuple,prefix", [
     ("mla-decode", ("mla_config.h", "linear_config.h", "binding.cpp"), "_CONFIG_KNOBS", "KBENCH_MLA_"),
-    ("moe", ("moe.cu",), "_KNOBS", "KBENCH_MOE_")])
+    ("moe", ("moe.cu", "moe_rules.h"), "_KNOBS", "KBENCH_MOE_")])
 def test_every_config_knob_keys_the_captured_graph(problem, config_sources, key_tuple, prefix):
     """A knob the backend's config reads but the graph key leaves out would replay the configuration captured first:
     a candidate timed through the whole call would silently run the default (it did, for KBENCH_MLA_SEESAW)."""

@@ -14,6 +14,7 @@
 #include "knobs.h"
 #include "launch_error.h"
 #include "moe_api.h"
+#include "moe_rules.h"
 #include "route.cuh"
 #include "tma_host.h"
 
@@ -182,13 +183,7 @@ MoeConfig moe_config(int T, int K, int E) {
   const bool shared_gather = kb::env_int("KBENCH_MOE_SHARED_GATHER", 1) != 0 && (async_epilogue & 1);
   // the gathering launch must follow the routing, so it cannot also go before the router
   const bool shared_first = kb::env_int("KBENCH_MOE_SHARED_FIRST", 1) != 0 && !shared_gather;
-  // skip_empty_halves by default where a routed expert averages <= 512 rows (the 2048-token case: its groups end
-  // 1-23 rows into a third m-tile, 20% of the units): there those units run at the pace of their loads either way, so
-  // they keep their neighbours' step, and the MMAs skipped raise the clock (-1.1% / -1.8% of GEMM 1 / 2, twenty-sixth
-  // session). With larger groups the few half-empty units end early and fall out of the step (+3% at 8192 tokens).
-  const int skip = kb::env_int("KBENCH_MOE_SKIP_EMPTY_HALVES", -1);
-  const bool skip_empty_halves = skip < 0 ? static_cast<long long>(T) * K <= 512LL * E : skip != 0;
-  return MoeConfig{skip_empty_halves,
+  return MoeConfig{moe_skip_empty_halves(T, K, E),
                    kb::env_int("KBENCH_MOE_KEEP_WORKSPACES", 0) != 0, stages,
                    kb::env_int("KBENCH_MOE_RED_COMBINE", 1) != 0, kb::env_int("KBENCH_MOE_SPLIT_ROUTE", 1) != 0,
                    async_epilogue, shared_first, shared_gather, kb::env_int("KBENCH_MOE_GATHER_LSU", 1) != 0,
