@@ -119,14 +119,23 @@ def interleaved(timer: Timer, variants: Mapping[str, tuple[Callable[[], Any], Ma
     that changes a graph's key makes the first calls capture it). Timed one after the other, two identical moe
     configurations read up to 7% apart on an H100 whose clock drifted under the power cap (docs/moe-notes.md,
     twenty-sixth session); alternated, a drift favours none."""
-    samples: dict[str, list[float]] = {name: [] for name in variants}
+    samples = interleaved_samples(timer.samples, variants, runs, rounds, warmup)
+    return {name: median(got) for name, got in samples.items()}
+
+
+def interleaved_samples(sample: Callable[[Callable[[], Any], int, int], list],
+                        variants: Mapping[str, tuple[Callable[[], Any], Mapping[str, str]]], runs: int = 25,
+                        rounds: int = 4, warmup: int = 3) -> dict[str, list]:
+    """interleaved's rounds with any sampler: sample(fn, n, warmup) -> n samples of fn (Timer.samples, or the values
+    fn returns); name -> the variant's samples, in the order taken."""
+    samples: dict[str, list] = {name: [] for name in variants}
     names, per_round = list(variants), max(1, -(-runs // rounds))
     for r in range(rounds):
         for name in (names[::-1] if r % 2 else names):
             fn, settings = variants[name]
             with knobs(settings):
-                samples[name] += timer.samples(fn, per_round, warmup)
-    return {name: median(got) for name, got in samples.items()}
+                samples[name] += sample(fn, per_round, warmup)
+    return samples
 
 
 def host_time_us(fn: Callable[[], Any], runs: int = 10, warmup: int = 2) -> float:

@@ -167,14 +167,14 @@ def time_case(case, cuda_mod, torch_mod, runs, candidates, revisions) -> dict:
         torch_mod.MOE_PATH, torch_mod.GROUPED_DTYPE = "auto", None
     # the five stages, from events between the launches (median per stage), for revisions too (their dev builds)
     args = extension_args(data)
-    staged = [("", cuda_mod, {})] + [(f"cuda+{n}/", cuda_mod, CANDIDATES[n]) for n in candidates] + \
-        [(f"{n}/", mod, {}) for n, mod in revisions.items() if hasattr(mod.ext, "moe_forward_staged")]
-    stage_runs = {prefix: [] for prefix, _, _ in staged}
-    for r in range(4):  # alternating rounds, as benchlib.interleaved
-        for prefix, mod, settings in (staged[::-1] if r % 2 else staged):
-            with benchlib.knobs(settings):
-                mod.ext.moe_forward_staged(*args)  # (a knob's first call)
-                stage_runs[prefix] += [mod.ext.moe_forward_staged(*args)[1] for _ in range(-(-runs // 4))]
+    staged = {"": (lambda: cuda_mod.ext.moe_forward_staged(*args)[1], {})}
+    staged |= {f"cuda+{n}/": (lambda: cuda_mod.ext.moe_forward_staged(*args)[1], CANDIDATES[n]) for n in candidates}
+    staged |= {f"{n}/": (lambda mod=mod: mod.ext.moe_forward_staged(*args)[1], {}) for n, mod in revisions.items()
+               if hasattr(mod.ext, "moe_forward_staged")}
+    # in alternating rounds (benchlib.interleaved), each stage's times as the call returns them (after a knob's
+    # first call)
+    stage_runs = benchlib.interleaved_samples(lambda fn, n, warmup: [fn() for _ in range(warmup + n)][warmup:],
+                                              staged, runs, warmup=1)
     for prefix, got in stage_runs.items():
         for i, name in enumerate(STAGES):
             row[prefix + name] = benchlib.median([r[i] * 1e3 for r in got])
