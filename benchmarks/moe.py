@@ -69,8 +69,6 @@ CANDIDATES = {
     # the empty halves' MMAs issued at every size (skip-halves, on by default where experts average <= 512 rows since
     # the twenty-sixth session, off: the build before)
     "no-skip": {"KBENCH_MOE_SKIP_EMPTY_HALVES": "0"},
-    # the routed GEMM 1 and GEMM 2 in 64 x 512 tiles (a group's rows padded to 64, not 128; twenty-seventh session)
-    "wide": {"KBENCH_MOE_WIDE": "1"},
 }
 
 

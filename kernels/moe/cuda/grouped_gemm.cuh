@@ -34,34 +34,21 @@ using namespace kb::sm90;
 constexpr int kMaxGroups = 65;       // kMoeMaxRouted routed experts + the shared one
 constexpr int kBM = 128;             // rows per tile: two consumer warpgroups x 64
 constexpr int kBN = 256;             // B columns per tile (GEMM 1: 128 gate + 128 up)
-// A unit's tile (the kernels' template parameter kWide, MoeConfig::wide): 128 rows x 256 B columns, the consumer
-// warpgroups on rows 0-63 and 64-127 of one B; or 64 rows x 512 B columns, both on the same 64 rows of A, each on
-// its own 256 columns (GEMM 1: its own 128 gate + 128 up). The same MACs a unit, so units stay equal and in step,
-// but a group's rows are padded to 64 instead of 128: at 2048 tokens the routed experts' 228-279 rows fill 4-5
-// m-tiles of 64 where they took 2-3 of 128 (units -10%), for 1.5x the bytes a MAC between L2 and the SMs.
-template <bool kWide>
-struct Tile {
-  static constexpr int kRows = kWide ? 64 : kBM;
-  static constexpr int kBBoxes = kWide ? 8 : 4;  // B boxes of 64 columns a stage, 4 per consumer warpgroup
-  // output columns of a unit: GEMM 1's H (silu(gate) * up), GEMM 2's d
-  __host__ __device__ static constexpr int out_cols(bool glu) { return (glu ? 128 : 256) * (kWide ? 2 : 1); }
-};
 constexpr int kThreads = 384;        // warpgroup 0 produces, 1 and 2 consume
 constexpr int kMaxStages = 8;  // the ring's depth is a template parameter: 3 or 4 stages of k 64, 6 of k 32
 // A ring stage's k (the kernels' template parameter kBK, from MoeConfig::bk32): 64, one 128-byte swizzle span of
 // fp16 (A rows of 128 bytes, 48 KB a stage), or 32 (A rows of 64 bytes in 64-byte swizzle spans, B boxes of 32
 // k-rows: 24 KB a stage, so twice the stages in the same bytes and more of them in flight while the consumers hold
 // one).
-template <int kBK, bool kWide = false>
+template <int kBK>
 struct Ring {
   static_assert(kBK == 64 || kBK == 32, "a stage holds 32 or 64 of k");
-  static constexpr int kABytes = Tile<kWide>::kRows * kBK * 2;       // 16 KB (k 64)
+  static constexpr int kABytes = kBM * kBK * 2;          // 16 KB (k 64)
   static constexpr int kBChunk = kBK * 64 * 2;           // one TMA box of B: kBK k-rows x 64 columns, 8 KB (k 64)
-  static constexpr int kBBytes = Tile<kWide>::kBBoxes * kBChunk;     // 32 KB (k 64)
+  static constexpr int kBBytes = 4 * kBChunk;            // 32 KB (k 64)
   static constexpr int kStageBytes = kABytes + kBBytes;  // 48 KB (k 64)
   static constexpr int kSteps = kBK / 16;                // wgmma k16 steps a stage
-  // the asynchronous epilogue's ring: 144 KB beside its staging (3 stages of k 64, 6 of k 32, wide: 4 of k 32)
-  static constexpr int kAsyncStages = 3 * 49152 / kStageBytes;
+  static constexpr int kAsyncStages = 3 * 64 / kBK;      // the asynchronous epilogue's ring: 144 KB beside its staging
   // A tile's descriptor: rows of kBK * 2 bytes, K-major, in the swizzle TMA wrote them with
   static __device__ __forceinline__ uint64_t a_desc(const uint8_t* tile) {
     if constexpr (kBK == 64) return make_desc_sw128(tile);
@@ -83,15 +70,15 @@ constexpr int kGatherBytes = 4096;              // kAsync: a chain's bounce buff
 constexpr int kLaunchRegs = 168, kConsumerRegs = 224, kProducerRegs = 56;
 static_assert(2 * (kConsumerRegs - kLaunchRegs) <= kLaunchRegs - kProducerRegs,
               "setmaxnreg: the consumer warpgroups would wait forever for registers the producer does not free");
-template <int kBK = 64, bool kWide = false>
+template <int kBK = 64>
 __host__ __device__ constexpr int smem_bytes(int stages, bool async = false) {
-  return 1024 + stages * Ring<kBK, kWide>::kStageBytes +
+  return 1024 + stages * Ring<kBK>::kStageBytes +
          (async ? 2 * kStageCBytes + kRowTabBytes + 4 * 8 : 2 * kCBytes) +
          2 * stages * 8 + 2 * (kMaxGroups + 1) * 4 + (async ? 128 + kGatherChains * (kGatherBytes + 8) : 0);
 }
 
 // meta (int32, written by route_kernel): [0, G]: first sorted row of group g (G = groups, so [G] = the end),
-// then [G+1, 2G+1]: first m-tile of group g (prefix of ceil(rows_g / Tile::kRows)). A launch may take the first `groups` of
+// then [G+1, 2G+1]: first m-tile of group g (prefix of ceil(rows_g / 128)). A launch may take the first `groups` of
 // the meta_groups groups route_kernel wrote (GEMM 1 of the routed experts alone), or, with meta null, its one
 // group's four numbers from fixed_meta (GEMM 1 of the shared expert alone, launched before the routing).
 struct GemmParams {
@@ -108,7 +95,7 @@ struct GemmParams {
   int K;                          // with out_slot: slots per token
   int groups;                     // E + 1
   int n_out;                      // output columns: dexp (kGlu) or d
-  int n_tiles;                    // output tiles per row block: n_out / Tile<kWide>::out_cols(kGlu)
+  int n_tiles;                    // output tiles per row block: n_out / 128 (kGlu) or n_out / 256
   int k;                          // reduction length (multiple of 64)
   int shared_out_row0;            // !kGlu: Y row of the shared group's first token (T*K)
   int skip_empty_halves;          // a consumer whose 64 rows all lie past its group's end issues no MMAs
@@ -185,11 +172,10 @@ __device__ __forceinline__ void red_add_f16x8(__half* out, const uint4& v) {
 
 // The producer (one thread): for each of this CTA's units, every k-block's A tile and four B boxes into the next
 // free stage.
-template <bool kGlu, int kStages, int kBK, bool kWide>
+template <bool kGlu, int kStages, int kBK>
 __device__ __forceinline__ void produce(const GemmParams& p, const int* s_meta, uint8_t* s_a, uint8_t* s_b,
                                         uint64_t* full, uint64_t* empty, int units, int num_kb) {
-  using R = Ring<kBK, kWide>;
-  using T = Tile<kWide>;
+  using R = Ring<kBK>;
   const int G = p.groups;
   int s = 0;
   uint32_t phase = 0;
@@ -199,20 +185,19 @@ __device__ __forceinline__ void produce(const GemmParams& p, const int* s_meta, 
     const CUtensorMap* amap = &p.a[shared_x ? 1 : 0];
     // A group's last m-tile reads on into the next group's rows (its results there are never stored). Keep it so:
     // the same rows as zeros made GEMM 1 ~35% slower on an H100 (docs/moe-notes.md, eighth session).
-    const int a_row = (shared_x ? 0 : w.row0) + w.mt * T::kRows;
+    const int a_row = (shared_x ? 0 : w.row0) + w.mt * kBM;
     for (int kb = 0; kb < num_kb; ++kb) {
       mbar_wait(&empty[s], phase ^ 1);
       mbar_arrive_expect_tx(&full[s], R::kStageBytes);
       tma_load_2d(s_a + s * R::kABytes, amap, &full[s], kb * kBK, a_row);
       uint8_t* sb = s_b + s * R::kBBytes;
 #pragma unroll
-      for (int j = 0; j < T::kBBoxes; ++j) {
-        if constexpr (kGlu) {  // consumer c = j / 4's chunks: 0, 1 gate columns n0 .. n0 + 127, 2, 3 the same up columns
-          const CUtensorMap* bmap = &p.b[(j % 4 < 2 ? 0 : kMaxGroups) + w.g];
-          tma_load_2d(sb + j * R::kBChunk, bmap, &full[s], w.nt * T::out_cols(true) + (j / 4) * 128 + (j & 1) * 64,
-                      kb * kBK);
+      for (int j = 0; j < 4; ++j) {
+        if constexpr (kGlu) {  // chunks 0, 1: gate columns n0 .. n0 + 127; chunks 2, 3: the same up columns
+          const CUtensorMap* bmap = &p.b[(j < 2 ? 0 : kMaxGroups) + w.g];
+          tma_load_2d(sb + j * R::kBChunk, bmap, &full[s], w.nt * 128 + (j & 1) * 64, kb * kBK);
         } else {
-          tma_load_2d(sb + j * R::kBChunk, &p.b[w.g], &full[s], w.nt * T::out_cols(false) + j * 64, kb * kBK);
+          tma_load_2d(sb + j * R::kBChunk, &p.b[w.g], &full[s], w.nt * 256 + j * 64, kb * kBK);
         }
       }
       ring_next(s, phase, kStages);
@@ -305,7 +290,7 @@ __device__ __forceinline__ void gather_slice_lsu(const GemmParams& p, int u, int
 // kAsync: the producer warpgroup's warps 1-3 (e = 0..95) finish every unit's epilogue from the consumers' staging
 // buffers, warpgroup 0's rows then warpgroup 1's, while the consumers run the next unit's MMAs. A warp takes one
 // staged row at a time (512 bytes: 16 bytes a lane), so its global writes are whole row segments.
-template <bool kGlu, bool kWide>
+template <bool kGlu>
 __device__ __forceinline__ void drain_epilogues(const GemmParams& p, const int* s_meta, const uint8_t* s_stage,
                                                 long long* s_off, __half2* s_scale, uint64_t* stg_full,
                                                 uint64_t* stg_empty, int units, int e, uint8_t* s_gbuf,
@@ -324,18 +309,15 @@ __device__ __forceinline__ void drain_epilogues(const GemmParams& p, const int* 
     named_bar_sync(3, kEpiThreads);  // every warp is done with the previous unit's table
     const Unit w = decode(s_meta, p.groups, p.n_tiles, u, p.band);
     const bool gather = kGlu && p.gather_x && w.g == p.shared_group;
-    constexpr int kRows = Tile<kWide>::kRows;
-    for (int r = e; r < kRows; r += kEpiThreads)
-      s_off[r] = row_target<kGlu>(p, w, w.mt * kRows + r, accumulate, s_scale[r]);
+    for (int r = e; r < kBM; r += kEpiThreads)
+      s_off[r] = row_target<kGlu>(p, w, w.mt * kBM + r, accumulate, s_scale[r]);
     named_bar_sync(3, kEpiThreads);
     if (gather && !p.gather_lsu) gather_slice(p, u, units, w.rows, s_gbuf, gbar, gphase, e);
+    __half* const dst = out + w.nt * (kGlu ? 128 : 256);
     for (int cw = 0; cw < 2; ++cw) {
-      // the warpgroup's columns (wide: its own half of the unit's) and the tile row of its staged row 0
-      __half* const dst = out + w.nt * Tile<kWide>::out_cols(kGlu) + (kWide ? cw * (kGlu ? 128 : 256) : 0);
-      const int row0 = kWide ? 0 : cw * 64;
       mbar_wait(&stg_full[cw], phase);
       for (int r = warp; r < 64; r += kEpiThreads / 32) {
-        const long long off = s_off[row0 + r];
+        const long long off = s_off[cw * 64 + r];
         if (off < 0) continue;
         const uint8_t* src = s_stage + cw * kStageCBytes + r * kStagePitch;
         if constexpr (kGlu) {  // H columns 4 lane .. 4 lane + 3: gate at staged columns 0..127, up at 128..255
@@ -352,7 +334,7 @@ __device__ __forceinline__ void drain_epilogues(const GemmParams& p, const int* 
           uint4 v = *reinterpret_cast<const uint4*>(src + lane * 16);
           if (accumulate) {  // the reference's out.mul_(score), then its fp16 index_add_
             __half2* h = reinterpret_cast<__half2*>(&v);
-            const __half2 sc = s_scale[row0 + r];
+            const __half2 sc = s_scale[cw * 64 + r];
 #pragma unroll
             for (int j = 0; j < 4; ++j) h[j] = __hmul2(h[j], sc);
             red_add_f16x8(dst + off + lane * 8, v);
@@ -367,12 +349,11 @@ __device__ __forceinline__ void drain_epilogues(const GemmParams& p, const int* 
   }
 }
 
-template <bool kGlu, int kStages, bool kAsync = false, bool kTrace = false, int kBK = 64, bool kWide = false>
+template <bool kGlu, int kStages, bool kAsync = false, bool kTrace = false, int kBK = 64>
 __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_kernel(const __grid_constant__ GemmParams p) {
   static_assert(kStages >= 2 && kStages <= kMaxStages, "the ring needs two stages and fits eight");
-  static_assert(smem_bytes<kBK, kWide>(kStages, kAsync) <= 232448, "the ring and staging exceed the 227 KB of a block");
-  static_assert(!kWide || kAsync, "wide tiles have the asynchronous epilogue only");
-  using R = Ring<kBK, kWide>;
+  static_assert(smem_bytes<kBK>(kStages, kAsync) <= 232448, "the ring and staging exceed the 227 KB of a block");
+  using R = Ring<kBK>;
   constexpr int kABytes = R::kABytes, kBBytes = R::kBBytes;
   extern __shared__ uint8_t smem_raw[];
   // 128B-swizzled TMA tiles and wgmma descriptors both assume 1024-byte aligned tiles.
@@ -416,17 +397,17 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_kernel(const __grid_
 
   if (wg == 0) {
     setmaxnreg_dec<kProducerRegs>();
-    if (threadIdx.x == 0) produce<kGlu, kStages, kBK, kWide>(p, s_meta, s_a, s_b, full, empty, units, num_kb);
+    if (threadIdx.x == 0) produce<kGlu, kStages, kBK>(p, s_meta, s_a, s_b, full, empty, units, num_kb);
     if constexpr (kAsync) {
       if (threadIdx.x >= 32)
-        drain_epilogues<kGlu, kWide>(p, s_meta, s_c, s_off, s_scale, stg_full, stg_empty, units, threadIdx.x - 32, s_gbuf,
+        drain_epilogues<kGlu>(p, s_meta, s_c, s_off, s_scale, stg_full, stg_empty, units, threadIdx.x - 32, s_gbuf,
                               gbar);
     }
     return;
   }
 
   setmaxnreg_inc<kConsumerRegs>();
-  const int cw = wg - 1;  // consumer index: rows [64 cw, 64 cw + 64) of the tile (wide: columns [256 cw, 256 cw + 256))
+  const int cw = wg - 1;  // consumer index: rows [64 cw, 64 cw + 64) of the tile
   const int t = threadIdx.x % 128;
   const int warp = t / 32, lane = t % 32;
   const int frag_row = warp * 16 + lane / 4;  // accumulator rows frag_row and frag_row + 8 (within 64)
@@ -444,7 +425,7 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_kernel(const __grid_
     // that warpgroup only releases the stages (same arrivals), and the other one has the tensor cores to itself.
     // (Broadcast from lane 0: the compiler must see the branch around the wgmma as warp-uniform, or it serializes
     // every wgmma of the kernel, ptxas C7518.)
-    const bool idle = __shfl_sync(0xffffffffu, !kWide && p.skip_empty_halves && w.mt * kBM + cw * 64 >= w.rows, 0);
+    const bool idle = __shfl_sync(0xffffffffu, p.skip_empty_halves && w.mt * kBM + cw * 64 >= w.rows, 0);
     float acc[128];
     int prev = -1;
     long long tr_ns[3], tr_clk = 0, tr_wait = 0;  // kTrace only
@@ -460,8 +441,8 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_kernel(const __grid_
         mbar_wait(&full[s], phase);
       }
       if (!idle) {
-        const uint64_t da = R::a_desc(s_a + s * kABytes + (kWide ? 0 : cw * 64 * (kBK * 2)));
-        const uint64_t db = make_desc_sw128(s_b + s * kBBytes + (kWide ? cw * 4 * R::kBChunk : 0), R::kBChunk, 1024);
+        const uint64_t da = R::a_desc(s_a + s * kABytes + cw * 64 * (kBK * 2));
+        const uint64_t db = make_desc_sw128(s_b + s * kBBytes, R::kBChunk, 1024);
         wgmma_fence();
 #pragma unroll
         for (int q = 0; q < R::kSteps; ++q)  // k16 steps: A advances 32 bytes, B 16 rows of 128 bytes
@@ -509,7 +490,7 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_kernel(const __grid_
       if constexpr (kTrace) {
         if (cw == 0 && t == 0 && p.trace && u < kTraceUnits) {
           long long* at = p.trace + (static_cast<long long>(p.trace_launch) * kTraceUnits + u) * kTraceFields;
-          const int tile_rows = max(0, min(Tile<kWide>::kRows, w.rows - w.mt * Tile<kWide>::kRows));
+          const int tile_rows = max(0, min(kBM, w.rows - w.mt * kBM));
           at[0] = static_cast<long long>(sm_id() & 255) | (static_cast<long long>(w.g & 255) << 8) |
                   (static_cast<long long>(w.mt & 255) << 16) | (static_cast<long long>(tile_rows) << 24) |
                   (static_cast<long long>(w.nt & 0xffff) << 32);

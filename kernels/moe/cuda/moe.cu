@@ -62,18 +62,10 @@ bool map_f16(CUtensorMap* map, const void* ptr, uint64_t cols, uint64_t rows, ui
 // place that picks an instantiation, for the launches and the shared-memory attribute alike.
 // async (MoeConfig::async_epilogue) builds have 3 stages of k 64, or 6 of k 32 (MoeConfig::bk32): the staging buffer
 // takes the fourth's room. The consumers' own epilogue has k 64 only (moe_config sees to it).
-// wide (MoeConfig::wide: tiles of 64 rows x 512 columns) has one instance a GEMM: the asynchronous epilogue, k 32.
 // (Dev builds: `trace` picks the asynchronous instances that stamp their units, benchmarks/moe.py --trace.)
 using GemmKernel = void (*)(GemmParams);
-GemmKernel gemm_kernel(bool glu, int stages, bool async, int bk, bool trace = false, bool wide = false) {
-  constexpr int a32 = Ring<32>::kAsyncStages, a64 = Ring<64>::kAsyncStages, w32 = Ring<32, true>::kAsyncStages;
-#ifdef KBENCH_DEV
-  if (wide && trace)
-    return glu ? grouped_gemm_kernel<true, w32, true, true, 32, true> : grouped_gemm_kernel<false, w32, true, true, 32, true>;
-#endif
-  if (wide)
-    return glu ? grouped_gemm_kernel<true, w32, true, false, 32, true>
-               : grouped_gemm_kernel<false, w32, true, false, 32, true>;
+GemmKernel gemm_kernel(bool glu, int stages, bool async, int bk, bool trace = false) {
+  constexpr int a32 = Ring<32>::kAsyncStages, a64 = Ring<64>::kAsyncStages;
 #ifdef KBENCH_DEV
   if (async && trace && bk == 32)
     return glu ? grouped_gemm_kernel<true, a32, true, true, 32> : grouped_gemm_kernel<false, a32, true, true, 32>;
@@ -86,8 +78,7 @@ GemmKernel gemm_kernel(bool glu, int stages, bool async, int bk, bool trace = fa
   if (stages == 3) return glu ? grouped_gemm_kernel<true, 3> : grouped_gemm_kernel<false, 3>;
   return glu ? grouped_gemm_kernel<true, 4> : grouped_gemm_kernel<false, 4>;
 }
-int gemm_smem_bytes(int stages, bool async, int bk, bool wide = false) {
-  if (wide) return smem_bytes<32, true>(Ring<32, true>::kAsyncStages, true);
+int gemm_smem_bytes(int stages, bool async, int bk) {
   if (async) return bk == 32 ? smem_bytes<32>(Ring<32>::kAsyncStages, true) : smem_bytes(Ring<64>::kAsyncStages, true);
   return smem_bytes(stages);
 }
@@ -110,30 +101,18 @@ const DeviceInfo& device_info() {
         for (const bool async : {false, true})
           for (const int bk : {32, 64})
             for (const bool trace : {false, true})
-              for (const bool wide : {false, true})
-                cudaFuncSetAttribute(gemm_kernel(glu, stages, async, bk, trace, wide),
-                                     cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                     gemm_smem_bytes(stages, async, bk, wide));
+              cudaFuncSetAttribute(gemm_kernel(glu, stages, async, bk, trace),
+                                   cudaFuncAttributeMaxDynamicSharedMemorySize, gemm_smem_bytes(stages, async, bk));
   }
   return d;
 }
 
-// Whether launch `launch` has wide tiles (MoeConfig::wide): the routed GEMM 1 (1) and GEMM 2 (2), which share the
-// routing's m-tiles; the shared expert's GEMM 1 (launches 0 and 3) keeps 128 x 256 (T rows: no padding to cut).
-// (Shapes whose d or d_expert the wide n-tiles do not divide keep 128 x 256.)
-bool launch_wide(const MoeArgs& a, int launch) {
-  return a.wide && a.d % 512 == 0 && a.dexp % 256 == 0 && (launch == 1 || launch == 2);
-}
-
 // The k of launch `launch`'s ring stages (its tensor maps' boxes and its kernel instance), from MoeConfig::bk32's
-// bits: the shared expert's GEMM 1 (launches 0 and 3), the routed GEMM 1 (1), GEMM 2 (2); 32 in wide launches.
+// bits: the shared expert's GEMM 1 (launches 0 and 3), the routed GEMM 1 (1), GEMM 2 (2).
 int launch_bk(const MoeArgs& a, int launch) {
   const int bit = launch == 1 ? 2 : launch == 2 ? 4 : 1;
-  return a.bk32 & bit || launch_wide(a, launch) ? 32 : 64;
+  return a.bk32 & bit ? 32 : 64;
 }
-
-// The A maps' box rows (a tile's rows) in launch `launch`.
-uint32_t launch_rows(const MoeArgs& a, int launch) { return launch_wide(a, launch) ? Tile<true>::kRows : kBM; }
 
 // GEMM 1's parameters that do not depend on which groups a launch takes.
 GemmParams gemm1_params(const MoeArgs& a) {
@@ -180,9 +159,8 @@ void launch_gemm(GemmParams g, bool glu, const MoeArgs& a, cudaStream_t stream, 
   }
 #endif
   const int bk = launch_bk(a, launch);
-  const bool wide = launch_wide(a, launch);
-  gemm_kernel(glu, a.stages, async, bk, trace, wide)<<<device_info().sms, kThreads,
-                                                       gemm_smem_bytes(a.stages, async, bk, wide), stream>>>(g);
+  gemm_kernel(glu, a.stages, async, bk, trace)<<<device_info().sms, kThreads, gemm_smem_bytes(a.stages, async, bk),
+                                                 stream>>>(g);
 }
 
 }  // namespace
@@ -201,7 +179,6 @@ const char* moe_supported(int T, int K, int E, int d, int dexp) {
 MoeConfig moe_config(int T, int K, int E) {
   const int stages = kb::env_int("KBENCH_MOE_STAGES", 4) == 3 ? 3 : 4;
   const int async_epilogue = kb::env_int("KBENCH_MOE_ASYNC_EPILOGUE", 3) & 3;
-  // wide tiles hand both GEMMs' epilogues over (their only instance)
   // the gather needs GEMM 1's epilogue warps (async_epilogue bit 0); without them the gather pass runs
   const bool shared_gather = kb::env_int("KBENCH_MOE_SHARED_GATHER", 1) != 0 && (async_epilogue & 1);
   // the gathering launch must follow the routing, so it cannot also go before the router
@@ -213,16 +190,15 @@ MoeConfig moe_config(int T, int K, int E) {
                    std::max(0, kb::env_int("KBENCH_MOE_BAND", 16)),
                    // k 32 stages only where both GEMMs hand their epilogue over (6 stages beside the staging); the
                    // routed GEMM 1 keeps k 64 (at k 32 it ran at a lower clock, docs/moe-notes.md)
-                   async_epilogue == 3 ? kb::env_int("KBENCH_MOE_BK32", 5) & 7 : 0,
-                   async_epilogue == 3 && moe_wide_tiles(T, K, E)};
+                   async_epilogue == 3 ? kb::env_int("KBENCH_MOE_BK32", 5) & 7 : 0};
 }
 
 void moe_describe(const MoeConfig& c, char* buf, int size) {
   snprintf(buf, size,
            "MoeConfig{skip_empty_halves=%d, keep_workspaces=%d, stages=%d, red_combine=%d, split_route=%d, "
-           "async_epilogue=%d, shared_first=%d, shared_gather=%d, gather_lsu=%d, band=%d, bk32=%d, wide=%d}",
+           "async_epilogue=%d, shared_first=%d, shared_gather=%d, gather_lsu=%d, band=%d, bk32=%d}",
            c.skip_empty_halves, c.keep_workspaces, c.stages, c.red_combine, c.split_route, c.async_epilogue,
-           c.shared_first, c.shared_gather, c.gather_lsu, c.band, c.bk32, c.wide);
+           c.shared_first, c.shared_gather, c.gather_lsu, c.band, c.bk32);
 }
 
 const char* moe_run(const MoeArgs& a, cudaStream_t stream, cudaEvent_t* events) {
@@ -236,11 +212,10 @@ const char* moe_run(const MoeArgs& a, cudaStream_t stream, cudaEvent_t* events) 
   if (a.split_route) {
     const int blocks = route_blocks(pairs);
     route_count_kernel<<<blocks, kRouteThreads, 0, stream>>>(a.experts, pairs, a.E, a.route_hist);
-    route_place_kernel<<<blocks, kRouteThreads, 0, stream>>>(a.experts, a.T, a.K, a.E, a.route_hist, blocks,
-                                                             launch_rows(a, 1), a.meta, a.rows_pair, a.pair_row);
+    route_place_kernel<<<blocks, kRouteThreads, 0, stream>>>(a.experts, a.T, a.K, a.E, a.route_hist, blocks, a.meta,
+                                                             a.rows_pair, a.pair_row);
   } else {
-    route_kernel<<<1, kRouteThreads, 0, stream>>>(a.experts, a.T, a.K, a.E, launch_rows(a, 1), a.meta, a.rows_pair,
-                                                  a.pair_row);
+    route_kernel<<<1, kRouteThreads, 0, stream>>>(a.experts, a.T, a.K, a.E, a.meta, a.rows_pair, a.pair_row);
   }
   mark(1);
   __half* const* out_slot = reinterpret_cast<__half* const*>(a.out_slot);
@@ -267,9 +242,8 @@ const char* moe_run(const MoeArgs& a, cudaStream_t stream, cudaEvent_t* events) 
   const int G1 = shared_ran ? a.E : G;
   GemmParams g1 = gemm1_params(a), g2{};
   const int bk1 = launch_bk(a, 1), bk2 = launch_bk(a, 2);
-  const uint32_t rows1 = launch_rows(a, 1), rows2 = launch_rows(a, 2);  // the routing's m-tiles: equal
-  bool ok = map_f16(&g1.a[0], a.xs, a.d, pairs, rows1, bk1) && map_f16(&g1.a[1], a.x, a.d, a.T, rows1, bk1) &&
-            map_f16(&g2.a[0], a.h, a.dexp, pairs + a.T, rows2, bk2);
+  bool ok = map_f16(&g1.a[0], a.xs, a.d, pairs, kBM, bk1) && map_f16(&g1.a[1], a.x, a.d, a.T, kBM, bk1) &&
+            map_f16(&g2.a[0], a.h, a.dexp, pairs + a.T, kBM, bk2);
   for (int g = 0; ok && g < G; ++g) {
     ok = (g >= G1 || (map_f16(&g1.b[g], a.w_gate[g], a.dexp, a.d, bk1) &&
                       map_f16(&g1.b[kMaxGroups + g], a.w_up[g], a.dexp, a.d, bk1))) &&
@@ -281,12 +255,11 @@ const char* moe_run(const MoeArgs& a, cudaStream_t stream, cudaEvent_t* events) 
   g1.groups = G1;
   g2.groups = G;
   g1.shared_group = shared_ran ? -1 : a.E;
-  g1.n_tiles = a.dexp / (launch_wide(a, 1) ? Tile<true>::out_cols(true) : Tile<false>::out_cols(true));
   g2.shared_group = a.E;
   g2.out = static_cast<__half*>(a.y);
   g2.out_rows = a.rows_pair;
   g2.n_out = a.d;
-  g2.n_tiles = a.d / (launch_wide(a, 2) ? Tile<true>::out_cols(false) : Tile<false>::out_cols(false));
+  g2.n_tiles = a.d / 256;
   g2.k = a.dexp;
   g2.shared_out_row0 = pairs;
   g2.out_slot = out_slot;  // red_combine: GEMM 2 adds into the output the gather zeroed; Y is not used

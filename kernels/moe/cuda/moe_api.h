@@ -38,7 +38,6 @@ struct MoeArgs {
   int gather_lsu;         // MoeConfig::gather_lsu
   int band;               // MoeConfig::band
   int bk32;               // MoeConfig::bk32
-  int wide;               // MoeConfig::wide
 };
 
 // A named configuration (KBENCH_PRINT_CONFIG=1 prints the one picked for each shape). The defaults are the measured
@@ -70,8 +69,6 @@ struct MoeConfig {
                            // the consumers hold one) instead of 64 (3 of 48 KB): bit 0 the shared expert's GEMM 1,
                            // bit 1 the routed GEMM 1, bit 2 GEMM 2 (KBENCH_MOE_BK32; both epilogues asynchronous only;
                            // 5 since the twenty-fifth session, 0 the build before)
-  bool wide;               // the routed GEMM 1 and GEMM 2 in tiles of 64 rows x 512 columns instead of 128 x 256
-                           // (a group's rows padded to 64; k 32 stages; KBENCH_MOE_WIDE, moe_rules.h)
 };
 MoeConfig moe_config(int T, int K, int E);
 void moe_describe(const MoeConfig& c, char* buf, int size);

@@ -13,12 +13,3 @@ inline bool moe_skip_empty_halves(int T, int K, int E) {
   const int forced = kb::env_int("KBENCH_MOE_SKIP_EMPTY_HALVES", -1);
   return forced < 0 ? static_cast<long long>(T) * K <= 512LL * E : forced != 0;
 }
-
-// wide (the routed GEMM 1 and GEMM 2 in 64 x 512 tiles, each consumer warpgroup on its own 256 columns of the same 64
-// rows): forced by KBENCH_MOE_WIDE=0/1; unset, off (a candidate: at 2048 tokens it cuts the routed units by ~10%, the
-// padding of groups to 128 rows, for 1.5x the bytes a MAC between L2 and the SMs; docs/moe-notes.md, twenty-seventh
-// session).
-inline bool moe_wide_tiles(int T, int K, int E) {
-  (void)T, (void)K, (void)E;
-  return kb::env_int("KBENCH_MOE_WIDE", 0) != 0;
-}

@@ -10,18 +10,18 @@
 #include <cstdint>
 #include <cuda_fp16.h>
 
-#include "grouped_gemm.cuh"  // kMaxGroups
+#include "grouped_gemm.cuh"  // kMaxGroups, kBM
 
 namespace moe {
 
 constexpr int kRouteThreads = 1024;
 
 // meta (see GemmParams) from the groups' row counts, by one thread: meta[g] = group g's first row, meta[G] = all
-// rows, meta[G + 1 + g] = its first m-tile of tile_rows rows (128, or 64 for MoeConfig::wide's tiles), meta[2G + 1] =
-// all m-tiles (G = E + 1). Groups: E routed experts, then the shared expert with all T tokens. rows_from(g, row): routed group g's row count, told its first row (from which
+// rows, meta[G + 1 + g] = its first m-tile, meta[2G + 1] = all m-tiles (G = E + 1). Groups: E routed experts, then
+// the shared expert with all T tokens. rows_from(g, row): routed group g's row count, told its first row (from which
 // the caller hands out the group's rows). meta null: only the rows are handed out.
 template <class RowsFrom>
-__device__ __forceinline__ void lay_out_groups(int T, int E, int tile_rows, int* meta, RowsFrom&& rows_from) {
+__device__ __forceinline__ void lay_out_groups(int T, int E, int* meta, RowsFrom&& rows_from) {
   const int G = E + 1;
   int row = 0, mtile = 0;
   for (int g = 0; g < G; ++g) {
@@ -31,7 +31,7 @@ __device__ __forceinline__ void lay_out_groups(int T, int E, int tile_rows, int*
     }
     const int rows = g < E ? rows_from(g, row) : T;
     row += rows;
-    mtile += (rows + tile_rows - 1) / tile_rows;
+    mtile += (rows + kBM - 1) / kBM;
   }
   if (meta) {
     meta[G] = row;
@@ -45,7 +45,7 @@ __device__ __forceinline__ void lay_out_groups(int T, int E, int tile_rows, int*
 // to warp (i / 32) % 32), so the shared-memory atomics contend only within a warp; expert e's rows are ordered by
 // warp, then by arrival.
 __global__ void __launch_bounds__(kRouteThreads) route_kernel(const int64_t* __restrict__ experts, int T, int K,
-                                                              int E, int tile_rows, int* __restrict__ meta,
+                                                              int E, int* __restrict__ meta,
                                                               int* __restrict__ rows_pair,
                                                               int* __restrict__ pair_row) {
   constexpr int kWarps = kRouteThreads / 32, kBatch = 16;
@@ -71,7 +71,7 @@ __global__ void __launch_bounds__(kRouteThreads) route_kernel(const int64_t* __r
   for_pairs([&](int, int e) { atomicAdd(&cnt[warp][e], 1); });
   __syncthreads();
   if (threadIdx.x == 0)
-    lay_out_groups(T, E, tile_rows, meta, [&](int g, int row) {
+    lay_out_groups(T, E, meta, [&](int g, int row) {
       int rows = 0;
       for (int w = 0; w < kWarps; ++w) {  // counts -> each warp's first row of expert g
         const int c = cnt[w][g];
@@ -124,7 +124,7 @@ __global__ void __launch_bounds__(kRouteThreads) route_count_kernel(const int64_
 // chunk, rows of one expert go in arrival order at the shared-memory counter. Block 0 writes meta.
 __global__ void __launch_bounds__(kRouteThreads) route_place_kernel(const int64_t* __restrict__ experts, int T, int K,
                                                                     int E, const int* __restrict__ hist, int blocks,
-                                                                    int tile_rows, int* __restrict__ meta,
+                                                                    int* __restrict__ meta,
                                                                     int* __restrict__ rows_pair,
                                                                     int* __restrict__ pair_row) {
   __shared__ int next[kMaxGroups];   // this chunk's next row of expert e
@@ -144,7 +144,7 @@ __global__ void __launch_bounds__(kRouteThreads) route_place_kernel(const int64_
   }
   __syncthreads();
   if (threadIdx.x == 0)
-    lay_out_groups(T, E, tile_rows, blockIdx.x == 0 ? meta : nullptr, [&](int g, int row) {
+    lay_out_groups(T, E, blockIdx.x == 0 ? meta : nullptr, [&](int g, int row) {
       next[g] += row;
       return total[g];
     });
