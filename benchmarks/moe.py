@@ -221,8 +221,10 @@ def unit_stats(stamps: torch.Tensor, num_kb: int) -> dict | None:
     start to last MMA done), `peak` (its MMAs at the tensor cores' peak at that clock), `wait` (on full barriers),
     `first` (loop start to its first stage landed), `handover` (last MMA done to the staging written); `span` (first
     unit's start to the last unit's end), `tail` (the last SM's end after the median SM's), `mma_share` = peak
-    work / (SMs x span), and the same unit means over `tail_units` (a group's last m-tile with <= 64 rows) and
-    `full_units` (128 rows). None without stamps."""
+    work / (SMs x span), `skew` (the median SM's first unit start after the earliest: the launch filling SMs as the
+    previous kernel leaves them), `gap` (per unit, from an SM's previous hand-over to its next unit's start), and the
+    same unit means over `tail_units` (a group's last m-tile with <= 64 rows) and `full_units` (128 rows). None
+    without stamps."""
     written = stamps[stamps[:, 1] > 0]
     if len(written) == 0:
         return None
@@ -240,10 +242,18 @@ def unit_stats(stamps: torch.Tensor, num_kb: int) -> dict | None:
                 "handover": (t[sel, 7] - t[sel, 3]).mean().item() / 1e3}
 
     start, end = t[:, 1].min(), t[:, 7].max()
-    last_end = torch.stack([t[sm == s, 7].max() for s in sm.unique()])
+    per_sm = [t[sm == s] for s in sm.unique()]
+    last_end = torch.stack([u[:, 7].max() for u in per_sm])
+    first_start = torch.stack([u[:, 1].min() for u in per_sm])
+    gaps = []  # an SM's units in start order: each start after the previous unit's hand-over
+    for u in per_sm:
+        u = u[u[:, 1].argsort()]
+        gaps.append(u[1:, 1] - u[:-1, 7])
+    gaps = torch.cat(gaps)
     sms = len(last_end)
     out = {"units": len(t), "sms": sms, "mhz": mhz, "peak": peak_us, "span": (end - start).item() / 1e3,
-           "tail": (end - last_end.median()).item() / 1e3, **means(torch.ones_like(ns, dtype=torch.bool))}
+           "tail": (end - last_end.median()).item() / 1e3, "skew": (first_start.median() - start).item() / 1e3,
+           "gap": gaps.mean().item() / 1e3 if len(gaps) else 0.0, **means(torch.ones_like(ns, dtype=torch.bool))}
     out["mma_share"] = len(t) * peak_us / (sms * out["span"])
     out["tail_units"] = means(rows <= 64)
     out["full_units"] = means(rows == 128)
@@ -291,23 +301,25 @@ def unit_trace(cuda_mod, runs: int, candidates: dict) -> list:
                 if not found:
                     continue
                 med = {k: benchlib.median([f[k] for f in found]) for k in
-                       ("units", "mhz", "span", "unit", "peak", "wait", "first", "handover", "tail", "mma_share")}
+                       ("units", "mhz", "span", "unit", "peak", "wait", "first", "handover", "tail", "skew", "gap",
+                        "mma_share")}
                 tails = [f["tail_units"]["unit"] for f in found if f["tail_units"]["n"]]
                 fulls = [f["full_units"]["unit"] for f in found if f["full_units"]["n"]]
                 med["tail_unit"] = benchlib.median(tails) if tails else None
                 med["full_unit"] = benchlib.median(fulls) if fulls else None
                 backend = f"{build}[dev,{regime}]/trace:{name}"
                 rows += [benchlib.Row(gpu, 1, f"{backend}:{q}", "trace", label, med[q])
-                         for q in ("span", "unit", "peak", "wait", "first", "handover", "tail", "tail_unit",
-                                   "full_unit") if med[q] is not None and med[q] > 0]
+                         for q in ("span", "unit", "peak", "wait", "first", "handover", "tail", "skew", "gap",
+                                   "tail_unit", "full_unit") if med[q] is not None and med[q] > 0]
                 table.append([label.split("; seed")[0].split("; ")[-1], build, regime, name, f"{med['units']:.0f}",
                               f"{med['mhz']:.0f}", med["span"], med["unit"], med["peak"], med["wait"], med["first"],
-                              med["handover"], med["tail"], f"{med['mma_share']:.2f}", med["tail_unit"],
+                              med["handover"], med["tail"], med["skew"], med["gap"], f"{med['mma_share']:.2f}",
+                              med["tail_unit"],
                               med["full_unit"]])
         del data, x, weights
     benchlib.table(f"moe GEMM units (dev build, eager calls; us but MHz; medians over runs) on {gpu}",
                    ["case", "build", "regime", "launch", "units", "MHz", "span", "unit", "at peak", "wait", "first",
-                    "handover", "tail", "MMA share", "tail unit", "full unit"], table)
+                    "handover", "tail", "skew", "gap", "MMA share", "tail unit", "full unit"], table)
     return rows
 
 

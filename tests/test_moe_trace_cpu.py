@@ -39,6 +39,21 @@ def test_unit_stats_reads_the_clock_means_and_tail(bench):
     assert s["tail_units"]["n"] == 1 and s["tail_units"]["unit"] == pytest.approx(104.0)
     assert s["full_units"]["n"] == 2 and s["full_units"]["handover"] == pytest.approx(0.5)
     assert s["mma_share"] == pytest.approx(3 * s["peak"] / (2 * s["span"]))
+    # both SMs start at 1 us; SM 0's second unit starts 0 us after its first one's hand-over (51.0 + 0.5 us)
+    assert s["skew"] == pytest.approx(0.0)
+    assert s["gap"] == pytest.approx(0.0)
+
+
+def test_unit_stats_reads_the_start_skew_and_the_gaps_between_units(bench):
+    # SM 0 starts at 1 us and leaves 2 us between its units' hand-over and next start; SMs 1 and 2 start 10 us later
+    units = [stamp(0, 128, 1_000, 2_000, 51_000, 1500, 0, 500),
+             stamp(0, 128, 53_500, 54_000, 101_000, 1500, 0, 500),
+             stamp(1, 128, 11_000, 12_000, 60_000, 1500, 0, 500),
+             stamp(2, 128, 11_000, 12_000, 60_000, 1500, 0, 500)]
+    stamps = torch.tensor(units, dtype=torch.int64)
+    s = bench.unit_stats(stamps[[1, 0, 2, 3]], num_kb=64)  # out of order: the gaps follow each SM's start order
+    assert s["skew"] == pytest.approx(10.0)
+    assert s["gap"] == pytest.approx(2.0)
 
 
 def test_unit_stats_without_stamps_is_none(bench):
