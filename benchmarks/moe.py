@@ -69,6 +69,9 @@ CANDIDATES = {
     # the empty halves' MMAs issued at every size (skip-halves, on by default where experts average <= 512 rows since
     # the twenty-sixth session, off: the build before)
     "no-skip": {"KBENCH_MOE_SKIP_EMPTY_HALVES": "0"},
+    # each unit decoded at its start with the group scan from group 0 (the build before the twenty-seventh session;
+    # decode-ahead: the next unit decoded under this one's last MMAs, the scan from the previous unit's group)
+    "decode-scan": {"KBENCH_MOE_DECODE_AHEAD": "0"},
 }
 
 

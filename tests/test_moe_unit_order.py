@@ -1,7 +1,7 @@
 """CPU tier: the moe grouped GEMMs' unit order (kernels/moe/cuda/unit_order.h, which every role of grouped_gemm.cuh
 decodes units with), compiled with the host compiler: every (group, m-tile, n-tile) exactly once, in the order the
 notes give (group by group; within a group n-tile by n-tile, m-tile fastest, or in bands of `band` m-tiles where the
-group has more)."""
+group has more); the scan a walk starts from its previous unit's group finds the same units."""
 import shutil
 import subprocess
 from pathlib import Path
@@ -31,6 +31,19 @@ int main(int argc, char** argv) {
     const moe::Unit w = moe::decode(meta.data(), G, n_tiles, u, band);
     printf("%d %d %d %d %d\n", w.g, w.mt, w.nt, w.row0, w.rows);
   }
+  // each CTA of a grid of `grid` walks u = c, c + grid, ... starting every scan at its previous unit's group
+  for (const int grid : {1, 7, 132}) {
+    for (int c = 0; c < grid; ++c) {
+      int g = 0;
+      for (int u = c; u < units; u += grid) {
+        const moe::Unit a = moe::decode(meta.data(), G, n_tiles, u, band), b = moe::decode(meta.data(), G, n_tiles,
+                                                                                            u, band, g);
+        if (a.g != b.g || a.mt != b.mt || a.nt != b.nt || a.row0 != b.row0 || a.rows != b.rows)
+          fprintf(stderr, "grid %d unit %d: hinted decode differs\n", grid, u);
+        g = b.g;
+      }
+    }
+  }
   return 0;
 }
 """
@@ -58,9 +71,10 @@ def decoder(tmp_path_factory):
     subprocess.run(["c++", "-std=c++17", f"-I{MOE}", str(src), "-o", str(exe)], check=True)
 
     def run(rows, n_tiles, band):
-        out = subprocess.run([str(exe), str(n_tiles), str(band), *map(str, rows)], capture_output=True, text=True,
-                             check=True).stdout
-        return [tuple(int(v) for v in line.split()) for line in out.splitlines()]
+        run = subprocess.run([str(exe), str(n_tiles), str(band), *map(str, rows)], capture_output=True, text=True,
+                             check=True)
+        assert not run.stderr, run.stderr  # a walk's hinted decode (g_from) differed from the plain one
+        return [tuple(int(v) for v in line.split()) for line in run.stdout.splitlines()]
     return run
 
 

@@ -136,6 +136,7 @@ MoeArgs layer_args(const torch::Tensor& x, const std::vector<torch::Tensor>& gat
   a.gather_lsu = config.gather_lsu;
   a.band = config.band;
   a.bk32 = config.bk32;
+  a.decode_ahead = config.decode_ahead;
   return a;
 }
 

@@ -109,6 +109,9 @@ struct GemmParams {
   __half* const* zero_slot;       // the output's address in device memory; null: not zeroed here
   int gather_lsu;                 // MoeConfig::gather_lsu: the copies through the load/store units (gather_slice_lsu)
   int band;                       // MoeConfig::band: m-tiles a band of a group's units (decode); 0: the whole group
+  int decode_ahead;               // MoeConfig::decode_ahead: consumers decode the next unit under this one's last MMAs
+                                  // and every scan for a unit's group starts at the previous unit's; 0: at the unit's
+                                  // start, from group 0 (the build before)
 #ifdef KBENCH_DEV
   long long* trace;               // KBENCH_MOE_DEV_TRACE: per-unit stamps (kTrace instances; see below)
   int trace_launch;               // which of the call's GEMM launches this is (the trace's first index)
@@ -177,10 +180,11 @@ __device__ __forceinline__ void produce(const GemmParams& p, const int* s_meta, 
                                         uint64_t* full, uint64_t* empty, int units, int num_kb) {
   using R = Ring<kBK>;
   const int G = p.groups;
-  int s = 0;
+  int s = 0, g_from = 0;
   uint32_t phase = 0;
   for (int u = blockIdx.x; u < units; u += gridDim.x) {
-    const Unit w = decode(s_meta, G, p.n_tiles, u, p.band);
+    const Unit w = decode(s_meta, G, p.n_tiles, u, p.band, p.decode_ahead ? g_from : 0);
+    g_from = w.g;
     const bool shared_x = kGlu && w.g == p.shared_group;  // GEMM 1 reads the shared expert's rows from x itself
     const CUtensorMap* amap = &p.a[shared_x ? 1 : 0];
     // A group's last m-tile reads on into the next group's rows (its results there are never stored). Keep it so:
@@ -307,6 +311,8 @@ __device__ __forceinline__ void drain_epilogues(const GemmParams& p, const int* 
       if (g.g == p.shared_group) gather_slice_lsu(p, u, units, g.rows, s_gbuf, e);
     }
     named_bar_sync(3, kEpiThreads);  // every warp is done with the previous unit's table
+    // (the drain warps decode from group 0: a hint live across the gather spilled their 56 registers; they have a
+    // unit's MMAs of slack)
     const Unit w = decode(s_meta, p.groups, p.n_tiles, u, p.band);
     const bool gather = kGlu && p.gather_x && w.g == p.shared_group;
     for (int r = e; r < kBM; r += kEpiThreads)
@@ -419,8 +425,11 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_kernel(const __grid_
   uint32_t phase = 0;
   uint32_t stg_phase = 0;  // kAsync
 
-  for (int u = blockIdx.x; u < units; u += gridDim.x) {
-    const Unit w = decode(s_meta, G, p.n_tiles, u, p.band);
+  // Each unit is decoded while the previous one's last MMAs run (wn below): between a hand-over and the next unit's
+  // first MMA the consumers only wait for the stage.
+  Unit w = decode(s_meta, G, p.n_tiles, blockIdx.x, p.band), wn = w;
+  for (int u = blockIdx.x; u < units; u += gridDim.x, w = wn) {
+    if (!p.decode_ahead) w = decode(s_meta, G, p.n_tiles, u, p.band);
     // The last m-tile of a group often holds 64 rows or fewer: its second half is empty. With skip_empty_halves
     // that warpgroup only releases the stages (same arrivals), and the other one has the tensor cores to itself.
     // (Broadcast from lane 0: the compiler must see the branch around the wgmma as warp-uniform, or it serializes
@@ -453,6 +462,8 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_kernel(const __grid_
       prev = s;
       ring_next(s, phase, kStages);
     }
+    if (p.decode_ahead && u + static_cast<int>(gridDim.x) < units)  // the next unit, from this one's group on
+      wn = decode(s_meta, G, p.n_tiles, u + gridDim.x, p.band, w.g);
     // The epilogue's destination rows: this thread stores 16 bytes of rows t / 8 + 16 i (i < 4) in every pass. GEMM
     // 2's routed rows come from out_rows in global memory: loaded here, while the last MMAs run, not inside the
     // passes (ncu, 2026-11-24: those dependent loads were ~3% of GEMM 2's stall samples).

@@ -38,6 +38,7 @@ struct MoeArgs {
   int gather_lsu;         // MoeConfig::gather_lsu
   int band;               // MoeConfig::band
   int bk32;               // MoeConfig::bk32
+  int decode_ahead;       // MoeConfig::decode_ahead
 };
 
 // A named configuration (KBENCH_PRINT_CONFIG=1 prints the one picked for each shape). The defaults are the measured
@@ -69,6 +70,9 @@ struct MoeConfig {
                            // the consumers hold one) instead of 64 (3 of 48 KB): bit 0 the shared expert's GEMM 1,
                            // bit 1 the routed GEMM 1, bit 2 GEMM 2 (KBENCH_MOE_BK32; both epilogues asynchronous only;
                            // 5 since the twenty-fifth session, 0 the build before)
+  bool decode_ahead;       // the GEMM consumers decode their next unit under the current one's last MMAs, every role's
+                           // scan for a unit's group from the previous unit's (KBENCH_MOE_DECODE_AHEAD; on since the
+                           // twenty-seventh session, 0 the build before)
 };
 MoeConfig moe_config(int T, int K, int E);
 void moe_describe(const MoeConfig& c, char* buf, int size);

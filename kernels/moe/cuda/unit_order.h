@@ -22,10 +22,14 @@ struct Unit {
 // than that goes in bands of `band` m-tiles, each band n-tile by n-tile, so that a wave's CTAs read a few m-tiles' A
 // rows and a few n-tiles' B instead of all of the group's A for two n-tiles (the shared expert at 8192 tokens: 64
 // m-tiles, x's 117 MB from DRAM again every wave; docs/moe-notes.md, twenty-fourth session).
-MOE_HD Unit decode(const int* meta, int G, int n_tiles, int u, int band = 0) {
+// g_from: a group the unit's is known not to precede (the group of a smaller unit: every role walks its units in
+// increasing order), where the scan for the unit's group starts. From 0 the scan was a chain of up to G dependent
+// shared-memory loads between one unit's hand-over and the next unit's MMAs (~1.3 us a unit at 33 groups, against
+// ~0.5 at one group: docs/moe-notes.md, twenty-seventh session).
+MOE_HD Unit decode(const int* meta, int G, int n_tiles, int u, int band = 0, int g_from = 0) {
   const int* mt_off = meta + G + 1;
   const int gm = u / n_tiles;  // which m-tile block, counted over all groups (only to find the group)
-  int g = 0;
+  int g = g_from;
   while (g + 1 < G && mt_off[g + 1] <= gm) ++g;
   const int m_tiles = mt_off[g + 1] - mt_off[g];
   const int local = u - mt_off[g] * n_tiles;
