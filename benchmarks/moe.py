@@ -72,8 +72,6 @@ CANDIDATES = {
     # each unit decoded at its start with the group scan from group 0 (the build before the twenty-seventh session;
     # decode-ahead: the next unit decoded under this one's last MMAs, the scan from the previous unit's group)
     "decode-scan": {"KBENCH_MOE_DECODE_AHEAD": "0"},
-    # the consumers' fp16 rows into the staging buffer by 4-byte stores (the build before stage-stmatrix)
-    "stage-stores": {"KBENCH_MOE_STAGE_STMATRIX": "0"},
 }
 
 

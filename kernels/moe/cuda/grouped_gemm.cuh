@@ -109,7 +109,6 @@ struct GemmParams {
   __half* const* zero_slot;       // the output's address in device memory; null: not zeroed here
   int gather_lsu;                 // MoeConfig::gather_lsu: the copies through the load/store units (gather_slice_lsu)
   int band;                       // MoeConfig::band: m-tiles a band of a group's units (decode); 0: the whole group
-  int stage_stmatrix;             // MoeConfig::stage_stmatrix: kAsync consumers stage their fp16 rows by stmatrix
   int decode_ahead;               // MoeConfig::decode_ahead: consumers decode the next unit under this one's last MMAs
                                   // and every scan for a unit's group starts at the previous unit's; 0: at the unit's
                                   // start, from group 0 (the build before)
@@ -165,12 +164,6 @@ __device__ __forceinline__ long long row_target(const GemmParams& p, const Unit&
     out_row = w.g == p.shared_group ? p.shared_out_row0 + local : p.out_rows[w.row0 + local];
   }
   return out_row * p.n_out;
-}
-
-// Two fp32 accumulators as the bits of one fp16 pair (each rounded to nearest), for stmatrix.
-__device__ __forceinline__ uint32_t half2_bits(float lo, float hi) {
-  const __half2 v = __floats2half2_rn(lo, hi);
-  return *reinterpret_cast<const uint32_t*>(&v);
 }
 
 // out[0..7] += v[0..7] (fp16, each sum rounded to nearest, subnormals kept), one 16-byte reduction in L2.
@@ -493,17 +486,7 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_kernel(const __grid_
     if (lane == 0 && prev >= 0) mbar_arrive(&empty[prev]);
     if constexpr (kAsync) {  // fp16 into the staging buffer once the epilogue warps have drained the last unit's
       mbar_wait(&stg_empty[cw], stg_phase ^ 1);
-      if (!idle && p.stage_stmatrix) {
-        // 16 stmatrix a warp instead of 64 stores a thread (the tensor cores wait for the hand-over): matrices
-        // (c, h = 0), (c, 1), (c + 1, 0), (c + 1, 1) of the warp's 16 rows, lane l addressing row l % 8 of matrix
-        // l / 8; rows kStagePitch apart, so a matrix's 8 rows fall in distinct banks
-        const int j = lane / 8;
-        uint8_t* row = s_c + cw * kStageCBytes + (warp * 16 + 8 * (j & 1) + lane % 8) * kStagePitch + (j >> 1) * 16;
-#pragma unroll
-        for (int c = 0; c < 32; c += 2)
-          stmatrix_x4(row + c * 16, half2_bits(acc[4 * c], acc[4 * c + 1]), half2_bits(acc[4 * c + 2], acc[4 * c + 3]),
-                      half2_bits(acc[4 * c + 4], acc[4 * c + 5]), half2_bits(acc[4 * c + 6], acc[4 * c + 7]));
-      } else if (!idle) {
+      if (!idle) {
         uint8_t* rows = s_c + cw * kStageCBytes;
 #pragma unroll
         for (int c = 0; c < 32; ++c)

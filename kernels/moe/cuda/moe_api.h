@@ -39,7 +39,6 @@ struct MoeArgs {
   int band;               // MoeConfig::band
   int bk32;               // MoeConfig::bk32
   int decode_ahead;       // MoeConfig::decode_ahead
-  int stage_stmatrix;     // MoeConfig::stage_stmatrix
 };
 
 // A named configuration (KBENCH_PRINT_CONFIG=1 prints the one picked for each shape). The defaults are the measured
@@ -74,8 +73,6 @@ struct MoeConfig {
   bool decode_ahead;       // the GEMM consumers decode their next unit under the current one's last MMAs, every role's
                            // scan for a unit's group from the previous unit's (KBENCH_MOE_DECODE_AHEAD; on since the
                            // twenty-seventh session, 0 the build before)
-  bool stage_stmatrix;     // the consumers hand their fp16 rows to the epilogue warps by stmatrix, not 4-byte stores
-                           // (KBENCH_MOE_STAGE_STMATRIX; on since the twenty-seventh session, 0 the build before)
 };
 MoeConfig moe_config(int T, int K, int E);
 void moe_describe(const MoeConfig& c, char* buf, int size);
