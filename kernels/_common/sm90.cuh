@@ -122,28 +122,26 @@ __device__ __forceinline__ void reg_fence(float& r) { asm volatile("" : "+f"(r):
 //  MN-major operand (rows = K, 128 bytes = 64 16-bit elements of M/N each, in chunks of 64 M/N): LBO is the
 //    distance between two 64-wide M/N chunks, SBO the distance between 8-row groups of K (1024). Advancing K by
 //    16 rows adds 2048 bytes. (CUTLASS's canonical MN-major SW128 layout ((T,8,m),(8,k)):((1,T,LBO),(8T,SBO)).)
-__device__ __forceinline__ uint64_t make_desc_sw128(const void* smem_tile, uint32_t lbo_bytes = 16,
-                                                    uint32_t sbo_bytes = 1024) {
+__device__ __forceinline__ uint64_t make_desc_swizzled(const void* smem_tile, uint32_t lbo_bytes, uint32_t sbo_bytes,
+                                                       uint32_t swizzle) {
   const uint64_t addr = smem_u32(smem_tile);
   uint64_t desc = 0;
   desc |= (addr & 0x3FFFF) >> 4;                       // bits 0-13: start address / 16
   desc |= uint64_t((lbo_bytes >> 4) & 0x3FFF) << 16;   // bits 16-29: LBO / 16
   desc |= uint64_t((sbo_bytes >> 4) & 0x3FFF) << 32;   // bits 32-45: SBO / 16
-  desc |= uint64_t(1) << 62;                           // bits 62-63: 1 = 128-byte swizzle
+  desc |= uint64_t(swizzle) << 62;                     // bits 62-63: 1 = 128-byte swizzle, 2 = 64-byte
   return desc;
+}
+__device__ __forceinline__ uint64_t make_desc_sw128(const void* smem_tile, uint32_t lbo_bytes = 16,
+                                                    uint32_t sbo_bytes = 1024) {
+  return make_desc_swizzled(smem_tile, lbo_bytes, sbo_bytes, 1);
 }
 
 // The same for a K-major tile written with CU_TENSOR_MAP_SWIZZLE_64B into rows of exactly 64 bytes (32 16-bit
-// elements of K): 8-row core groups are 512 bytes apart (SBO); advancing K by 16 elements (32 bytes) adds 2 to the
-// address field, as in the 128-byte layout.
+// elements of K): 8-row core groups are 512 bytes apart (SBO; LBO unused for a swizzled K-major operand); advancing
+// K by 16 elements (32 bytes) adds 2 to the address field, as in the 128-byte layout.
 __device__ __forceinline__ uint64_t make_desc_sw64(const void* smem_tile) {
-  const uint64_t addr = smem_u32(smem_tile);
-  uint64_t desc = 0;
-  desc |= (addr & 0x3FFFF) >> 4;             // bits 0-13: start address / 16
-  desc |= uint64_t(16 >> 4) << 16;           // bits 16-29: LBO / 16 (unused for a swizzled K-major operand)
-  desc |= uint64_t((512 >> 4) & 0x3FFF) << 32;  // bits 32-45: SBO / 16
-  desc |= uint64_t(2) << 62;                 // bits 62-63: 2 = 64-byte swizzle
-  return desc;
+  return make_desc_swizzled(smem_tile, 16, 512, 2);
 }
 
 // Byte offset of 16-byte chunk `chunk` (0..7) of row `row` inside a 128B-swizzled tile of 128-byte rows (what
