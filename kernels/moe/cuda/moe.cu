@@ -63,9 +63,21 @@ bool map_f16(CUtensorMap* map, const void* ptr, uint64_t cols, uint64_t rows, ui
 // async (MoeConfig::async_epilogue) builds have 3 stages of k 64, or 6 of k 32 (MoeConfig::bk32): the staging buffer
 // takes the fourth's room. The consumers' own epilogue has k 64 only (moe_config sees to it).
 // (Dev builds: `trace` picks the asynchronous instances that stamp their units, benchmarks/moe.py --trace.)
+// split (MoeConfig::split_ring, GEMM 2 at k 32 with its asynchronous epilogue only): A slots 3 beside 8 B stages or
+// 4 beside 7, the same shared memory as 6 stages of both plus the gather buffers GEMM 2 does not have.
 using GemmKernel = void (*)(GemmParams);
-GemmKernel gemm_kernel(bool glu, int stages, bool async, int bk, bool trace = false) {
+constexpr int split_b_stages(int a_slots) { return a_slots == 3 ? 8 : 7; }
+GemmKernel gemm_kernel(bool glu, int stages, bool async, int bk, bool trace = false, int split = 0) {
   constexpr int a32 = Ring<32>::kAsyncStages, a64 = Ring<64>::kAsyncStages;
+  if (split && !glu && async && bk == 32) {
+#ifdef KBENCH_DEV
+    if (trace)
+      return split == 3 ? grouped_gemm_kernel<false, split_b_stages(3), true, true, 32, 3>
+                        : grouped_gemm_kernel<false, split_b_stages(4), true, true, 32, 4>;
+#endif
+    return split == 3 ? grouped_gemm_kernel<false, split_b_stages(3), true, false, 32, 3>
+                      : grouped_gemm_kernel<false, split_b_stages(4), true, false, 32, 4>;
+  }
 #ifdef KBENCH_DEV
   if (async && trace && bk == 32)
     return glu ? grouped_gemm_kernel<true, a32, true, true, 32> : grouped_gemm_kernel<false, a32, true, true, 32>;
@@ -78,7 +90,8 @@ GemmKernel gemm_kernel(bool glu, int stages, bool async, int bk, bool trace = fa
   if (stages == 3) return glu ? grouped_gemm_kernel<true, 3> : grouped_gemm_kernel<false, 3>;
   return glu ? grouped_gemm_kernel<true, 4> : grouped_gemm_kernel<false, 4>;
 }
-int gemm_smem_bytes(int stages, bool async, int bk) {
+int gemm_smem_bytes(int stages, bool async, int bk, bool glu = false, int split = 0) {
+  if (split && !glu && async && bk == 32) return smem_bytes<32>(split_b_stages(split), true, split);
   if (async) return bk == 32 ? smem_bytes<32>(Ring<32>::kAsyncStages, true) : smem_bytes(Ring<64>::kAsyncStages, true);
   return smem_bytes(stages);
 }
@@ -101,8 +114,10 @@ const DeviceInfo& device_info() {
         for (const bool async : {false, true})
           for (const int bk : {32, 64})
             for (const bool trace : {false, true})
-              cudaFuncSetAttribute(gemm_kernel(glu, stages, async, bk, trace),
-                                   cudaFuncAttributeMaxDynamicSharedMemorySize, gemm_smem_bytes(stages, async, bk));
+              for (const int split : {0, 3, 4})
+                cudaFuncSetAttribute(gemm_kernel(glu, stages, async, bk, trace, split),
+                                     cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                     gemm_smem_bytes(stages, async, bk, glu, split));
   }
   return d;
 }
@@ -160,8 +175,9 @@ void launch_gemm(GemmParams g, bool glu, const MoeArgs& a, cudaStream_t stream, 
   }
 #endif
   const int bk = launch_bk(a, launch);
-  gemm_kernel(glu, a.stages, async, bk, trace)<<<device_info().sms, kThreads, gemm_smem_bytes(a.stages, async, bk),
-                                                 stream>>>(g);
+  const int split = launch == 2 ? a.split_ring : 0;
+  gemm_kernel(glu, a.stages, async, bk, trace, split)<<<device_info().sms, kThreads,
+                                                        gemm_smem_bytes(a.stages, async, bk, glu, split), stream>>>(g);
 }
 
 }  // namespace
@@ -175,6 +191,12 @@ const char* moe_supported(int T, int K, int E, int d, int dexp) {
   if (T < 1) return "moe cuda: no tokens";
   if (d % 256 || dexp % 128) return "moe cuda: d_hidden must be a multiple of 256 and d_expert of 128";
   return nullptr;
+}
+
+// KBENCH_MOE_SPLIT_RING: GEMM 2's A slots (3 or 4), anything else 0 (off)
+int split_ring_knob() {
+  const int a_slots = kb::env_int("KBENCH_MOE_SPLIT_RING", 0);
+  return a_slots == 3 || a_slots == 4 ? a_slots : 0;
 }
 
 MoeConfig moe_config(int T, int K, int E) {
@@ -192,16 +214,18 @@ MoeConfig moe_config(int T, int K, int E) {
                    // k 32 stages only where both GEMMs hand their epilogue over (6 stages beside the staging); the
                    // routed GEMM 1 keeps k 64 (at k 32 it ran at a lower clock, docs/moe-notes.md)
                    async_epilogue == 3 ? kb::env_int("KBENCH_MOE_BK32", 5) & 7 : 0,
-                   kb::env_int("KBENCH_MOE_DECODE_AHEAD", 1) != 0};
+                   kb::env_int("KBENCH_MOE_DECODE_AHEAD", 1) != 0,
+                   // GEMM 2's A tiles in a ring of their own (3 or 4 slots), where GEMM 2 has k-32 stages
+                   (async_epilogue & 2) && (kb::env_int("KBENCH_MOE_BK32", 5) & 4) ? split_ring_knob() : 0};
 }
 
 void moe_describe(const MoeConfig& c, char* buf, int size) {
   snprintf(buf, size,
            "MoeConfig{skip_empty_halves=%d, keep_workspaces=%d, stages=%d, red_combine=%d, split_route=%d, "
            "async_epilogue=%d, shared_first=%d, shared_gather=%d, gather_lsu=%d, band=%d, bk32=%d, "
-           "decode_ahead=%d}",
+           "decode_ahead=%d, split_ring=%d}",
            c.skip_empty_halves, c.keep_workspaces, c.stages, c.red_combine, c.split_route, c.async_epilogue,
-           c.shared_first, c.shared_gather, c.gather_lsu, c.band, c.bk32, c.decode_ahead);
+           c.shared_first, c.shared_gather, c.gather_lsu, c.band, c.bk32, c.decode_ahead, c.split_ring);
 }
 
 const char* moe_run(const MoeArgs& a, cudaStream_t stream, cudaEvent_t* events) {
