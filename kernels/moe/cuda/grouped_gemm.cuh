@@ -452,7 +452,8 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_kernel(const __grid_
         mbar_init(&stg_full[c], 128);         // one arrive per consumer thread
         mbar_init(&stg_empty[c], kEpiThreads);  // one arrive per epilogue thread
       }
-      for (int c = 0; c < kGatherChains; ++c) mbar_init(&gbar[c], 1);  // its chain's arrive_expect_tx
+      if constexpr (kASlots == 0)  // (the split ring has no gather buffers: gbar would lie past the allocation)
+        for (int c = 0; c < kGatherChains; ++c) mbar_init(&gbar[c], 1);  // its chain's arrive_expect_tx
     }
     fence_mbar_init();
   }
