@@ -74,8 +74,8 @@ struct MoeConfig {
   bool decode_ahead;       // the GEMM consumers decode their next unit under the current one's last MMAs, every role's
                            // scan for a unit's group from the previous unit's (KBENCH_MOE_DECODE_AHEAD; on since the
                            // twenty-seventh session, 0 the build before)
-  int split_ring;          // GEMM 2's A tiles in a ring of their own, this many slots (3 beside 8 B stages, 4 beside
-                           // 7), so that B (the weights, from DRAM at 2048 tokens) is requested further ahead
+  int split_ring;          // GEMM 2's A tiles in a ring of their own, this many slots: 3 beside 8 B stages, 4 beside
+                           // 7 (B requested further ahead), 7 beside 6, 9 beside 5 (A further ahead)
                            // (KBENCH_MOE_SPLIT_RING; 0: one ring of 6 stages of both; needs GEMM 2 at k 32)
 };
 MoeConfig moe_config(int T, int K, int E);
