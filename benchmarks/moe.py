@@ -72,13 +72,6 @@ CANDIDATES = {
     # each unit decoded at its start with the group scan from group 0 (the build before the twenty-seventh session;
     # decode-ahead: the next unit decoded under this one's last MMAs, the scan from the previous unit's group)
     "decode-scan": {"KBENCH_MOE_DECODE_AHEAD": "0"},
-    # GEMM 2's A tiles in a ring of their own: 3 slots beside 8 B stages, 4 beside 7 (B, the weights streamed from
-    # DRAM at 2048 tokens, requested further ahead), 7 beside 6 and 9 beside 5 (A, the H rows, further ahead); one
-    # ring of 6 stages of both: the shipped build
-    "split-a3": {"KBENCH_MOE_SPLIT_RING": "3"},
-    "split-a4": {"KBENCH_MOE_SPLIT_RING": "4"},
-    "split-a7": {"KBENCH_MOE_SPLIT_RING": "7"},
-    "split-a9": {"KBENCH_MOE_SPLIT_RING": "9"},
 }
 
 

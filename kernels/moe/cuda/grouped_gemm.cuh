@@ -35,8 +35,7 @@ constexpr int kMaxGroups = 65;       // kMoeMaxRouted routed experts + the share
 constexpr int kBM = 128;             // rows per tile: two consumer warpgroups x 64
 constexpr int kBN = 256;             // B columns per tile (GEMM 1: 128 gate + 128 up)
 constexpr int kThreads = 384;        // warpgroup 0 produces, 1 and 2 consume
-// the ring's depth is a template parameter: 3 or 4 stages of k 64, 6 of k 32 (the split rings': up to 9 of A)
-constexpr int kMaxStages = 9;
+constexpr int kMaxStages = 8;  // the ring's depth is a template parameter: 3 or 4 stages of k 64, 6 of k 32
 // A ring stage's k (the kernels' template parameter kBK, from MoeConfig::bk32): 64, one 128-byte swizzle span of
 // fp16 (A rows of 128 bytes, 48 KB a stage), or 32 (A rows of 64 bytes in 64-byte swizzle spans, B boxes of 32
 // k-rows: 24 KB a stage, so twice the stages in the same bytes and more of them in flight while the consumers hold
@@ -71,15 +70,11 @@ constexpr int kGatherBytes = 4096;              // kAsync: a chain's bounce buff
 constexpr int kLaunchRegs = 168, kConsumerRegs = 224, kProducerRegs = 56;
 static_assert(2 * (kConsumerRegs - kLaunchRegs) <= kLaunchRegs - kProducerRegs,
               "setmaxnreg: the consumer warpgroups would wait forever for registers the producer does not free");
-// lag_slots > 0 (MoeConfig::split_ring): A and B in rings of their own, the lead operand's (lead_a: A's) `stages`
-// deep and the other's lag_slots, and no gather buffers (a launch that gathers never splits); plus the split
-// producer's table of its stages' lag tiles.
 template <int kBK = 64>
-__host__ __device__ constexpr int smem_bytes(int stages, bool async = false, int lag_slots = 0, bool lead_a = false) {
-  return 1024 + (lag_slots && !lead_a ? lag_slots : stages) * Ring<kBK>::kABytes +
-         (lag_slots && lead_a ? lag_slots : stages) * Ring<kBK>::kBBytes +
-         (async ? 2 * kStageCBytes + kRowTabBytes + 4 * 8 : 2 * kCBytes) + 2 * stages * 8 + 2 * (kMaxGroups + 1) * 4 +
-         (lag_slots ? stages * 8 : async ? 128 + kGatherChains * (kGatherBytes + 8) : 0);
+__host__ __device__ constexpr int smem_bytes(int stages, bool async = false) {
+  return 1024 + stages * Ring<kBK>::kStageBytes +
+         (async ? 2 * kStageCBytes + kRowTabBytes + 4 * 8 : 2 * kCBytes) +
+         2 * stages * 8 + 2 * (kMaxGroups + 1) * 4 + (async ? 128 + kGatherChains * (kGatherBytes + 8) : 0);
 }
 
 // meta (int32, written by route_kernel): [0, G]: first sorted row of group g (G = groups, so [G] = the end),
@@ -211,72 +206,6 @@ __device__ __forceinline__ void produce(const GemmParams& p, const int* s_meta, 
       }
       ring_next(s, phase, kStages);
     }
-  }
-}
-
-// produce with MoeConfig::split_ring: A and B in rings of their own, the lead operand's kStages deep (its slots index
-// the barriers) and the other's kLagSlots deep (kLeadA: A leads). Stage j's lead tile goes out when stage j - kStages
-// is released, as in produce; its lag tile kLag = kStages - kLagSlots stages later, into lag slot j % kLagSlots, when
-// stage j - kLagSlots is released (the same release: one wait serves both). So the lead operand is requested
-// kStages - 1 stages ahead of its MMAs and the other kLagSlots - 1 ahead. Stage j's full barrier expects both tiles'
-// bytes from the lead issue on; at[j % kStages] keeps what the lag issue needs (the A row, or the group and n-tile;
-// and the k-block) until then.
-template <bool kGlu, int kStages, int kBK, int kLagSlots, bool kLeadA>
-__device__ __forceinline__ void produce_split(const GemmParams& p, const int* s_meta, uint8_t* s_a, uint8_t* s_b,
-                                              uint64_t* full, uint64_t* empty, int units, int num_kb, int2* at) {
-  using R = Ring<kBK>;
-  const int G = p.groups;
-  int s = 0, g_from = 0;
-  uint32_t phase = 0;
-  static_assert(kLagSlots >= 2 && kLagSlots < kStages, "consumers hold one stage while they release the one before");
-  constexpr int kLag = kStages - kLagSlots;
-  // A of stage j into A slot `slot`: row (bit 31: the shared expert's rows of x), k-block kb
-  const auto load_a = [&](int j, int slot, int row, int kb) {
-    tma_load_2d(s_a + slot * R::kABytes, &p.a[row < 0 ? 1 : 0], &full[j % kStages], kb * kBK, row & 0x7fffffff);
-  };
-  const auto load_b = [&](int j, int slot, int g, int nt, int kb) {
-    uint8_t* sb = s_b + slot * R::kBBytes;
-#pragma unroll
-    for (int q = 0; q < 4; ++q) {
-      if constexpr (kGlu) {  // boxes 0, 1: gate columns; 2, 3: the same up columns
-        tma_load_2d(sb + q * R::kBChunk, &p.b[(q < 2 ? 0 : kMaxGroups) + g], &full[j % kStages],
-                    nt * 128 + (q & 1) * 64, kb * kBK);
-      } else {
-        tma_load_2d(sb + q * R::kBChunk, &p.b[g], &full[j % kStages], nt * 256 + q * 64, kb * kBK);
-      }
-    }
-  };
-  // the lag tile of stage j (its lead tile requested kLag stages ago)
-  const auto issue_lag = [&](int j) {
-    const int2 t = at[j % kStages];
-    if constexpr (kLeadA) load_b(j, j % kLagSlots, t.x & 0xff, t.x >> 8, t.y);
-    else load_a(j, j % kLagSlots, t.x, t.y);
-  };
-  int j = 0;  // stages requested so far (their lead tiles)
-  for (int u = blockIdx.x; u < units; u += gridDim.x) {
-    const Unit w = decode(s_meta, G, p.n_tiles, u, p.band, p.decode_ahead ? g_from : 0);
-    g_from = w.g;
-    const bool shared_x = kGlu && w.g == p.shared_group;
-    const int a_row = ((shared_x ? 0 : w.row0) + w.mt * kBM) | (shared_x ? int(0x80000000u) : 0);
-    for (int kb = 0; kb < num_kb; ++kb, ++j) {
-      mbar_wait(&empty[s], phase ^ 1);  // stage j - kStages released: lead slot s, lag slot (j - kLag) % kLagSlots
-      mbar_arrive_expect_tx(&full[s], R::kStageBytes);
-      if constexpr (kLeadA) {
-        load_a(j, s, a_row, kb);
-        at[s] = make_int2(w.g | (w.nt << 8), kb);
-      } else {
-        load_b(j, s, w.g, w.nt, kb);
-        at[s] = make_int2(a_row, kb);
-      }
-      if (j >= kLag) issue_lag(j - kLag);
-      ring_next(s, phase, kStages);
-    }
-  }
-  // the last kLag stages' lag tiles: stage i's slot frees when stage i - kLagSlots is released
-  for (int i = j > kLag ? j - kLag : 0; i < j; ++i) {
-    const int r = i - kLagSlots;
-    if (r >= 0) mbar_wait(&empty[r % kStages], (r / kStages) & 1);
-    issue_lag(i);
   }
 }
 
@@ -426,25 +355,18 @@ __device__ __forceinline__ void drain_epilogues(const GemmParams& p, const int* 
   }
 }
 
-// kLagSlots > 0: A and B in rings of their own, the lead operand's (kLeadA: A's) kStages deep and the other's
-// kLagSlots (produce_split; MoeConfig::split_ring), no gather.
-template <bool kGlu, int kStages, bool kAsync = false, bool kTrace = false, int kBK = 64, int kLagSlots = 0,
-          bool kLeadA = false>
+template <bool kGlu, int kStages, bool kAsync = false, bool kTrace = false, int kBK = 64>
 __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_kernel(const __grid_constant__ GemmParams p) {
-  static_assert(kStages >= 2 && kStages <= kMaxStages, "the ring needs two stages and fits nine");
-  constexpr int kASlots = kLagSlots == 0 || kLeadA ? kStages : kLagSlots;  // A tiles' slots
-  constexpr int kBSlots = kLagSlots == 0 || !kLeadA ? kStages : kLagSlots;
-  static_assert(smem_bytes<kBK>(kStages, kAsync, kLagSlots, kLeadA) <= 232448,
-                "the ring and staging exceed the 227 KB of a block");
-  static_assert(kLagSlots == 0 || kAsync, "the split ring is built with the asynchronous epilogue only");
+  static_assert(kStages >= 2 && kStages <= kMaxStages, "the ring needs two stages and fits eight");
+  static_assert(smem_bytes<kBK>(kStages, kAsync) <= 232448, "the ring and staging exceed the 227 KB of a block");
   using R = Ring<kBK>;
   constexpr int kABytes = R::kABytes, kBBytes = R::kBBytes;
   extern __shared__ uint8_t smem_raw[];
   // 128B-swizzled TMA tiles and wgmma descriptors both assume 1024-byte aligned tiles.
   uint8_t* base = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
   uint8_t* s_a = base;
-  uint8_t* s_b = s_a + kASlots * kABytes;
-  uint8_t* s_c = s_b + kBSlots * kBBytes;  // the epilogue's staging (kAsync: 2 x kStageCBytes, then the row table)
+  uint8_t* s_b = s_a + kStages * kABytes;
+  uint8_t* s_c = s_b + kStages * kBBytes;  // the epilogue's staging (kAsync: 2 x kStageCBytes, then the row table)
   long long* s_off = reinterpret_cast<long long*>(s_c + 2 * kStageCBytes);  // kAsync only
   __half2* s_scale = reinterpret_cast<__half2*>(s_off + kBM);
   uint64_t* full = reinterpret_cast<uint64_t*>(kAsync ? s_c + 2 * kStageCBytes + kRowTabBytes : s_c + 2 * kCBytes);
@@ -456,8 +378,6 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_kernel(const __grid_
   uint8_t* s_gbuf = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(s_meta + 2 * (kMaxGroups + 1)) + 127) &
                                                ~uintptr_t(127));
   uint64_t* gbar = reinterpret_cast<uint64_t*>(s_gbuf + kGatherChains * kGatherBytes);
-  // kLagSlots: the split producer's table in the gather buffers' place (8-byte aligned after the meta)
-  int2* lag_at = reinterpret_cast<int2*>(s_meta + 2 * (kMaxGroups + 1));
 
   const int G = p.groups;
   for (int i = threadIdx.x; i < 2 * (G + 1); i += blockDim.x)
@@ -472,8 +392,7 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_kernel(const __grid_
         mbar_init(&stg_full[c], 128);         // one arrive per consumer thread
         mbar_init(&stg_empty[c], kEpiThreads);  // one arrive per epilogue thread
       }
-      if constexpr (kLagSlots == 0)  // (the split ring has no gather buffers: gbar would lie past the allocation)
-        for (int c = 0; c < kGatherChains; ++c) mbar_init(&gbar[c], 1);  // its chain's arrive_expect_tx
+      for (int c = 0; c < kGatherChains; ++c) mbar_init(&gbar[c], 1);  // its chain's arrive_expect_tx
     }
     fence_mbar_init();
   }
@@ -484,12 +403,7 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_kernel(const __grid_
 
   if (wg == 0) {
     setmaxnreg_dec<kProducerRegs>();
-    if (threadIdx.x == 0) {
-      if constexpr (kLagSlots > 0)
-        produce_split<kGlu, kStages, kBK, kLagSlots, kLeadA>(p, s_meta, s_a, s_b, full, empty, units, num_kb, lag_at);
-      else
-        produce<kGlu, kStages, kBK>(p, s_meta, s_a, s_b, full, empty, units, num_kb);
-    }
+    if (threadIdx.x == 0) produce<kGlu, kStages, kBK>(p, s_meta, s_a, s_b, full, empty, units, num_kb);
     if constexpr (kAsync) {
       if (threadIdx.x >= 32)
         drain_epilogues<kGlu>(p, s_meta, s_c, s_off, s_scale, stg_full, stg_empty, units, threadIdx.x - 32, s_gbuf,
@@ -507,7 +421,7 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_kernel(const __grid_
   uint8_t* my_c = s_c + cw * kCBytes;
   const bool accumulate = !kGlu && p.out_slot != nullptr;
   __half* const out = accumulate ? *p.out_slot : p.out;
-  int s = 0, sl = 0;  // sl: kLagSlots, the stage's slot in the lag operand's ring
+  int s = 0;
   uint32_t phase = 0;
   uint32_t stg_phase = 0;  // kAsync
 
@@ -536,9 +450,8 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_kernel(const __grid_
         mbar_wait(&full[s], phase);
       }
       if (!idle) {
-        const int a_slot = kLagSlots && !kLeadA ? sl : s, b_slot = kLagSlots && kLeadA ? sl : s;
-        const uint64_t da = R::a_desc(s_a + a_slot * kABytes + cw * 64 * (kBK * 2));
-        const uint64_t db = make_desc_sw128(s_b + b_slot * kBBytes, R::kBChunk, 1024);
+        const uint64_t da = R::a_desc(s_a + s * kABytes + cw * 64 * (kBK * 2));
+        const uint64_t db = make_desc_sw128(s_b + s * kBBytes, R::kBChunk, 1024);
         wgmma_fence();
 #pragma unroll
         for (int q = 0; q < R::kSteps; ++q)  // k16 steps: A advances 32 bytes, B 16 rows of 128 bytes
@@ -548,7 +461,6 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_kernel(const __grid_
       if (prev >= 0) release_after_wgmma(&empty[prev], lane);
       prev = s;
       ring_next(s, phase, kStages);
-      if constexpr (kLagSlots > 0) sl = sl + 1 == kLagSlots ? 0 : sl + 1;
     }
     if (p.decode_ahead && u + static_cast<int>(gridDim.x) < units)  // the next unit, from this one's group on
       wn = decode(s_meta, G, p.n_tiles, u + gridDim.x, p.band, w.g);

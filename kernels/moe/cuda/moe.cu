@@ -63,35 +63,9 @@ bool map_f16(CUtensorMap* map, const void* ptr, uint64_t cols, uint64_t rows, ui
 // async (MoeConfig::async_epilogue) builds have 3 stages of k 64, or 6 of k 32 (MoeConfig::bk32): the staging buffer
 // takes the fourth's room. The consumers' own epilogue has k 64 only (moe_config sees to it).
 // (Dev builds: `trace` picks the asynchronous instances that stamp their units, benchmarks/moe.py --trace.)
-// split (MoeConfig::split_ring, GEMM 2 at k 32 with its asynchronous epilogue only): A and B in rings of their own.
-// 3: 3 A slots beside 8 B stages (B leads), 4: 4 beside 7; 7: 7 A stages (A leads) beside 6 B slots, 9: 9 beside
-// 5. Each fits the shared memory of 6 stages of both plus the gather buffers GEMM 2 does not have.
 using GemmKernel = void (*)(GemmParams);
-template <bool kTrace>
-GemmKernel split_kernel(int split) {
-  switch (split) {
-    case 3: return grouped_gemm_kernel<false, 8, true, kTrace, 32, 3, false>;
-    case 4: return grouped_gemm_kernel<false, 7, true, kTrace, 32, 4, false>;
-    case 7: return grouped_gemm_kernel<false, 7, true, kTrace, 32, 6, true>;
-    default: return grouped_gemm_kernel<false, 9, true, kTrace, 32, 5, true>;
-  }
-}
-int split_smem_bytes(int split) {
-  switch (split) {
-    case 3: return smem_bytes<32>(8, true, 3, false);
-    case 4: return smem_bytes<32>(7, true, 4, false);
-    case 7: return smem_bytes<32>(7, true, 6, true);
-    default: return smem_bytes<32>(9, true, 5, true);
-  }
-}
-GemmKernel gemm_kernel(bool glu, int stages, bool async, int bk, bool trace = false, int split = 0) {
+GemmKernel gemm_kernel(bool glu, int stages, bool async, int bk, bool trace = false) {
   constexpr int a32 = Ring<32>::kAsyncStages, a64 = Ring<64>::kAsyncStages;
-  if (split && !glu && async && bk == 32) {
-#ifdef KBENCH_DEV
-    if (trace) return split_kernel<true>(split);
-#endif
-    return split_kernel<false>(split);
-  }
 #ifdef KBENCH_DEV
   if (async && trace && bk == 32)
     return glu ? grouped_gemm_kernel<true, a32, true, true, 32> : grouped_gemm_kernel<false, a32, true, true, 32>;
@@ -104,8 +78,7 @@ GemmKernel gemm_kernel(bool glu, int stages, bool async, int bk, bool trace = fa
   if (stages == 3) return glu ? grouped_gemm_kernel<true, 3> : grouped_gemm_kernel<false, 3>;
   return glu ? grouped_gemm_kernel<true, 4> : grouped_gemm_kernel<false, 4>;
 }
-int gemm_smem_bytes(int stages, bool async, int bk, bool glu = false, int split = 0) {
-  if (split && !glu && async && bk == 32) return split_smem_bytes(split);
+int gemm_smem_bytes(int stages, bool async, int bk) {
   if (async) return bk == 32 ? smem_bytes<32>(Ring<32>::kAsyncStages, true) : smem_bytes(Ring<64>::kAsyncStages, true);
   return smem_bytes(stages);
 }
@@ -128,10 +101,8 @@ const DeviceInfo& device_info() {
         for (const bool async : {false, true})
           for (const int bk : {32, 64})
             for (const bool trace : {false, true})
-              for (const int split : {0, 3, 4, 7, 9})
-                cudaFuncSetAttribute(gemm_kernel(glu, stages, async, bk, trace, split),
-                                     cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                     gemm_smem_bytes(stages, async, bk, glu, split));
+              cudaFuncSetAttribute(gemm_kernel(glu, stages, async, bk, trace),
+                                   cudaFuncAttributeMaxDynamicSharedMemorySize, gemm_smem_bytes(stages, async, bk));
   }
   return d;
 }
@@ -189,9 +160,8 @@ void launch_gemm(GemmParams g, bool glu, const MoeArgs& a, cudaStream_t stream, 
   }
 #endif
   const int bk = launch_bk(a, launch);
-  const int split = launch == 2 ? a.split_ring : 0;
-  gemm_kernel(glu, a.stages, async, bk, trace, split)<<<device_info().sms, kThreads,
-                                                        gemm_smem_bytes(a.stages, async, bk, glu, split), stream>>>(g);
+  gemm_kernel(glu, a.stages, async, bk, trace)<<<device_info().sms, kThreads, gemm_smem_bytes(a.stages, async, bk),
+                                                 stream>>>(g);
 }
 
 }  // namespace
@@ -205,12 +175,6 @@ const char* moe_supported(int T, int K, int E, int d, int dexp) {
   if (T < 1) return "moe cuda: no tokens";
   if (d % 256 || dexp % 128) return "moe cuda: d_hidden must be a multiple of 256 and d_expert of 128";
   return nullptr;
-}
-
-// KBENCH_MOE_SPLIT_RING: GEMM 2's A slots (3, 4, 7 or 9: split_kernel), anything else 0 (off)
-int split_ring_knob() {
-  const int a_slots = kb::env_int("KBENCH_MOE_SPLIT_RING", 0);
-  return a_slots == 3 || a_slots == 4 || a_slots == 7 || a_slots == 9 ? a_slots : 0;
 }
 
 MoeConfig moe_config(int T, int K, int E) {
@@ -228,18 +192,16 @@ MoeConfig moe_config(int T, int K, int E) {
                    // k 32 stages only where both GEMMs hand their epilogue over (6 stages beside the staging); the
                    // routed GEMM 1 keeps k 64 (at k 32 it ran at a lower clock, docs/moe-notes.md)
                    async_epilogue == 3 ? kb::env_int("KBENCH_MOE_BK32", 5) & 7 : 0,
-                   kb::env_int("KBENCH_MOE_DECODE_AHEAD", 1) != 0,
-                   // GEMM 2's A tiles in a ring of their own (3, 4, 7 or 9 slots), where GEMM 2 has k-32 stages
-                   (async_epilogue & 2) && (kb::env_int("KBENCH_MOE_BK32", 5) & 4) ? split_ring_knob() : 0};
+                   kb::env_int("KBENCH_MOE_DECODE_AHEAD", 1) != 0};
 }
 
 void moe_describe(const MoeConfig& c, char* buf, int size) {
   snprintf(buf, size,
            "MoeConfig{skip_empty_halves=%d, keep_workspaces=%d, stages=%d, red_combine=%d, split_route=%d, "
            "async_epilogue=%d, shared_first=%d, shared_gather=%d, gather_lsu=%d, band=%d, bk32=%d, "
-           "decode_ahead=%d, split_ring=%d}",
+           "decode_ahead=%d}",
            c.skip_empty_halves, c.keep_workspaces, c.stages, c.red_combine, c.split_route, c.async_epilogue,
-           c.shared_first, c.shared_gather, c.gather_lsu, c.band, c.bk32, c.decode_ahead, c.split_ring);
+           c.shared_first, c.shared_gather, c.gather_lsu, c.band, c.bk32, c.decode_ahead);
 }
 
 const char* moe_run(const MoeArgs& a, cudaStream_t stream, cudaEvent_t* events) {

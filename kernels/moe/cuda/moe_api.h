@@ -39,7 +39,6 @@ struct MoeArgs {
   int band;               // MoeConfig::band
   int bk32;               // MoeConfig::bk32
   int decode_ahead;       // MoeConfig::decode_ahead
-  int split_ring;         // MoeConfig::split_ring
 };
 
 // A named configuration (KBENCH_PRINT_CONFIG=1 prints the one picked for each shape). The defaults are the measured
@@ -74,9 +73,6 @@ struct MoeConfig {
   bool decode_ahead;       // the GEMM consumers decode their next unit under the current one's last MMAs, every role's
                            // scan for a unit's group from the previous unit's (KBENCH_MOE_DECODE_AHEAD; on since the
                            // twenty-seventh session, 0 the build before)
-  int split_ring;          // GEMM 2's A tiles in a ring of their own, this many slots: 3 beside 8 B stages, 4 beside
-                           // 7 (B requested further ahead), 7 beside 6, 9 beside 5 (A further ahead)
-                           // (KBENCH_MOE_SPLIT_RING; 0: one ring of 6 stages of both; needs GEMM 2 at k 32)
 };
 MoeConfig moe_config(int T, int K, int E);
 void moe_describe(const MoeConfig& c, char* buf, int size);
