@@ -23,6 +23,7 @@
 #include <cuda.h>
 #include <cuda_fp16.h>
 
+#include "gemm_smem.h"
 #include "sm90.cuh"
 #include "unit_order.h"
 #include "wgmma.cuh"
@@ -31,8 +32,7 @@ namespace moe {
 
 using namespace kb::sm90;
 
-constexpr int kMaxGroups = 65;       // kMoeMaxRouted routed experts + the shared one
-constexpr int kBM = 128;             // rows per tile: two consumer warpgroups x 64
+// (kMaxGroups, kBM and the staging's sizes: gemm_smem.h)
 constexpr int kBN = 256;             // B columns per tile (GEMM 1: 128 gate + 128 up)
 constexpr int kThreads = 384;        // warpgroup 0 produces, 1 and 2 consume
 constexpr int kMaxStages = 8;  // the ring's depth is a template parameter: 3 or 4 stages of k 64, 6 of k 32
@@ -43,9 +43,9 @@ constexpr int kMaxStages = 8;  // the ring's depth is a template parameter: 3 or
 template <int kBK>
 struct Ring {
   static_assert(kBK == 64 || kBK == 32, "a stage holds 32 or 64 of k");
-  static constexpr int kABytes = kBM * kBK * 2;          // 16 KB (k 64)
+  static constexpr int kABytes = a_tile_bytes(kBK);      // 16 KB (k 64)
   static constexpr int kBChunk = kBK * 64 * 2;           // one TMA box of B: kBK k-rows x 64 columns, 8 KB (k 64)
-  static constexpr int kBBytes = 4 * kBChunk;            // 32 KB (k 64)
+  static constexpr int kBBytes = b_tile_bytes(kBK);      // 32 KB (k 64): 4 boxes
   static constexpr int kStageBytes = kABytes + kBBytes;  // 48 KB (k 64)
   static constexpr int kSteps = kBK / 16;                // wgmma k16 steps a stage
   static constexpr int kAsyncStages = 3 * 64 / kBK;      // the asynchronous epilogue's ring: 144 KB beside its staging
@@ -55,14 +55,6 @@ struct Ring {
     else return make_desc_sw64(tile);
   }
 };
-constexpr int kCPitch = 64 * 2 + 16;            // epilogue staging row: 64 fp16 + 16 bytes (conflict-free writes)
-constexpr int kCBytes = 64 * kCPitch;           // per consumer warpgroup
-constexpr int kStagePitch = 256 * 2 + 16;       // kAsync staging row: 256 fp16 + 16 bytes (conflict-free writes)
-constexpr int kStageCBytes = 64 * kStagePitch;  // kAsync: per consumer warpgroup, its 64 rows x 256 columns
-constexpr int kEpiThreads = 96;                 // kAsync: the producer warpgroup's warps 1-3
-constexpr int kRowTabBytes = kBM * 16;          // kAsync: per tile row, its output offset (8 bytes) and scale
-constexpr int kGatherChains = kEpiThreads / 32;  // kAsync: the gather's copy chains, one a drain warp (its lane 0)
-constexpr int kGatherBytes = 4096;              // kAsync: a chain's bounce buffer (a row goes in pieces of this)
 // Registers a thread after setmaxnreg. The CTA starts with kLaunchRegs a thread (ptxas's count under
 // __launch_bounds__(384, 1)) and setmaxnreg.inc waits until the pool can give what it asks for: consumers that take
 // more than the producer gives back wait forever (every launch hung with a 64-register producer, docs/moe-notes.md,
@@ -70,12 +62,6 @@ constexpr int kGatherBytes = 4096;              // kAsync: a chain's bounce buff
 constexpr int kLaunchRegs = 168, kConsumerRegs = 224, kProducerRegs = 56;
 static_assert(2 * (kConsumerRegs - kLaunchRegs) <= kLaunchRegs - kProducerRegs,
               "setmaxnreg: the consumer warpgroups would wait forever for registers the producer does not free");
-template <int kBK = 64>
-__host__ __device__ constexpr int smem_bytes(int stages, bool async = false) {
-  return 1024 + stages * Ring<kBK>::kStageBytes +
-         (async ? 2 * kStageCBytes + kRowTabBytes + 4 * 8 : 2 * kCBytes) +
-         2 * stages * 8 + 2 * (kMaxGroups + 1) * 4 + (async ? 128 + kGatherChains * (kGatherBytes + 8) : 0);
-}
 
 // meta (int32, written by route_kernel): [0, G]: first sorted row of group g (G = groups, so [G] = the end),
 // then [G+1, 2G+1]: first m-tile of group g (prefix of ceil(rows_g / 128)). A launch may take the first `groups` of
@@ -358,26 +344,28 @@ __device__ __forceinline__ void drain_epilogues(const GemmParams& p, const int* 
 template <bool kGlu, int kStages, bool kAsync = false, bool kTrace = false, int kBK = 64>
 __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_kernel(const __grid_constant__ GemmParams p) {
   static_assert(kStages >= 2 && kStages <= kMaxStages, "the ring needs two stages and fits eight");
-  static_assert(smem_bytes<kBK>(kStages, kAsync) <= 232448, "the ring and staging exceed the 227 KB of a block");
+  constexpr GemmSmem L = gemm_smem(kBK, kStages, kAsync);  // the launch asks for L.bytes (moe.cu)
+  static_assert(L.bytes <= kSmemLimit, "the ring and staging exceed the 227 KB of a block");
   using R = Ring<kBK>;
   constexpr int kABytes = R::kABytes, kBBytes = R::kBBytes;
   extern __shared__ uint8_t smem_raw[];
   // 128B-swizzled TMA tiles and wgmma descriptors both assume 1024-byte aligned tiles.
   uint8_t* base = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
-  uint8_t* s_a = base;
-  uint8_t* s_b = s_a + kStages * kABytes;
-  uint8_t* s_c = s_b + kStages * kBBytes;  // the epilogue's staging (kAsync: 2 x kStageCBytes, then the row table)
-  long long* s_off = reinterpret_cast<long long*>(s_c + 2 * kStageCBytes);  // kAsync only
-  __half2* s_scale = reinterpret_cast<__half2*>(s_off + kBM);
-  uint64_t* full = reinterpret_cast<uint64_t*>(kAsync ? s_c + 2 * kStageCBytes + kRowTabBytes : s_c + 2 * kCBytes);
-  uint64_t* empty = full + kStages;
-  uint64_t* stg_full = empty + kStages;  // kAsync: per consumer warpgroup, its staged rows are there
-  uint64_t* stg_empty = stg_full + 2;    // kAsync: the epilogue warps are done with them
-  int* s_meta = reinterpret_cast<int*>(kAsync ? stg_empty + 2 : empty + kStages);
-  // kAsync: GemmParams::gather_x's bounce buffers (128-byte aligned) and their barriers, one a copy chain
-  uint8_t* s_gbuf = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(s_meta + 2 * (kMaxGroups + 1)) + 127) &
-                                               ~uintptr_t(127));
-  uint64_t* gbar = reinterpret_cast<uint64_t*>(s_gbuf + kGatherChains * kGatherBytes);
+  uint8_t* s_a = base + L.a;
+  uint8_t* s_b = base + L.b;
+  uint8_t* s_c = base + L.c;  // the epilogue's staging
+  uint64_t* full = reinterpret_cast<uint64_t*>(base + L.full);
+  uint64_t* empty = reinterpret_cast<uint64_t*>(base + L.empty);
+  int* s_meta = reinterpret_cast<int*>(base + L.meta);
+  // kAsync only (null otherwise): the row table; per consumer warpgroup, "its staged rows are there" and "the epilogue
+  // warps are done with them"; GemmParams::gather_x's bounce buffers and their barriers, one a copy chain
+  const auto async_at = [&](int off) { return kAsync ? base + off : nullptr; };
+  long long* s_off = reinterpret_cast<long long*>(async_at(L.row_off));
+  __half2* s_scale = reinterpret_cast<__half2*>(async_at(L.row_scale));
+  uint64_t* stg_full = reinterpret_cast<uint64_t*>(async_at(L.stg_full));
+  uint64_t* stg_empty = reinterpret_cast<uint64_t*>(async_at(L.stg_empty));
+  uint8_t* s_gbuf = async_at(L.gather);
+  uint64_t* gbar = reinterpret_cast<uint64_t*>(async_at(L.gather_bar));
 
   const int G = p.groups;
   for (int i = threadIdx.x; i < 2 * (G + 1); i += blockDim.x)

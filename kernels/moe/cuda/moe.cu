@@ -79,8 +79,8 @@ GemmKernel gemm_kernel(bool glu, int stages, bool async, int bk, bool trace = fa
   return glu ? grouped_gemm_kernel<true, 4> : grouped_gemm_kernel<false, 4>;
 }
 int gemm_smem_bytes(int stages, bool async, int bk) {
-  if (async) return bk == 32 ? smem_bytes<32>(Ring<32>::kAsyncStages, true) : smem_bytes(Ring<64>::kAsyncStages, true);
-  return smem_bytes(stages);
+  if (async) return gemm_smem(bk, bk == 32 ? Ring<32>::kAsyncStages : Ring<64>::kAsyncStages, true).bytes;
+  return gemm_smem(64, stages, false).bytes;
 }
 
 struct DeviceInfo {
