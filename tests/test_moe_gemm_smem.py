@@ -1,13 +1,12 @@
 """CPU tier: the moe grouped GEMM's shared-memory layout (kernels/moe/cuda/gemm_smem.h, where the kernel takes its
 pointers and the host its allocation size), compiled with the host compiler, for every configuration moe.cu launches:
 regions in order and disjoint, inside the allocation, aligned as TMA, wgmma and mbarriers need, within 227 KB."""
-import shutil
 import subprocess
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from host_cpp import ROOT, build_program
+
 MOE = ROOT / "kernels" / "moe" / "cuda"
 FIELDS = ("a", "b", "c", "row_off", "row_scale", "full", "empty", "stg_full", "stg_empty", "meta", "gather",
           "gather_bar", "end", "bytes")
@@ -32,12 +31,7 @@ int main(int argc, char** argv) {
 
 @pytest.fixture(scope="module")
 def layout(tmp_path_factory):
-    if shutil.which("c++") is None:
-        pytest.skip("no host C++ compiler on PATH")
-    tmp = tmp_path_factory.mktemp("gemm_smem")
-    src, exe = tmp / "layout.cpp", tmp / "layout"
-    src.write_text(PROGRAM)
-    subprocess.run(["c++", "-std=c++17", f"-I{MOE}", str(src), "-o", str(exe)], check=True)
+    exe = build_program(tmp_path_factory.mktemp("gemm_smem"), PROGRAM, MOE)
 
     def run(bk, stages, async_epi):
         out = subprocess.run([str(exe), str(bk), str(stages), str(int(async_epi))], capture_output=True, text=True,

@@ -2,13 +2,12 @@
 decodes units with), compiled with the host compiler: every (group, m-tile, n-tile) exactly once, in the order the
 notes give (group by group; within a group n-tile by n-tile, m-tile fastest, or in bands of `band` m-tiles where the
 group has more); the scan a walk starts from its previous unit's group finds the same units."""
-import shutil
 import subprocess
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from host_cpp import ROOT, build_program
+
 MOE = ROOT / "kernels" / "moe" / "cuda"
 KBM = 128  # rows an m-tile (grouped_gemm.cuh kBM)
 
@@ -63,12 +62,7 @@ def expected_order(rows: list[int], n_tiles: int, band: int) -> list[tuple]:
 
 @pytest.fixture(scope="module")
 def decoder(tmp_path_factory):
-    if shutil.which("c++") is None:
-        pytest.skip("no host C++ compiler on PATH")
-    tmp = tmp_path_factory.mktemp("unit_order")
-    src, exe = tmp / "decode.cpp", tmp / "decode"
-    src.write_text(PROGRAM)
-    subprocess.run(["c++", "-std=c++17", f"-I{MOE}", str(src), "-o", str(exe)], check=True)
+    exe = build_program(tmp_path_factory.mktemp("unit_order"), PROGRAM, MOE)
 
     def run(rows, n_tiles, band):
         run = subprocess.run([str(exe), str(n_tiles), str(band), *map(str, rows)], capture_output=True, text=True,
