@@ -317,8 +317,7 @@ def unit_trace(cuda_mod, runs: int, candidates: dict) -> list:
                 table.append([label.split("; seed")[0].split("; ")[-1], build, regime, name, f"{med['units']:.0f}",
                               f"{med['mhz']:.0f}", med["span"], med["unit"], med["peak"], med["wait"], med["first"],
                               med["handover"], med["tail"], med["skew"], med["gap"], f"{med['mma_share']:.2f}",
-                              med["tail_unit"],
-                              med["full_unit"]])
+                              med["tail_unit"], med["full_unit"]])
         del data, x, weights
     benchlib.table(f"moe GEMM units (dev build, eager calls; us but MHz; medians over runs) on {gpu}",
                    ["case", "build", "regime", "launch", "units", "MHz", "span", "unit", "at peak", "wait", "first",

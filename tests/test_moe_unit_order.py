@@ -65,10 +65,10 @@ def decoder(tmp_path_factory):
     exe = build_program(tmp_path_factory.mktemp("unit_order"), PROGRAM, MOE)
 
     def run(rows, n_tiles, band):
-        run = subprocess.run([str(exe), str(n_tiles), str(band), *map(str, rows)], capture_output=True, text=True,
-                             check=True)
-        assert not run.stderr, run.stderr  # a walk's hinted decode (g_from) differed from the plain one
-        return [tuple(int(v) for v in line.split()) for line in run.stdout.splitlines()]
+        proc = subprocess.run([str(exe), str(n_tiles), str(band), *map(str, rows)], capture_output=True, text=True,
+                              check=True)
+        assert not proc.stderr, proc.stderr  # a walk's hinted decode (g_from) differed from the plain one
+        return [tuple(int(v) for v in line.split()) for line in proc.stdout.splitlines()]
     return run
 
 
