@@ -62,7 +62,14 @@ def _set_knobs(monkeypatch, splits, knobs):
                           (1, 2, None, "PERSISTENT=1"), (3, 65, None, "PERSISTENT=1"),
                           (128, 4097, None, "PERSISTENT=1"), (133, 1000, None, "PERSISTENT=1"),
                           (200, 130, None, "PERSISTENT=1"), (16, 1025, None, "PERSISTENT=1"),
-                          (128, 4097, None, "PERSISTENT=1,ROPE_FIRST=0")])
+                          (128, 4097, None, "PERSISTENT=1,ROPE_FIRST=0"),
+                          # the last tile narrow where it holds <= 16 rows: 1, 15, 16 rows; 17 (wide); the only
+                          # tile; the last split's; with the persistent kernel; with the rotation after the tile
+                          (3, 65, None, "NARROW_TAIL=1"), (5, 79, None, "NARROW_TAIL=1"),
+                          (5, 80, None, "NARROW_TAIL=1"), (5, 81, None, "NARROW_TAIL=1"),
+                          (1, 2, None, "NARROW_TAIL=1"), (128, 4097, None, "NARROW_TAIL=1"),
+                          (16, 1025, "3", "NARROW_TAIL=1"), (128, 4097, None, "NARROW_TAIL=1,PERSISTENT=1"),
+                          (200, 130, None, "NARROW_TAIL=1,PERSISTENT=1"), (3, 65, None, "NARROW_TAIL=1,ROPE_FIRST=0")])
 def test_attention_matches_the_definition(mla, bs, kv_len, splits, knobs, monkeypatch, grow=1.0):
     """splits, knobs: as _set_knobs takes them. grow: the keys' rope columns scaled from 1 at position 0 to
     `grow` at the last, so that the row maxima keep rising tile after tile (the s-once softmax rescales lazily)."""
@@ -92,6 +99,7 @@ def test_attention_matches_the_definition(mla, bs, kv_len, splits, knobs, monkey
 @pytest.mark.parametrize("bs,kv_len,splits,knobs", [(16, 1025, None, ""), (128, 4097, "2", ""),
                                                     (16, 1025, None, "ROPE_FIRST=0"),
                                                     (133, 1025, None, "PERSISTENT=1"),
+                                                    (16, 1025, None, "NARROW_TAIL=1"),
                                                     (16, 1025, None, "S_ONCE=0"),
                                                     (16, 1025, None, "SEESAW=1"), (128, 4097, "2", "SEESAW=1"),
                                                     (3, 65, None, "SEESAW=1")])
@@ -106,7 +114,8 @@ def test_attention_with_rising_maxima(mla, bs, kv_len, splits, knobs, monkeypatc
 @pytest.mark.gpu
 @pytest.mark.parametrize("bs,kv_len,splits,knobs", [(128, 4097, "2", ""), (128, 4097, "2", "SEESAW=1"),
                                                     (16, 1025, None, "SEESAW=1"), (128, 4097, None, ""),
-                                                    (200, 1025, None, "PERSISTENT=1")])
+                                                    (200, 1025, None, "PERSISTENT=1"),
+                                                    (128, 4097, None, "NARROW_TAIL=1")])
 def test_attention_repeats_bit_for_bit(mla, bs, kv_len, splits, knobs, monkeypatch):
     """The kernel is deterministic: 30 calls on the same inputs must give the same bits. A race between the
     warpgroups, the loads and the rotators shows up here as an occasional difference (a version of the seesaw
@@ -170,6 +179,21 @@ def test_the_persistent_kernel_equals_the_one_item_kernel(mla, bs, kv_len, monke
 
     outs = _outputs_per_knob_value(mla, monkeypatch, "PERSISTENT", ("0", "1"), bs, kv_len)
     assert torch.equal(outs["0"], outs["1"]), "the persistent kernel changes the rows"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("bs,kv_len,knobs", [(3, 65, ""), (5, 79, ""), (5, 80, ""), (1, 2, ""), (128, 4097, ""),
+                                             (200, 130, "PERSISTENT=1"), (3, 65, "ROPE_FIRST=0")])
+def test_the_narrow_tail_equals_the_wide_tile(mla, bs, kv_len, knobs, monkeypatch):
+    """MlaConfig::narrow_tail computes a last tile of <= 16 rows over those rows only (16-row boxes, S by m64n16, one P V
+    step) where the wide tile adds positions whose P is 0 (the cache past kv_len is random here, so a narrow tile
+    that read a row it should not, or dropped one it should, shows): the same bits, the output poisoned before each
+    call."""
+    import torch
+
+    _set_knobs(monkeypatch, None, knobs)
+    outs = _outputs_per_knob_value(mla, monkeypatch, "NARROW_TAIL", ("0", "1"), bs, kv_len)
+    assert torch.equal(outs["0"], outs["1"]), "the narrow last tile changes the rows"
 
 
 @pytest.mark.gpu

@@ -13,8 +13,8 @@ namespace sm90 {
 """)
 for dtype in ("f16", "bf16"):
     # 56, 96, 112, 192 and 224: mla-decode's projection tiles (linear.cuh), sized so that n-tiles x k-splits fill
-    # the SMs
-    for n in (32, 56, 64, 96, 112, 128, 192, 224, 256):
+    # the SMs; 16: its attention's last tile when it holds <= 16 cache rows (MlaConfig::narrow_tail)
+    for n in (16, 32, 56, 64, 96, 112, 128, 192, 224, 256):
         regs = n // 2
         outs = ", ".join(f"%{i}" for i in range(regs))
         cons = ", ".join(f'"+f"(d[{i}])' for i in range(regs))

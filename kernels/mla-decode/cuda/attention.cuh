@@ -32,6 +32,11 @@ constexpr int kBlocks = kWidth / 64;       // 9 column blocks of 64 (one 128-byt
 constexpr int kStages = 2;
 constexpr int kBlockBytes = 64 * 128;      // 64 rows x 128 bytes
 constexpr int kTileBytes = kBlocks * kBlockBytes;  // 73,728: one cache tile, also Q
+// The cache's last tile when it holds <= kTailRows rows (MlaConfig::narrow_tail): loaded as boxes of kTailRows rows,
+// S by m64n16 and P V by one k16 step. The benchmark cases' caches hold prefill + 1 rows, so every work item's last
+// tile carries one row and cost a whole tile's period (docs/mla-decode-notes.md, finding 41).
+constexpr int kTailRows = 16;
+constexpr int kTailBlockBytes = kTailRows * 128;
 constexpr int kThreads = 384;              // consumer warpgroups 0, 1; producer warpgroup 2 (one thread issues)
 constexpr int kSmemBytes = 1024 + kTileBytes * (1 + kStages) + kBlockBytes + 4 * kHG * 4 + 8 * (1 + 2 * kStages);
 // Named barriers among the 256 consumer threads.
@@ -48,6 +53,7 @@ struct Params {
   int bulk_store;                // s-once, splits == 1: rows staged in shared memory, written by bulk copies
   int staged_st;                 // ... or (bulk_store too) by coalesced 16-byte stores from the staged rows
   float scale_log2;              // log2(e) / sqrt(192)
+  int narrow_tail;               // s-once: the cache's last tile narrow where it holds <= kTailRows rows
 #ifdef KBENCH_DEV
   int skip_rope;                 // timing only (KBENCH_MLA_DEV_SKIP_ROPE): the keys left un-rotated
   long long* trace;              // KBENCH_MLA_DEV_TRACE: clock64 stamps [kTraceCtas][kTraceRoles][kTraceTiles][8]
@@ -160,24 +166,36 @@ __device__ __forceinline__ CtaWork cta_work(const Params& p, unsigned item) {
 }
 __device__ __forceinline__ CtaWork cta_work(const Params& p) { return cta_work(p, blockIdx.x); }
 
+// Whether cache tile `tile` (< the cache's tile count) is loaded and computed narrow (MlaConfig::narrow_tail): the
+// cache's last tile, holding <= kTailRows rows. The same answer in every role of the CTA.
+__device__ __forceinline__ bool narrow_tile(const Params& p, int kv_len, int tile) {
+  return p.narrow_tail && kv_len - tile * kTile <= kTailRows;
+}
+
 // The producer thread's two loads: a work item's Q (64 heads x 576) on q_full, and cache tile `tile` of row c.b into
 // ring stage s (with rope_landed: the rope block first, on rope_landed[s], and full[s] counting the 8 latent blocks).
+// tm_tail (non-null where MlaConfig::narrow_tail is on): the same cache in boxes of kTailRows rows, for a narrow tile
+// (narrow_tile), whose rows land at the top of each block of the stage.
 __device__ __forceinline__ void load_q(const CUtensorMap* tm_q, uint8_t* s_q, uint64_t* q_full, const CtaWork& c) {
   mbar_arrive_expect_tx(q_full, kTileBytes);
   for (int j = 0; j < kBlocks; ++j) tma_load_2d(s_q + j * kBlockBytes, tm_q, q_full, j * 64, c.b * kHeads + c.hg * kHG);
 }
 __device__ __forceinline__ void load_tile(const CUtensorMap* tm_kv, uint8_t* s_kv, uint64_t* full,
-                                          uint64_t* rope_landed, int s, const CtaWork& c, int tile, int max_seq) {
+                                          uint64_t* rope_landed, int s, const CtaWork& c, int tile, int max_seq,
+                                          const CUtensorMap* tm_tail = nullptr) {
   const int row = c.b * max_seq + tile * kTile;
   uint8_t* stage = s_kv + s * kTileBytes;
+  const bool narrow = tm_tail && c.kv_len - tile * kTile <= kTailRows;  // narrow_tile, with the map as the knob
+  const CUtensorMap* tm = narrow ? tm_tail : tm_kv;
+  const int box_bytes = narrow ? kTailBlockBytes : kBlockBytes;
   if (rope_landed) {
-    mbar_arrive_expect_tx(&full[s], kTileBytes - kBlockBytes);
-    mbar_arrive_expect_tx(&rope_landed[s], kBlockBytes);
-    tma_load_2d(stage + (kBlocks - 1) * kBlockBytes, tm_kv, &rope_landed[s], (kBlocks - 1) * 64, row);
-    for (int j = 0; j < kBlocks - 1; ++j) tma_load_2d(stage + j * kBlockBytes, tm_kv, &full[s], j * 64, row);
+    mbar_arrive_expect_tx(&full[s], (kBlocks - 1) * box_bytes);
+    mbar_arrive_expect_tx(&rope_landed[s], box_bytes);
+    tma_load_2d(stage + (kBlocks - 1) * kBlockBytes, tm, &rope_landed[s], (kBlocks - 1) * 64, row);
+    for (int j = 0; j < kBlocks - 1; ++j) tma_load_2d(stage + j * kBlockBytes, tm, &full[s], j * 64, row);
   } else {
-    mbar_arrive_expect_tx(&full[s], kTileBytes);
-    for (int j = 0; j < kBlocks; ++j) tma_load_2d(stage + j * kBlockBytes, tm_kv, &full[s], j * 64, row);
+    mbar_arrive_expect_tx(&full[s], kBlocks * box_bytes);
+    for (int j = 0; j < kBlocks; ++j) tma_load_2d(stage + j * kBlockBytes, tm, &full[s], j * 64, row);
   }
 }
 
@@ -187,9 +205,10 @@ __device__ __forceinline__ void load_tile(const CUtensorMap* tm_kv, uint8_t* s_k
 __device__ __forceinline__ void load_q_and_tiles(const CUtensorMap* tm_q, const CUtensorMap* tm_kv, uint8_t* s_q,
                                                  uint8_t* s_kv, uint64_t* q_full, uint64_t* full, uint64_t* empty,
                                                  const CtaWork& c, int max_seq, uint64_t* rope_landed = nullptr,
-                                                 const Params* trace = nullptr) {
+                                                 const Params* trace = nullptr, const CUtensorMap* tm_tail = nullptr) {
   tma_prefetch_desc(tm_q);
   tma_prefetch_desc(tm_kv);
+  if (tm_tail) tma_prefetch_desc(tm_tail);
   load_q(tm_q, s_q, q_full, c);
   int s = 0;
   uint32_t phase = 0;
@@ -197,7 +216,7 @@ __device__ __forceinline__ void load_q_and_tiles(const CUtensorMap* tm_q, const 
     if (trace) trace_stamp(*trace, kTraceLoader, tile - c.tile0, 0);
     mbar_wait(&empty[s], phase ^ 1);
     if (trace) trace_stamp(*trace, kTraceLoader, tile - c.tile0, 1);
-    load_tile(tm_kv, s_kv, full, rope_landed, s, c, tile, max_seq);
+    load_tile(tm_kv, s_kv, full, rope_landed, s, c, tile, max_seq, tm_tail);
     ring_next(s, phase, kStages);
   }
 }

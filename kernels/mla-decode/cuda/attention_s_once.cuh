@@ -132,22 +132,27 @@ __device__ __forceinline__ void store_rows_direct(const Params& p, const CtaWork
 __device__ __forceinline__ uint8_t* p_fragment_row(uint8_t* p_block, int warp, int lane, int j2) {
   return p_block + sw128_offset(warp * 16 + 8 * ((lane >> 3) & 1) + (lane & 7), 2 * j2 + (lane >> 4));
 }
+// kChunks: the 16-position chunks moved (4; 1 for a narrow tile's positions 0 .. 15).
+template <int kChunks>
 __device__ __forceinline__ void store_p(uint8_t* p_block, int warp, int lane, const uint32_t* pa) {
 #pragma unroll
-  for (int j2 = 0; j2 < 4; ++j2)
+  for (int j2 = 0; j2 < kChunks; ++j2)
     stmatrix_x4(p_fragment_row(p_block, warp, lane, j2), pa[4 * j2], pa[4 * j2 + 1], pa[4 * j2 + 2], pa[4 * j2 + 3]);
 }
+template <int kChunks>
 __device__ __forceinline__ void load_p(uint8_t* p_block, int warp, int lane, uint32_t* pa) {
 #pragma unroll
-  for (int j2 = 0; j2 < 4; ++j2)
+  for (int j2 = 0; j2 < kChunks; ++j2)
     ldmatrix_x4(p_fragment_row(p_block, warp, lane, j2), pa[4 * j2], pa[4 * j2 + 1], pa[4 * j2 + 2], pa[4 * j2 + 3]);
 }
 
 // O += P V over 256 output columns: o the m64n256 accumulator, pa P's A fragments (above), v_desc the descriptor of
-// the tile's 4 latent blocks for these columns (N-major). Issues the 4 wgmmas only: the caller fences and commits.
+// the tile's 4 latent blocks for these columns (N-major). Issues kSteps wgmmas (4; 1 for a narrow tile: positions
+// 0 .. 15) only: the caller fences and commits.
+template <int kSteps>
 __device__ __forceinline__ void issue_pv_from_registers(float* o, const uint32_t* pa, uint64_t v_desc) {
 #pragma unroll
-  for (int q = 0; q < 4; ++q) wgmma_m64n256k16_rs_bf16<1>(o, pa + 4 * q, v_desc + (2048 >> 4) * q, 1);
+  for (int q = 0; q < kSteps; ++q) wgmma_m64n256k16_rs_bf16<1>(o, pa + 4 * q, v_desc + (2048 >> 4) * q, 1);
 }
 
 // The online softmax of one tile (log2 domain) over an m64n64 S accumulator: sc[4c + 2h + e] = head frag_row + 8h,
@@ -155,11 +160,14 @@ __device__ __forceinline__ void issue_pv_from_registers(float* o, const uint32_t
 // sums (its 16 positions a tile), updated; alpha: the factors O and the sums are rescaled by (1 where they did not
 // move); pa: P as bf16 pairs, pa[4j .. 4j+3] the A fragment of positions 16j .. 16j+15. Returns whether this warp's
 // rows moved their maxima (one decision per warp, so that an O rescale is skipped or done by whole warps).
+// kGroups: the groups of 8 positions S holds (8; 2 for a narrow tile, whose accumulator is m64n16: sc[0 .. 7] and
+// pa[0 .. 3] only).
+template <int kGroups>
 __device__ __forceinline__ bool softmax_tile(float* sc, int tile, int kv_len, float scale_log2, int frag_col,
                                              float* m_run, float* l_run, float* alpha, uint32_t* pa) {
-  if (tile * kTile + kTile > kv_len) {  // the split's last tile: positions past the cache do not count
+  if (tile * kTile + 8 * kGroups > kv_len) {  // the split's last tile: positions past the cache do not count
 #pragma unroll
-    for (int c = 0; c < 8; ++c)
+    for (int c = 0; c < kGroups; ++c)
 #pragma unroll
       for (int j = 0; j < 4; ++j)
         if (tile * kTile + 8 * c + frag_col + (j & 1) >= kv_len) sc[4 * c + j] = -INFINITY;
@@ -169,7 +177,7 @@ __device__ __forceinline__ bool softmax_tile(float* sc, int tile, int kv_len, fl
   for (int h = 0; h < 2; ++h) {
     float mx = -INFINITY;
 #pragma unroll
-    for (int c = 0; c < 8; ++c) mx = fmaxf(mx, fmaxf(sc[4 * c + 2 * h], sc[4 * c + 2 * h + 1]));
+    for (int c = 0; c < kGroups; ++c) mx = fmaxf(mx, fmaxf(sc[4 * c + 2 * h], sc[4 * c + 2 * h + 1]));
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 1));
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 2));
     m_new[h] = fmaxf(m_run[h], mx * scale_log2);  // scale_log2 > 0: the maximum commutes with it
@@ -186,7 +194,7 @@ __device__ __forceinline__ bool softmax_tile(float* sc, int tile, int kv_len, fl
     }
   }
 #pragma unroll
-  for (int c = 0; c < 8; ++c)
+  for (int c = 0; c < kGroups; ++c)
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const float p0 = ex2_approx(fmaf(sc[4 * c + 2 * h], scale_log2, -m_run[h]));
@@ -261,9 +269,11 @@ __device__ __forceinline__ void rotate_tiles(int u, const CtaWork& work, const P
 // behind its first tile, once warpgroup 0 has read the previous Q for the last time (q_free: its last S landed).
 __device__ __forceinline__ void load_items(const CUtensorMap* tm_q, const CUtensorMap* tm_kv, uint8_t* s_q,
                                            uint8_t* s_kv, uint64_t* q_full, uint64_t* q_free, uint64_t* full,
-                                           uint64_t* empty, uint64_t* rope_landed, const Params& p, int items) {
+                                           uint64_t* empty, uint64_t* rope_landed, const Params& p, int items,
+                                           const CUtensorMap* tm_tail) {
   tma_prefetch_desc(tm_q);
   tma_prefetch_desc(tm_kv);
+  if (tm_tail) tma_prefetch_desc(tm_tail);
   int s = 0;
   uint32_t phase = 0;
   for (int item = blockIdx.x, k = 0; item < items; item += gridDim.x, ++k) {
@@ -271,7 +281,7 @@ __device__ __forceinline__ void load_items(const CUtensorMap* tm_q, const CUtens
     if (k == 0) load_q(tm_q, s_q, q_full, c);
     for (int tile = c.tile0; tile < c.tile1; ++tile) {
       mbar_wait(&empty[s], phase ^ 1);
-      load_tile(tm_kv, s_kv, full, rope_landed, s, c, tile, p.max_seq);
+      load_tile(tm_kv, s_kv, full, rope_landed, s, c, tile, p.max_seq, tm_tail);
       if (k > 0 && tile == c.tile0) {
         mbar_wait(q_free, (k - 1) & 1);
         load_q(tm_q, s_q, q_full, c);
@@ -357,7 +367,8 @@ __device__ __forceinline__ void release_stage(float* o, int lane, uint64_t* empt
 // and K read once), the softmax, P and the rescale factors handed to warpgroup 1 once it has read the previous
 // tile's, its own O += P V over columns 0 .. 255, the stage released. sc, pa: S's accumulator and P's A fragments
 // (pa[4j .. 4j+3]: positions 16j .. 16j+15). q_free: non-null on an item's last tile in the persistent kernel, whose
-// producer may then load the next item's Q.
+// producer may then load the next item's Q. kNarrow: the tile is narrow (narrow_tile): positions 0 .. 15 only.
+template <bool kNarrow>
 __device__ __forceinline__ void wg0_tile(const Params& p, const SOnceSmem& sm, const Consumer& c, int i, int tile,
                                          int kv_len, uint64_t* q_free, float* o, float* sc, uint32_t* pa,
                                          float* m_run, float* l_run, int& s, uint32_t& phase) {
@@ -372,12 +383,18 @@ __device__ __forceinline__ void wg0_tile(const Params& p, const SOnceSmem& sm, c
     const uint64_t da = make_desc_sw128(sm.q + blk * kBlockBytes);
     const uint64_t db = make_desc_sw128(kv + blk * kBlockBytes);
 #pragma unroll
-    for (int q = 0; q < 4; ++q) wgmma_m64n64k16_bf16<0>(sc, da + 2 * q, db + 2 * q, blk > 0 || q > 0);
+    for (int q = 0; q < 4; ++q) {
+      if constexpr (kNarrow)
+        wgmma_m64n16k16_bf16<0>(sc, da + 2 * q, db + 2 * q, blk > 0 || q > 0);
+      else
+        wgmma_m64n64k16_bf16<0>(sc, da + 2 * q, db + 2 * q, blk > 0 || q > 0);
+    }
   }
   wgmma_commit();
   wgmma_wait<0>();
+  constexpr int kGroups = kNarrow ? kTailRows / 8 : kTile / 8, kChunks = kGroups / 2;
 #pragma unroll
-  for (int j = 0; j < 32; ++j) reg_fence(sc[j]);
+  for (int j = 0; j < 4 * kGroups; ++j) reg_fence(sc[j]);
   if (t == 0) trace_stamp(p, kTraceWg0, i, 2);
   if (q_free) {  // this item's Q is read for the last time: the next one may land
     __syncwarp();
@@ -385,11 +402,11 @@ __device__ __forceinline__ void wg0_tile(const Params& p, const SOnceSmem& sm, c
   }
 
   float alpha[2];
-  const bool rescale = softmax_tile(sc, tile, kv_len, p.scale_log2, c.frag_col, m_run, l_run, alpha, pa);
+  const bool rescale = softmax_tile<kGroups>(sc, tile, kv_len, p.scale_log2, c.frag_col, m_run, l_run, alpha, pa);
   if (t == 0) trace_stamp(p, kTraceWg0, i, 3);
   named_bar_sync(kBarPFree, 256);
   if (t == 0) trace_stamp(p, kTraceWg0, i, 4);
-  store_p(sm.p, warp, lane, pa);
+  store_p<kChunks>(sm.p, warp, lane, pa);
   if ((lane & 3) == 0) {
     sm.alpha[frag_row] = alpha[0];
     sm.alpha[frag_row + 8] = alpha[1];
@@ -406,7 +423,7 @@ __device__ __forceinline__ void wg0_tile(const Params& p, const SOnceSmem& sm, c
   const uint64_t db = make_desc_sw128(kv, kBlockBytes, 1024);
   if (t == 0) trace_stamp(p, kTraceWg0, i, 5);
   wgmma_fence();
-  issue_pv_from_registers(o, pa, db);
+  issue_pv_from_registers<kChunks>(o, pa, db);
   wgmma_commit();
   wgmma_wait<0>();
   if (t == 0) trace_stamp(p, kTraceWg0, i, 6);
@@ -415,7 +432,8 @@ __device__ __forceinline__ void wg0_tile(const Params& p, const SOnceSmem& sm, c
 
 // Warpgroup 1's tile i of an item of ntiles (in stage s): waits for P, reads it and the rescale factors into
 // registers (ldmatrix) and frees the buffer (but after the item's last tile: the next item's start frees it), then O
-// += P V over columns 256 .. 511 and the stage released.
+// += P V over columns 256 .. 511 and the stage released. kNarrow: as wg0_tile's.
+template <bool kNarrow>
 __device__ __forceinline__ void wg1_tile(const Params& p, const SOnceSmem& sm, const Consumer& c, int i, int ntiles,
                                          float* o, int& s, uint32_t& phase) {
   const int t = c.t, warp = c.warp, lane = c.lane, frag_row = c.frag_row;
@@ -425,8 +443,9 @@ __device__ __forceinline__ void wg1_tile(const Params& p, const SOnceSmem& sm, c
   if (t == 0) trace_stamp(p, kTraceWg1, i, 1);
   named_bar_sync(kBarPReady, 256);
   if (t == 0) trace_stamp(p, kTraceWg1, i, 2);
+  constexpr int kChunks = kNarrow ? kTailRows / 16 : kTile / 16;
   uint32_t pb[16];
-  load_p(sm.p, warp, lane, pb);
+  load_p<kChunks>(sm.p, warp, lane, pb);
   const bool rescale = sm.rescale[warp];  // warpgroup 0's warp of the same 16 rows moved their maxima
   const float alpha0 = sm.alpha[frag_row], alpha1 = sm.alpha[frag_row + 8];
   if (i + 1 < ntiles) named_bar_arrive(kBarPFree, 256);
@@ -437,7 +456,7 @@ __device__ __forceinline__ void wg1_tile(const Params& p, const SOnceSmem& sm, c
   // O += P V, columns 256 .. 511 (blocks 4 .. 7), P from registers.
   const uint64_t db = make_desc_sw128(kv + 4 * kBlockBytes, kBlockBytes, 1024);
   wgmma_fence();
-  issue_pv_from_registers(o, pb, db);
+  issue_pv_from_registers<kChunks>(o, pb, db);
   wgmma_commit();
   wgmma_wait<0>();
   if (t == 0) trace_stamp(p, kTraceWg1, i, 3);
@@ -470,6 +489,7 @@ __device__ __forceinline__ void share_row_stats(const Params& p, const SOnceSmem
 template <bool kRopeFirst>
 __global__ void __launch_bounds__(kThreads, 1) mla_attention_s_once_kernel(const __grid_constant__ CUtensorMap tm_q,
                                                                            const __grid_constant__ CUtensorMap tm_kv,
+                                                                           const __grid_constant__ CUtensorMap tm_tail,
                                                                            const Params p) {
   extern __shared__ uint8_t smem_raw[];
   const CtaWork work = cta_work(p);
@@ -481,7 +501,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_attention_s_once_kernel(const
     const int pt = threadIdx.x - 256;
     if (pt == 0) {
       load_q_and_tiles(&tm_q, &tm_kv, sm.q, sm.kv, sm.q_full, kRopeFirst ? sm.roped : sm.full, sm.empty, work,
-                       p.max_seq, kRopeFirst ? sm.full : nullptr, &p);
+                       p.max_seq, kRopeFirst ? sm.full : nullptr, &p, p.narrow_tail ? &tm_tail : nullptr);
     } else if (pt >= 32) {
       rotate_tiles(pt - 32, work, p, sm.kv, sm.full, sm.roped);
     }
@@ -490,6 +510,8 @@ __global__ void __launch_bounds__(kThreads, 1) mla_attention_s_once_kernel(const
 
   const Consumer c = consumer();
   const int ntiles = tile1 - tile0;
+  const bool narrow_last = ntiles > 0 && narrow_tile(p, kv_len, tile1 - 1);
+  const int wide_tiles = ntiles - (narrow_last ? 1 : 0);
 
   float o[128];
 #pragma unroll
@@ -507,13 +529,19 @@ __global__ void __launch_bounds__(kThreads, 1) mla_attention_s_once_kernel(const
     float sc[32];
     mbar_wait(sm.q_full, 0);
     if (c.t == 0) trace_clock(p, 0);
-    for (int i = 0; i < ntiles; ++i)
-      wg0_tile(p, sm, c, i, tile0 + i, kv_len, nullptr, o, sc, pa, m_run, l_run, s, phase);
+    for (int i = 0; i < wide_tiles; ++i)
+      wg0_tile<false>(p, sm, c, i, tile0 + i, kv_len, nullptr, o, sc, pa, m_run, l_run, s, phase);
+    if (narrow_last) {  // (S and P of its own: the wide tiles' arrays are dead here)
+      float sn[4 * kTailRows / 8];
+      uint32_t pn[kTailRows / 4];
+      wg0_tile<true>(p, sm, c, wide_tiles, tile1 - 1, kv_len, nullptr, o, sn, pn, m_run, l_run, s, phase);
+    }
     if (c.t == 0) trace_clock(p, 2);
   } else {
     setmaxnreg_inc<kWg1Regs>();
     if (ntiles > 0) named_bar_arrive(kBarPFree, 256);  // the P buffer starts free
-    for (int i = 0; i < ntiles; ++i) wg1_tile(p, sm, c, i, ntiles, o, s, phase);
+    for (int i = 0; i < wide_tiles; ++i) wg1_tile<false>(p, sm, c, i, ntiles, o, s, phase);
+    if (narrow_last) wg1_tile<true>(p, sm, c, wide_tiles, ntiles, o, s, phase);
   }
 
   float m_row[2], l_row[2];
@@ -532,7 +560,8 @@ __global__ void __launch_bounds__(kThreads, 1) mla_attention_s_once_kernel(const
 // item's rows straight from registers (store_rows_direct). The same per-tile steps as the kernel above.
 template <bool kRopeFirst>
 __global__ void __launch_bounds__(kThreads, 1) mla_attention_s_once_persistent_kernel(
-    const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_kv, const Params p) {
+    const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_kv,
+    const __grid_constant__ CUtensorMap tm_tail, const Params p) {
   extern __shared__ uint8_t smem_raw[];
   const SOnceSmem sm = s_once_smem<kRopeFirst>(smem_raw, p, true);
   const int items = kHeadGroups * p.bs;  // work items (b, hg); this CTA takes blockIdx.x and every gridDim.x-th after
@@ -542,7 +571,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_attention_s_once_persistent_k
     const int pt = threadIdx.x - 256;
     if (pt == 0) {
       load_items(&tm_q, &tm_kv, sm.q, sm.kv, sm.q_full, sm.q_free, kRopeFirst ? sm.roped : sm.full, sm.empty,
-                 kRopeFirst ? sm.full : nullptr, p, items);
+                 kRopeFirst ? sm.full : nullptr, p, items, p.narrow_tail ? &tm_tail : nullptr);
     } else if (pt >= 32) {
       int s = 0;
       uint32_t phase = 0;
@@ -584,9 +613,17 @@ __global__ void __launch_bounds__(kThreads, 1) mla_attention_s_once_persistent_k
       float sc[32];
       mbar_wait(sm.q_full, k & 1);
       if (c.t == 0) trace_clock(p, 0);
-      for (int i = 0; i < ntiles; ++i)
-        wg0_tile(p, sm, c, i, work.tile0 + i, work.kv_len, i == ntiles - 1 ? sm.q_free : nullptr, o, sc, pa, m_run,
-                 l_run, s, phase);
+      const bool narrow_last = ntiles > 0 && narrow_tile(p, work.kv_len, work.tile1 - 1);
+      const int wide_tiles = ntiles - (narrow_last ? 1 : 0);
+      for (int i = 0; i < wide_tiles; ++i)
+        wg0_tile<false>(p, sm, c, i, work.tile0 + i, work.kv_len, i == ntiles - 1 ? sm.q_free : nullptr, o, sc, pa,
+                        m_run, l_run, s, phase);
+      if (narrow_last) {
+        float sn[4 * kTailRows / 8];
+        uint32_t pn[kTailRows / 4];
+        wg0_tile<true>(p, sm, c, wide_tiles, work.tile1 - 1, work.kv_len, sm.q_free, o, sn, pn, m_run, l_run, s,
+                       phase);
+      }
       if (c.t == 0) trace_clock(p, 2);
       finish_item(work);
     }
@@ -597,7 +634,10 @@ __global__ void __launch_bounds__(kThreads, 1) mla_attention_s_once_persistent_k
       const int ntiles = work.tile1 - work.tile0;
       start_item();
       if (ntiles > 0) named_bar_arrive(kBarPFree, 256);  // the P buffer starts free
-      for (int i = 0; i < ntiles; ++i) wg1_tile(p, sm, c, i, ntiles, o, s, phase);
+      const bool narrow_last = ntiles > 0 && narrow_tile(p, work.kv_len, work.tile1 - 1);
+      const int wide_tiles = ntiles - (narrow_last ? 1 : 0);
+      for (int i = 0; i < wide_tiles; ++i) wg1_tile<false>(p, sm, c, i, ntiles, o, s, phase);
+      if (narrow_last) wg1_tile<true>(p, sm, c, wide_tiles, ntiles, o, s, phase);
       finish_item(work);
     }
   }

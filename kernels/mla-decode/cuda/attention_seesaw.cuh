@@ -218,12 +218,12 @@ __global__ void __launch_bounds__(kThreads, 1) mla_attention_seesaw_kernel(const
   auto softmax_and_publish = [&](const SeesawSmem& sm, int st, int tile, float* alpha) {
 #pragma unroll
     for (int i = 0; i < 32; ++i) reg_fence(sc[i]);
-    const bool rescale = softmax_tile(sc, tile, kv_len, p.scale_log2, frag_col, m_run, l_run, alpha, pa);
+    const bool rescale = softmax_tile<8>(sc, tile, kv_len, p.scale_log2, frag_col, m_run, l_run, alpha, pa);
     // One P buffer serves both warpgroups in turn: W0(a) -> R1(a) -> W1(b) -> R0(b) -> W0(a') ..., each write after
     // the writer's own read of the other's P (program order; a warp touches only its own 16 rows) and each read after
     // the writer's publish barrier. The tile's rope block is thus free once its owner's S has read it.
     __syncwarp();
-    store_p(sm.p, warp, lane, pa);
+    store_p<4>(sm.p, warp, lane, pa);
     SeesawSlot& slot = sm.slots[st];
     if ((lane & 3) == 0) {
 #pragma unroll
@@ -240,7 +240,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_attention_seesaw_kernel(const
   // maxima taken.
   auto read_published = [&](const SeesawSmem& sm, int st, float* alpha) {
     named_bar_sync(kBarPublished + st, 256);
-    load_p(sm.p, warp, lane, pb);
+    load_p<4>(sm.p, warp, lane, pb);
     const SeesawSlot& slot = sm.slots[st];
     const bool rescale = slot.rescale[warp];
     alpha[0] = slot.alpha[frag_row];
@@ -257,7 +257,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_attention_seesaw_kernel(const
   // never waited for that tile's blocks itself, and the wait makes them visible to it.
   auto issue_pv = [&](const SeesawSmem& sm, int st, const uint32_t* pr) {
     wgmma_fence();
-    issue_pv_from_registers(o, pr, make_desc_sw128(sm.kv + st * kTileBytes + 4 * w * kBlockBytes, kBlockBytes, 1024));
+    issue_pv_from_registers<4>(o, pr, make_desc_sw128(sm.kv + st * kTileBytes + 4 * w * kBlockBytes, kBlockBytes, 1024));
     wgmma_commit();
   };
   auto o_done = [&]() {

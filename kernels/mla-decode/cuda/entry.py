@@ -33,7 +33,7 @@ _input_key = graph_replay.InputKey()
 _CONFIG_KNOBS = ("KBENCH_MLA_SPLITS", "KBENCH_MLA_PREFETCH_TABLES", "KBENCH_MLA_S_ONCE", "KBENCH_MLA_ROPE_FIRST",
                  "KBENCH_MLA_SEESAW", "KBENCH_MLA_LINEAR", "KBENCH_MLA_LINEAR_BN", "KBENCH_MLA_LINEAR_SPLITS",
                  "KBENCH_MLA_LINEAR_PDL", "KBENCH_MLA_HEAD_GEMM", "KBENCH_MLA_BULK_STORE",
-                 "KBENCH_MLA_STAGED_ST", "KBENCH_MLA_PERSISTENT")
+                 "KBENCH_MLA_STAGED_ST", "KBENCH_MLA_PERSISTENT", "KBENCH_MLA_NARROW_TAIL")
 
 
 def _rope_tables(max_seq: int, rope: int, device: torch.device):

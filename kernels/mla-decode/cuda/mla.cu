@@ -53,19 +53,21 @@ int mla_num_sms() {
 void mla_describe(const MlaConfig& c, char* buf, int size) {
   snprintf(buf, size,
            "MlaConfig{splits=%d, prefetch_tables=%d, s_once=%d, rope_first=%d, seesaw=%d, bulk_store=%d, staged_st=%d, "
-           "persistent=%d}",
+           "persistent=%d, narrow_tail=%d}",
            c.splits, c.prefetch_tables ? 1 : 0, c.s_once ? 1 : 0, c.rope_first ? 1 : 0, c.seesaw ? 1 : 0,
-           c.bulk_store ? 1 : 0, c.staged_st ? 1 : 0, c.persistent ? 1 : 0);
+           c.bulk_store ? 1 : 0, c.staged_st ? 1 : 0, c.persistent ? 1 : 0, c.narrow_tail ? 1 : 0);
 }
 
 const char* mla_run(const MlaArgs& a, cudaStream_t stream) {
   if (a.kv_len < 1 || a.kv_len > a.max_seq || a.max_seq % kTile) return "mla cuda: need 1 <= kv_len <= max_seq, max_seq % 64 == 0";
   const int sms = mla_num_sms();
-  CUtensorMap tm_q, tm_kv;
+  CUtensorMap tm_q, tm_kv, tm_tail;
   bool ok = kb::make_map_2d(&tm_q, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, a.q, kWidth, (uint64_t)a.bs * kHeads, kWidth * 2,
                             64, kHG, CU_TENSOR_MAP_SWIZZLE_128B) &&
             kb::make_map_2d(&tm_kv, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, a.cache, kWidth, (uint64_t)a.bs * a.max_seq,
-                            kWidth * 2, 64, kTile, CU_TENSOR_MAP_SWIZZLE_128B);
+                            kWidth * 2, 64, kTile, CU_TENSOR_MAP_SWIZZLE_128B) &&
+            kb::make_map_2d(&tm_tail, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, a.cache, kWidth, (uint64_t)a.bs * a.max_seq,
+                            kWidth * 2, 64, kTailRows, CU_TENSOR_MAP_SWIZZLE_128B);
   if (!ok) return "mla cuda: cuTensorMapEncodeTiled failed (driver entry point missing or misaligned tensors)";
   Params p{};
   p.cos_tab = static_cast<const __nv_bfloat16*>(a.cos_tab);
@@ -79,6 +81,7 @@ const char* mla_run(const MlaArgs& a, cudaStream_t stream) {
   p.splits = a.config.splits;
   p.bulk_store = a.config.bulk_store && p.splits == 1;
   p.staged_st = a.config.staged_st;
+  p.narrow_tail = a.config.narrow_tail && a.config.s_once && !a.config.seesaw;
   p.scale_log2 = static_cast<float>(1.4426950408889634 / std::sqrt(192.0));
 #ifdef KBENCH_DEV
   // timing only (benchmarks/mla_decode.py --rope-cost): what the in-kernel RoPE of the keys costs; wrong results
@@ -94,9 +97,9 @@ const char* mla_run(const MlaArgs& a, cudaStream_t stream) {
     mla_attention_seesaw_kernel<<<grid, kThreads, kSeesawSmemBytes, stream>>>(tm_q, tm_kv, p);
   } else if (a.config.s_once && a.config.persistent && p.splits == 1) {
     const dim3 ctas(std::min<unsigned>(grid.x, static_cast<unsigned>(sms)));  // one an SM, each walking items
-    s_once_kernel(a.config.rope_first, true)<<<ctas, kThreads, kSOnceSmemBytes, stream>>>(tm_q, tm_kv, p);
+    s_once_kernel(a.config.rope_first, true)<<<ctas, kThreads, kSOnceSmemBytes, stream>>>(tm_q, tm_kv, tm_tail, p);
   } else if (a.config.s_once) {
-    s_once_kernel(a.config.rope_first, false)<<<grid, kThreads, kSOnceSmemBytes, stream>>>(tm_q, tm_kv, p);
+    s_once_kernel(a.config.rope_first, false)<<<grid, kThreads, kSOnceSmemBytes, stream>>>(tm_q, tm_kv, tm_tail, p);
   } else {
     const auto kernel = a.config.prefetch_tables ? mla_attention_kernel<true> : mla_attention_kernel<false>;
     kernel<<<grid, kThreads, kSmemBytes, stream>>>(tm_q, tm_kv, p);
