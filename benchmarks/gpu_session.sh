@@ -10,7 +10,8 @@
 #   matching NCU_KERNELS in benchmarks/calls.py NCU_PROBLEM: NCU_SKIP launches skipped, NCU_COUNT profiled), moe-official, mla-official (kbench perf of the
 #   shipped build and of each candidate, in the modes OFFICIAL_MODES, default benchmark; OFFICIAL_CANDIDATES = which
 #   candidates, comma-separated, default all); host-gap (benchmarks/host_gap.py for GAP_PROBLEMS: the official
-#   window with CUDA events inside it);
+#   window with CUDA events inside it); moe-phases (benchmarks/moe_launch_phases.py: custom_kernel's host steps before
+#   and around its graph launch, PHASES_CANDIDATES beside the shipped path, PHASES_RUNS calls, PHASES_S seconds);
 # Limits: TIER_S, PROFILE_S, SANITIZE_S seconds; PROFILE_PROBLEMS = which problems `profile` runs; TIER_FILES = the test files of the tier, in the order given;
 #   TIER_K = a pytest -k expression selecting among them; SANITIZE_TOOL = compute-sanitizer's tool (memcheck,
 #   racecheck, synccheck), SANITIZE_K = the tests it runs (a pytest -k expression; it matches
@@ -71,6 +72,8 @@ for part in "$@"; do
                ${BENCH_CANDIDATES+--candidates "$BENCH_CANDIDATES"} ${BENCH_REV:+--rev "$BENCH_REV"} ;;
   mla-bench) step "${BENCH_S:-400}" mla_bench python3 benchmarks/mla_decode.py \
                ${BENCH_CANDIDATES+--candidates "$BENCH_CANDIDATES"} ${BENCH_REV:+--rev "$BENCH_REV"} ;;
+  moe-phases) step "${PHASES_S:-200}" moe_phases python3 benchmarks/moe_launch_phases.py --runs "${PHASES_RUNS:-30}" \
+                --candidates "${PHASES_CANDIDATES:-}" ;;
   host-gap) for p in ${GAP_PROBLEMS:-mla-decode moe}; do  # the official window with CUDA events inside it
               step "${GAP_S:-300}" "host_gap_$p" python3 benchmarks/host_gap.py "$p" --runs "${GAP_RUNS:-40}" --profile "${GAP_PROFILE:-0}" ${GAP_CPROFILE:+--cprofile}
             done ;;

@@ -47,8 +47,9 @@ CANDIDATES = {"eager": {"KBENCH_MLA_GRAPH": "0"},
               "bulk-copies": {"KBENCH_MLA_STAGED_ST": "0"},
               # one CTA an SM walking its work items through one ring, rows stored from registers (finding 37)
               "persistent": {"KBENCH_MLA_PERSISTENT": "1"},
-              # the cache's last tile, where it holds <= 16 rows, as 16-row boxes, m64n16 S, one P V step (finding 41)
-              "narrow-tail": {"KBENCH_MLA_NARROW_TAIL": "1"}}
+              # the cache's last tile computed whole where it holds <= 16 rows (before finding 42 made narrow_tail,
+              # 16-row boxes, m64n16 S and one P V step, the default)
+              "wide-tail": {"KBENCH_MLA_NARROW_TAIL": "0"}}
 # The step's projections at the official dims (batch 128): name -> (n, k) of W [n, k]; x is [128, k].
 PROJECTIONS = {"kv_down": (576, 7168), "q_down": (1536, 7168), "q_up": (24576, 1536), "wo": (7168, 16384)}
 

@@ -158,7 +158,8 @@ def test_generated_submission_passes_every_official_case(moe, tmp_path):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("knobs", [KNOBS[0], KNOBS[2]], ids=[KNOB_IDS[0], KNOB_IDS[2]])
+@pytest.mark.parametrize("knobs", [KNOBS[0], KNOBS[2], {"KBENCH_MOE_PY_KEY": "1"}],
+                         ids=[KNOB_IDS[0], KNOB_IDS[2], "py-key"])
 def test_graph_replays_follow_the_inputs(moe, knobs, monkeypatch):
     """The shipped graph path as benchmark mode calls it: the same tensors call after call, their values rewritten in
     place between calls (x and every weight). Each call must pass the reference's check and match the eager path
@@ -192,6 +193,30 @@ def test_graph_replays_follow_the_inputs(moe, knobs, monkeypatch):
     assert len(moe._graphs) == 1, "captured once, after the first call"
     assert len({o.data_ptr() for o in outputs}) == len(outputs), "each call returns its own tensor"
 
+
+
+@pytest.mark.gpu
+def test_the_launch_key_holds_every_input_address(moe, monkeypatch):
+    """entry.prepare's key (moe_prepare's walk of the weights dict in C++) is the addresses Python's data_ptr() reads,
+    x first, then the weights in the dict's order, followed by the host values; the KBENCH_MOE_PY_KEY=1 path gives the
+    same addresses as a tuple. A dict with a value that is not a tensor is refused with a message."""
+    import sys
+
+    ref = problems.load_modules("moe").reference
+    data = ref.generate_input(dhidden=1024, dexpert=256, nroutedexperts=8, nsharedexperts=1, nexpertspertoken=4,
+                              bs=1, seqlen=64, seed=7)
+    x, weights, _ = data
+    tensors = (x, *weights.values())
+    out, key = moe.prepare(x, weights, 8, 4)
+    assert key[0] == b"".join(t.data_ptr().to_bytes(8, sys.byteorder) for t in tensors)
+    assert out.shape == (64, 1024) and out.dtype == x.dtype
+    monkeypatch.setenv("KBENCH_MOE_PY_KEY", "1")
+    old_out, old_key = moe.prepare(x, weights, 8, 4)
+    assert old_key[:len(tensors)] == tuple(t.data_ptr() for t in tensors)
+    assert old_key[len(tensors):] == key[1:], "the same host values after the addresses"
+    monkeypatch.delenv("KBENCH_MOE_PY_KEY")
+    with pytest.raises(RuntimeError, match="every value of the weights dict must be a tensor"):
+        moe.prepare(x, {**weights, "note": 1.0}, 8, 4)
 
 
 @pytest.mark.gpu

@@ -6,6 +6,7 @@
 #include <torch/extension.h>
 
 #include <cstdio>
+#include <cstring>
 #include <map>
 #include <mutex>
 #include <utility>
@@ -228,6 +229,26 @@ c10::optional<torch::Tensor> moe_output(torch::Tensor x, int64_t K, int64_t E) {
     return c10::nullopt;
   const c10::cuda::CUDAGuard guard(x.device());
   return publish_output(x, output_slot(x));
+}
+
+// moe_output's result and the graph's launch key in one call, for entry.py's replay path: the addresses of x and of
+// every tensor in `weights` (the dict's order) as bytes, 8 a tensor. Walking the 100 weights here instead of through
+// Python's data_ptr() each, and one call instead of two, is host time inside the official window (the key took 14-25
+// us on the GPU machines' hosts; docs/moe-notes.md, twenty-ninth session). x [T, d] fp16; weights: name -> tensor.
+std::tuple<c10::optional<torch::Tensor>, py::bytes> moe_prepare(torch::Tensor x, py::dict weights, int64_t K,
+                                                               int64_t E) {
+  std::string key(8 * (1 + weights.size()), '\0');
+  char* at = key.data();
+  const auto put = [&](const void* address) {
+    std::memcpy(at, &address, 8);
+    at += 8;
+  };
+  put(x.data_ptr());
+  for (const auto item : weights) {
+    TORCH_CHECK(THPVariable_Check(item.second.ptr()), "moe_prepare: every value of the weights dict must be a tensor");
+    put(THPVariable_Unpack(item.second.ptr()).data_ptr());
+  }
+  return {moe_output(x, K, E), py::bytes(key)};
 }
 
 // The layer up to the weighted sum: Y [T*K + T, d] fp16 (pair t*K + k: expert k's output for token t; rows T*K + t:

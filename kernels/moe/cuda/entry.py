@@ -25,6 +25,8 @@ _KNOBS = ("KBENCH_MOE_SKIP_EMPTY_HALVES", "KBENCH_MOE_KEEP_WORKSPACES", "KBENCH_
           "KBENCH_MOE_SPLIT_ROUTE", "KBENCH_MOE_ASYNC_EPILOGUE", "KBENCH_MOE_SHARED_FIRST",
           "KBENCH_MOE_SHARED_GATHER", "KBENCH_MOE_GATHER_LSU", "KBENCH_MOE_BAND",
           "KBENCH_MOE_BK32", "KBENCH_MOE_DECODE_AHEAD")
+_PY_KEY = ("KBENCH_MOE_PY_KEY",)  # (how the key is read, not what the graph holds: no part of the key)
+_ON = (b"1", "1")  # env_values gives bytes where it reads os.environ's own dict
 
 
 @functools.lru_cache(maxsize=None)
@@ -48,8 +50,22 @@ def _experts(x: torch.Tensor, weights: dict, n_experts: int, k: int, out: torch.
 def _launch_inputs(x: torch.Tensor, weights: dict, n_experts: int, k: int) -> tuple:
     """What the graph's launch key is made of: (the tensors a replay reads: x, then the weights in the dict's order;
     the host values: the counts, x's shape (a replay writes the output with the captured token count) and the
-    knobs). benchmarks/moe_launch_phases.py builds the key from it too."""
+    knobs)."""
     return (x, *weights.values()), (n_experts, k, x.shape) + graph_replay.env_values(_KNOBS)
+
+
+def prepare(x: torch.Tensor, weights: dict, n_experts: int, k: int) -> tuple:
+    """(the call's output from moe_output, or None; the graph's launch key: the addresses of x and of the weights in
+    the dict's order, then _launch_inputs' host values). One extension call (moe_prepare) makes the output and reads
+    the 101 addresses; KBENCH_MOE_PY_KEY=1 (the build before, candidate `py-key`): moe_output, then the addresses
+    through Python's data_ptr(). benchmarks/moe_launch_phases.py times this step as custom_kernel takes it."""
+    x2d = x.view(-1, x.shape[-1])
+    extra = (n_experts, k, x.shape) + graph_replay.env_values(_KNOBS)
+    if graph_replay.env_values(_PY_KEY)[0] in _ON:
+        out = ext.moe_output(x2d, k, n_experts)  # noqa: F821 (ext: template)
+        return out, graph_replay.addresses((x, *weights.values())) + extra
+    out, addresses = ext.moe_prepare(x2d, weights, k, n_experts)  # noqa: F821 (ext: template)
+    return out, (addresses,) + extra
 
 
 def custom_kernel(data: input_t) -> output_t:
@@ -58,24 +74,22 @@ def custom_kernel(data: input_t) -> output_t:
     if config["n_shared_experts"] != 1:
         raise ValueError("the moe cuda backend takes exactly one shared expert (all official cases); "
                          "use the torch backend for others")
-    x2d = x.view(-1, x.shape[-1])
-    # MoeConfig::red_combine: GEMM 2 adds into this new tensor, published to the kernels through device memory so
-    # that the graph below serves it; None: moe_combine makes the output from Y after the graph
-    out = ext.moe_output(x2d, k, n_experts)  # noqa: F821 (ext: template)
+    # MoeConfig::red_combine: GEMM 2 adds into this new tensor `out`, published to the kernels through device memory
+    # so that the graph below serves it; None: moe_combine makes the output from Y after the graph
+    out, key = prepare(x, weights, n_experts, k)
     step = lambda: _experts(x, weights, n_experts, k, out)  # noqa: E731
     if os.environ.get("KBENCH_MOE_GRAPH") == "0":  # the launches one by one (docs/moe-notes.md)
         y, top_scores = step()
+    elif os.environ.get("KBENCH_MOE_FULL_KEY") == "1":
+        # the whole key before the launch, as before verify= (benchmarks/host_gap.py compares)
+        tensors, extra = _launch_inputs(x, weights, n_experts, k)
+        y, top_scores = _graphs.replay(graph_replay.tensor_key(*tensors) + extra, step)
     else:
         # The harness clones the 100 inputs every call (new objects, at the same addresses): the graph launches on
-        # their addresses (~5 us) and their shapes, strides and dtypes (tensor_key, ~30 us of host time on the CPU
-        # machine) are checked after the launch, while the GPU runs
-        # (KBENCH_MOE_FULL_KEY=1: the whole key before the launch, as before, for benchmarks/host_gap.py to compare)
-        tensors, extra = _launch_inputs(x, weights, n_experts, k)
-        full_key = lambda: graph_replay.tensor_key(*tensors)  # noqa: E731
-        if os.environ.get("KBENCH_MOE_FULL_KEY") == "1":
-            y, top_scores = _graphs.replay(full_key() + extra, step)
-        else:
-            y, top_scores = _graphs.replay(graph_replay.addresses(tensors) + extra, step, verify=full_key)
+        # their addresses and their shapes, strides and dtypes (tensor_key, ~30 us of host time on the CPU machine)
+        # are checked after the launch, while the GPU runs
+        full_key = lambda: graph_replay.tensor_key(x, *weights.values())  # noqa: E731
+        y, top_scores = _graphs.replay(key, step, verify=full_key)
     if out is None:
         out = ext.moe_combine(y, top_scores)  # noqa: F821 (ext: template)
     return out.view(x.shape)
