@@ -51,11 +51,8 @@ constexpr int kLaunchRegs = 168, kWg0Regs = 232, kWg1Regs = 184, kProducerRegs =
 static_assert((kWg0Regs - kLaunchRegs) + (kWg1Regs - kLaunchRegs) <= kLaunchRegs - kProducerRegs,
               "setmaxnreg: the consumer warpgroups would wait forever for registers the producer does not free");
 // The persistent kernel's producer walks its items' tiles and rows as well: at 88 registers it spilled 4 bytes.
-// Warpgroup 0 keeps the one-item kernel's 232 and warpgroup 1 (O, P) gives 8: at 224 / 184 / 96 the persistent kernel's
-// tile period read 0.7% longer than the one-item kernel's (finding 37; finding 43 measures this split).
-constexpr int kPersistentWg0Regs = 232, kPersistentWg1Regs = 176, kPersistentProducerRegs = 96;
-static_assert((kPersistentWg0Regs - kLaunchRegs) + (kPersistentWg1Regs - kLaunchRegs) <=
-                  kLaunchRegs - kPersistentProducerRegs,
+constexpr int kPersistentWg0Regs = 224, kPersistentProducerRegs = 96;
+static_assert((kPersistentWg0Regs - kLaunchRegs) + (kWg1Regs - kLaunchRegs) <= kLaunchRegs - kPersistentProducerRegs,
               "setmaxnreg: the persistent kernel's budget");
 
 // P of a tile in shared memory (64 heads x 64 positions, bf16, 128-byte swizzled rows), as stmatrix / ldmatrix move
@@ -631,7 +628,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_attention_s_once_persistent_k
       finish_item(work);
     }
   } else {
-    setmaxnreg_inc<kPersistentWg1Regs>();
+    setmaxnreg_inc<kWg1Regs>();
     for (int item = blockIdx.x; item < items; item += gridDim.x) {
       const CtaWork work = cta_work(p, item);
       const int ntiles = work.tile1 - work.tile0;
