@@ -184,8 +184,8 @@ def test_the_persistent_kernel_equals_the_one_item_kernel(mla, bs, kv_len, monke
 @pytest.mark.parametrize("bs,kv_len,knobs", [(3, 65, ""), (5, 79, ""), (5, 80, ""), (1, 2, ""), (128, 4097, ""),
                                              (200, 130, "PERSISTENT=1"), (3, 65, "ROPE_FIRST=0")])
 def test_the_narrow_tail_equals_the_wide_tile(mla, bs, kv_len, knobs, monkeypatch):
-    """MlaConfig::narrow_tail computes a last tile of <= 16 rows over those rows only (16-row boxes, S by m64n16, one P V
-    step) where the wide tile adds positions whose P is 0 (the cache past kv_len is random here, so a narrow tile
+    """MlaConfig::narrow_tail computes a last tile of <= 16 rows over those rows only (16-row boxes, S by m64n16, one
+    P V step) where the wide tile adds positions whose P is 0 (the cache past kv_len is random here, so a narrow tile
     that read a row it should not, or dropped one it should, shows): the same bits, the output poisoned before each
     call."""
     import torch

@@ -463,6 +463,44 @@ __device__ __forceinline__ void wg1_tile(const Params& p, const SOnceSmem& sm, c
   release_stage(o, lane, sm.empty, s, phase);
 }
 
+// A work item's tile count, how many of them are wide, and whether its last one is narrow (narrow_tile).
+struct ItemTiles {
+  int count, wide;
+  bool narrow_last;
+};
+__device__ __forceinline__ ItemTiles item_tiles(const Params& p, const CtaWork& work) {
+  ItemTiles t;
+  t.count = work.tile1 - work.tile0;
+  t.narrow_last = t.count > 0 && narrow_tile(p, work.kv_len, work.tile1 - 1);
+  t.wide = t.count - (t.narrow_last ? 1 : 0);
+  return t;
+}
+
+// A work item's tiles in warpgroup 0: the wide ones, then the narrow last one where narrow_tile says so (with S and
+// P arrays of its own: reusing the wide tiles' made ptxas serialize the kernel's wgmmas, C7511). q_free: as
+// wg0_tile's, given with the item's last tile.
+__device__ __forceinline__ void wg0_item(const Params& p, const SOnceSmem& sm, const Consumer& c, const CtaWork& work,
+                                         uint64_t* q_free, float* o, float* sc, uint32_t* pa, float* m_run,
+                                         float* l_run, int& s, uint32_t& phase) {
+  const ItemTiles t = item_tiles(p, work);
+  for (int i = 0; i < t.wide; ++i)
+    wg0_tile<false>(p, sm, c, i, work.tile0 + i, work.kv_len, i == t.count - 1 ? q_free : nullptr, o, sc, pa, m_run,
+                    l_run, s, phase);
+  if (t.narrow_last) {
+    float sn[4 * kTailRows / 8];
+    uint32_t pn[kTailRows / 4];
+    wg0_tile<true>(p, sm, c, t.wide, work.tile1 - 1, work.kv_len, q_free, o, sn, pn, m_run, l_run, s, phase);
+  }
+}
+
+// The same item's tiles in warpgroup 1.
+__device__ __forceinline__ void wg1_item(const Params& p, const SOnceSmem& sm, const Consumer& c, const CtaWork& work,
+                                         float* o, int& s, uint32_t& phase) {
+  const ItemTiles t = item_tiles(p, work);
+  for (int i = 0; i < t.wide; ++i) wg1_tile<false>(p, sm, c, i, t.count, o, s, phase);
+  if (t.narrow_last) wg1_tile<true>(p, sm, c, t.wide, t.count, o, s, phase);
+}
+
 // An item's end in both warpgroups: the final row maxima and sums from warpgroup 0 (m_run, l_run: its running
 // state) to both, read back as m_row, l_row for heads frag_row and frag_row + 8.
 __device__ __forceinline__ void share_row_stats(const Params& p, const SOnceSmem& sm, const Consumer& c,
@@ -493,7 +531,6 @@ __global__ void __launch_bounds__(kThreads, 1) mla_attention_s_once_kernel(const
                                                                            const Params p) {
   extern __shared__ uint8_t smem_raw[];
   const CtaWork work = cta_work(p);
-  const int kv_len = work.kv_len, tile0 = work.tile0, tile1 = work.tile1;
   const SOnceSmem sm = s_once_smem<kRopeFirst>(smem_raw, p, false);
 
   if (threadIdx.x >= 256) {  // producer warpgroup: warp 0 loads, warps 1-3 rotate
@@ -509,9 +546,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_attention_s_once_kernel(const
   }
 
   const Consumer c = consumer();
-  const int ntiles = tile1 - tile0;
-  const bool narrow_last = ntiles > 0 && narrow_tile(p, kv_len, tile1 - 1);
-  const int wide_tiles = ntiles - (narrow_last ? 1 : 0);
+  const int ntiles = work.tile1 - work.tile0;
 
   float o[128];
 #pragma unroll
@@ -529,19 +564,12 @@ __global__ void __launch_bounds__(kThreads, 1) mla_attention_s_once_kernel(const
     float sc[32];
     mbar_wait(sm.q_full, 0);
     if (c.t == 0) trace_clock(p, 0);
-    for (int i = 0; i < wide_tiles; ++i)
-      wg0_tile<false>(p, sm, c, i, tile0 + i, kv_len, nullptr, o, sc, pa, m_run, l_run, s, phase);
-    if (narrow_last) {  // (S and P of its own: the wide tiles' arrays are dead here)
-      float sn[4 * kTailRows / 8];
-      uint32_t pn[kTailRows / 4];
-      wg0_tile<true>(p, sm, c, wide_tiles, tile1 - 1, kv_len, nullptr, o, sn, pn, m_run, l_run, s, phase);
-    }
+    wg0_item(p, sm, c, work, nullptr, o, sc, pa, m_run, l_run, s, phase);
     if (c.t == 0) trace_clock(p, 2);
   } else {
     setmaxnreg_inc<kWg1Regs>();
     if (ntiles > 0) named_bar_arrive(kBarPFree, 256);  // the P buffer starts free
-    for (int i = 0; i < wide_tiles; ++i) wg1_tile<false>(p, sm, c, i, ntiles, o, s, phase);
-    if (narrow_last) wg1_tile<true>(p, sm, c, wide_tiles, ntiles, o, s, phase);
+    wg1_item(p, sm, c, work, o, s, phase);
   }
 
   float m_row[2], l_row[2];
@@ -607,23 +635,12 @@ __global__ void __launch_bounds__(kThreads, 1) mla_attention_s_once_persistent_k
     setmaxnreg_inc<kPersistentWg0Regs>();
     for (int item = blockIdx.x, k = 0; item < items; item += gridDim.x, ++k) {
       const CtaWork work = cta_work(p, item);
-      const int ntiles = work.tile1 - work.tile0;
       start_item();
       uint32_t pa[16];
       float sc[32];
       mbar_wait(sm.q_full, k & 1);
       if (c.t == 0) trace_clock(p, 0);
-      const bool narrow_last = ntiles > 0 && narrow_tile(p, work.kv_len, work.tile1 - 1);
-      const int wide_tiles = ntiles - (narrow_last ? 1 : 0);
-      for (int i = 0; i < wide_tiles; ++i)
-        wg0_tile<false>(p, sm, c, i, work.tile0 + i, work.kv_len, i == ntiles - 1 ? sm.q_free : nullptr, o, sc, pa,
-                        m_run, l_run, s, phase);
-      if (narrow_last) {
-        float sn[4 * kTailRows / 8];
-        uint32_t pn[kTailRows / 4];
-        wg0_tile<true>(p, sm, c, wide_tiles, work.tile1 - 1, work.kv_len, sm.q_free, o, sn, pn, m_run, l_run, s,
-                       phase);
-      }
+      wg0_item(p, sm, c, work, sm.q_free, o, sc, pa, m_run, l_run, s, phase);
       if (c.t == 0) trace_clock(p, 2);
       finish_item(work);
     }
@@ -634,10 +651,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_attention_s_once_persistent_k
       const int ntiles = work.tile1 - work.tile0;
       start_item();
       if (ntiles > 0) named_bar_arrive(kBarPFree, 256);  // the P buffer starts free
-      const bool narrow_last = ntiles > 0 && narrow_tile(p, work.kv_len, work.tile1 - 1);
-      const int wide_tiles = ntiles - (narrow_last ? 1 : 0);
-      for (int i = 0; i < wide_tiles; ++i) wg1_tile<false>(p, sm, c, i, ntiles, o, s, phase);
-      if (narrow_last) wg1_tile<true>(p, sm, c, wide_tiles, ntiles, o, s, phase);
+      wg1_item(p, sm, c, work, o, s, phase);
       finish_item(work);
     }
   }

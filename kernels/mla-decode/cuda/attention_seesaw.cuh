@@ -257,7 +257,8 @@ __global__ void __launch_bounds__(kThreads, 1) mla_attention_seesaw_kernel(const
   // never waited for that tile's blocks itself, and the wait makes them visible to it.
   auto issue_pv = [&](const SeesawSmem& sm, int st, const uint32_t* pr) {
     wgmma_fence();
-    issue_pv_from_registers<4>(o, pr, make_desc_sw128(sm.kv + st * kTileBytes + 4 * w * kBlockBytes, kBlockBytes, 1024));
+    issue_pv_from_registers<4>(o, pr,
+                               make_desc_sw128(sm.kv + st * kTileBytes + 4 * w * kBlockBytes, kBlockBytes, 1024));
     wgmma_commit();
   };
   auto o_done = [&]() {
