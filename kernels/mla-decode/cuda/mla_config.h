@@ -70,7 +70,7 @@ inline MlaConfig mla_config(int bs, int kv_len, int sms) {
   // persistent: a candidate (docs/mla-decode-notes.md, finding 37): the second wave's start overlapped with the
   // first's drain; attention -1.7 us at prefill 4096, none at 6144 (one H100, clean L2)
   const bool persistent = s_once && !seesaw && splits == 1 && kb::env_int("KBENCH_MLA_PERSISTENT", 0) != 0;
-  // narrow_tail: the benchmark cases' last tile holds one row; attention -0.5 to -1.9 us at batch 128 (one H100,
+  // narrow_tail: the benchmark cases' last tile holds one row; attention -0.5 to -2.8 us at batch 128 (two H100s,
   // clean L2), the same bits (docs/mla-decode-notes.md, findings 41, 42)
   const bool narrow_tail = s_once && !seesaw && kb::env_int("KBENCH_MLA_NARROW_TAIL", 1) != 0;
   return MlaConfig{splits, prefetch_tables, s_once, rope_first, seesaw, bulk_store, staged_st, persistent,

@@ -47,20 +47,25 @@ def _experts(x: torch.Tensor, weights: dict, n_experts: int, k: int, out: torch.
                          [weights[n] for n in up], [weights[n] for n in down], out)
 
 
+def _host_values(x: torch.Tensor, n_experts: int, k: int) -> tuple:
+    """The launch key's host values: the counts, x's shape (a replay writes the output with the captured token count)
+    and the knobs."""
+    return (n_experts, k, x.shape) + graph_replay.env_values(_KNOBS)
+
+
 def _launch_inputs(x: torch.Tensor, weights: dict, n_experts: int, k: int) -> tuple:
     """What the graph's launch key is made of: (the tensors a replay reads: x, then the weights in the dict's order;
-    the host values: the counts, x's shape (a replay writes the output with the captured token count) and the
-    knobs)."""
-    return (x, *weights.values()), (n_experts, k, x.shape) + graph_replay.env_values(_KNOBS)
+    _host_values)."""
+    return (x, *weights.values()), _host_values(x, n_experts, k)
 
 
 def prepare(x: torch.Tensor, weights: dict, n_experts: int, k: int) -> tuple:
     """(the call's output from moe_output, or None; the graph's launch key: the addresses of x and of the weights in
-    the dict's order, then _launch_inputs' host values). One extension call (moe_prepare) makes the output and reads
+    the dict's order, then _host_values). One extension call (moe_prepare) makes the output and reads
     the 101 addresses; KBENCH_MOE_PY_KEY=1 (the build before, candidate `py-key`): moe_output, then the addresses
     through Python's data_ptr(). benchmarks/moe_launch_phases.py times this step as custom_kernel takes it."""
     x2d = x.view(-1, x.shape[-1])
-    extra = (n_experts, k, x.shape) + graph_replay.env_values(_KNOBS)
+    extra = _host_values(x, n_experts, k)
     if graph_replay.env_values(_PY_KEY)[0] in _ON:
         out = ext.moe_output(x2d, k, n_experts)  # noqa: F821 (ext: template)
         return out, graph_replay.addresses((x, *weights.values())) + extra
