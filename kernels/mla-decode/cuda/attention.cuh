@@ -166,10 +166,11 @@ __device__ __forceinline__ CtaWork cta_work(const Params& p, unsigned item) {
 }
 __device__ __forceinline__ CtaWork cta_work(const Params& p) { return cta_work(p, blockIdx.x); }
 
-// Whether cache tile `tile` (< the cache's tile count) is loaded and computed narrow (MlaConfig::narrow_tail): the
-// cache's last tile, holding <= kTailRows rows. The same answer in every role of the CTA.
+// Whether cache tile `tile` (< the cache's tile count) is the cache's last and holds <= kTailRows rows, and (with
+// MlaConfig::narrow_tail on) is then loaded and computed narrow. The same answer in every role of the CTA.
+__device__ __forceinline__ bool short_tail(int kv_len, int tile) { return kv_len - tile * kTile <= kTailRows; }
 __device__ __forceinline__ bool narrow_tile(const Params& p, int kv_len, int tile) {
-  return p.narrow_tail && kv_len - tile * kTile <= kTailRows;
+  return p.narrow_tail && short_tail(kv_len, tile);
 }
 
 // The producer thread's two loads: a work item's Q (64 heads x 576) on q_full, and cache tile `tile` of row c.b into
@@ -185,7 +186,7 @@ __device__ __forceinline__ void load_tile(const CUtensorMap* tm_kv, uint8_t* s_k
                                           const CUtensorMap* tm_tail = nullptr) {
   const int row = c.b * max_seq + tile * kTile;
   uint8_t* stage = s_kv + s * kTileBytes;
-  const bool narrow = tm_tail && c.kv_len - tile * kTile <= kTailRows;  // narrow_tile, with the map as the knob
+  const bool narrow = tm_tail && short_tail(c.kv_len, tile);  // narrow_tile, with the map as the knob
   const CUtensorMap* tm = narrow ? tm_tail : tm_kv;
   const int box_bytes = narrow ? kTailBlockBytes : kBlockBytes;
   if (rope_landed) {

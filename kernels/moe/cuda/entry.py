@@ -48,15 +48,9 @@ def _experts(x: torch.Tensor, weights: dict, n_experts: int, k: int, out: torch.
 
 
 def _host_values(x: torch.Tensor, n_experts: int, k: int) -> tuple:
-    """The launch key's host values: the counts, x's shape (a replay writes the output with the captured token count)
-    and the knobs."""
+    """The launch key's host values (after the addresses of the tensors a replay reads: x, then the weights in the
+    dict's order): the counts, x's shape (a replay writes the output with the captured token count) and the knobs."""
     return (n_experts, k, x.shape) + graph_replay.env_values(_KNOBS)
-
-
-def _launch_inputs(x: torch.Tensor, weights: dict, n_experts: int, k: int) -> tuple:
-    """What the graph's launch key is made of: (the tensors a replay reads: x, then the weights in the dict's order;
-    _host_values)."""
-    return (x, *weights.values()), _host_values(x, n_experts, k)
 
 
 def prepare(x: torch.Tensor, weights: dict, n_experts: int, k: int) -> tuple:
@@ -83,17 +77,15 @@ def custom_kernel(data: input_t) -> output_t:
     # so that the graph below serves it; None: moe_combine makes the output from Y after the graph
     out, key = prepare(x, weights, n_experts, k)
     step = lambda: _experts(x, weights, n_experts, k, out)  # noqa: E731
+    # The harness clones the 100 inputs every call (new objects, at the same addresses): the graph launches on their
+    # addresses and their shapes, strides and dtypes (tensor_key, ~30 us of host time on the CPU machine) are checked
+    # after the launch, while the GPU runs
+    full_key = lambda: graph_replay.tensor_key(x, *weights.values())  # noqa: E731
     if os.environ.get("KBENCH_MOE_GRAPH") == "0":  # the launches one by one (docs/moe-notes.md)
         y, top_scores = step()
-    elif os.environ.get("KBENCH_MOE_FULL_KEY") == "1":
-        # the whole key before the launch, as before verify= (benchmarks/host_gap.py compares)
-        tensors, extra = _launch_inputs(x, weights, n_experts, k)
-        y, top_scores = _graphs.replay(graph_replay.tensor_key(*tensors) + extra, step)
+    elif os.environ.get("KBENCH_MOE_FULL_KEY") == "1":  # the whole key before the launch, as before verify=
+        y, top_scores = _graphs.replay(full_key() + _host_values(x, n_experts, k), step)
     else:
-        # The harness clones the 100 inputs every call (new objects, at the same addresses): the graph launches on
-        # their addresses and their shapes, strides and dtypes (tensor_key, ~30 us of host time on the CPU machine)
-        # are checked after the launch, while the GPU runs
-        full_key = lambda: graph_replay.tensor_key(x, *weights.values())  # noqa: E731
         y, top_scores = _graphs.replay(key, step, verify=full_key)
     if out is None:
         out = ext.moe_combine(y, top_scores)  # noqa: F821 (ext: template)
