@@ -11,7 +11,8 @@
 #   shipped build and of each candidate, in the modes OFFICIAL_MODES, default benchmark; OFFICIAL_CANDIDATES = which
 #   candidates, comma-separated, default all); host-gap (benchmarks/host_gap.py for GAP_PROBLEMS: the official
 #   window with CUDA events inside it); moe-phases (benchmarks/moe_launch_phases.py: custom_kernel's host steps before
-#   and around its graph launch, PHASES_CANDIDATES beside the shipped path, PHASES_RUNS calls, PHASES_S seconds);
+#   and around its graph launch, PHASES_CANDIDATES beside the shipped path, PHASES_RUNS calls, PHASES_S seconds,
+#   PHASES_PIECES > 0: each host step alone that many times);
 # Limits: TIER_S, PROFILE_S, SANITIZE_S seconds; PROFILE_PROBLEMS = which problems `profile` runs; TIER_FILES = the test files of the tier, in the order given;
 #   TIER_K = a pytest -k expression selecting among them; SANITIZE_TOOL = compute-sanitizer's tool (memcheck,
 #   racecheck, synccheck), SANITIZE_K = the tests it runs (a pytest -k expression; it matches
@@ -73,7 +74,7 @@ for part in "$@"; do
   mla-bench) step "${BENCH_S:-400}" mla_bench python3 benchmarks/mla_decode.py \
                ${BENCH_CANDIDATES+--candidates "$BENCH_CANDIDATES"} ${BENCH_REV:+--rev "$BENCH_REV"} ;;
   moe-phases) step "${PHASES_S:-200}" moe_phases python3 benchmarks/moe_launch_phases.py --runs "${PHASES_RUNS:-30}" \
-                --candidates "${PHASES_CANDIDATES:-}" ;;
+                --candidates "${PHASES_CANDIDATES:-}" --pieces "${PHASES_PIECES:-0}" ;;
   host-gap) for p in ${GAP_PROBLEMS:-mla-decode moe}; do  # the official window with CUDA events inside it
               step "${GAP_S:-300}" "host_gap_$p" python3 benchmarks/host_gap.py "$p" --runs "${GAP_RUNS:-40}" --profile "${GAP_PROFILE:-0}" ${GAP_CPROFILE:+--cprofile}
             done ;;

@@ -75,6 +75,12 @@ CANDIDATES = {
     # the graph's launch key read through Python's data_ptr() after a separate moe_output call (the build before the
     # twenty-ninth session; moe_prepare: both in one extension call)
     "py-key": {"KBENCH_MOE_PY_KEY": "1"},
+    # the graph found and launched by entry.py's Python path (the build before the thirtieth session; moe_replay:
+    # the inputs checked, the output made and the graph launched in one extension call)
+    "py-replay": {"KBENCH_MOE_FAST_REPLAY": "0"},
+    # the output's address written to the device slot by a one-thread kernel (the build before the thirtieth
+    # session; now the stream's own 64-bit write, cuStreamWriteValue64)
+    "publish-kernel": {"KBENCH_MOE_PUBLISH_KERNEL": "1"},
 }
 
 

@@ -6,16 +6,24 @@ official window has no kernel running).
 
 Per benchmark case: inputs generated once, the call checked, three calls to capture its graph, then --runs calls the
 official way (inputs cloned, synchronize) with custom_kernel's steps taken one at a time under the host clock, as
-kernels/moe/cuda/entry.py runs them: `prepare` (entry.prepare: the output, the launch that hands its address to the
-graph, and the key: the inputs' addresses and the knobs; the twenty-fifth session's rows split it into
+kernels/moe/cuda/entry.py runs them: `fast-replay` (the shipped path: ext.moe_replay checks the inputs against the
+held graph, makes the output and launches the graph), or on the Python path `prepare` (entry.prepare: the output,
+the launch that hands its address to the graph, and the key: the inputs' addresses and the knobs; the twenty-fifth
+session's rows split it into
 `alloc+publish` and `key`), `graph-launch` (the replay's cudaGraphLaunch), `verify` (the inputs' shapes and strides,
-checked while the GPU runs), `gpu-rest` (the synchronize after them). Medians, us. Rows: metric host-loop, backend
+checked while the GPU runs); then `gpu-rest` (the synchronize after them) and `to-launch` (the host's time before
+the GPU has the graph: fast-replay, or prepare + graph-launch). Medians, us. Rows: metric host-loop, backend
 "cuda[phases]/<phase>", and "cuda+<candidate>[phases]/<phase>" for each --candidates name (their knobs set for
 every other call, alternating with the shipped path).
+
+--pieces N: then each host step inside `prepare` and the launch alone, N times apiece after a synchronize (untimed),
+once with the GPU idle (rows "cuda[pieces]/<piece>") and once right after a replay of the call's graph, as in the
+official loop ("cuda[pieces,after-work]/<piece>"); medians, us: what a faster host path would have to remove.
 """
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 
@@ -25,39 +33,96 @@ from kbench import benchlib, problems
 from kbench.evaluator import guards
 
 guards.torch = torch  # the harness sets it when it starts; guards.clone needs it
-PHASES = ("prepare", "graph-launch", "verify", "gpu-rest")
-# candidate name -> knobs: the host path before this one (kernels/moe/cuda/entry.py prepare)
-CANDIDATES = {"py-key": {"KBENCH_MOE_PY_KEY": "1"}}
+PHASES = ("fast-replay", "prepare", "graph-launch", "verify", "gpu-rest", "to-launch")
+# candidate name -> knobs: the host paths before this one (kernels/moe/cuda/entry.py): the Python path with the key
+# read in C++ (py-replay, the build before the thirtieth session) or through Python's data_ptr() (py-key); the
+# output's address published by a kernel launch instead of the stream's write (publish-kernel)
+PIECES = ("x.view", "host-values", "torch.empty", "small-launch", "moe_output", "moe_prepare", "prepare",
+          "graph-lookup", "graph-replay", "moe_replay", "custom_kernel")
+CANDIDATES = {"py-key": {"KBENCH_MOE_FAST_REPLAY": "0", "KBENCH_MOE_PY_KEY": "1"},
+              "py-replay": {"KBENCH_MOE_FAST_REPLAY": "0"},
+              "publish-kernel": {"KBENCH_MOE_PUBLISH_KERNEL": "1"}}
 
 
-def phases_of_one_call(mod, data) -> list[float]:
-    """custom_kernel(data)'s graph path, step by step (the same calls as entry.py), host clock per step (us)."""
+def phases_of_one_call(mod, data) -> dict[str, float]:
+    """custom_kernel(data)'s graph path, step by step (the same calls as entry.py), host clock per step (us): the fast
+    path's one extension call, or (KBENCH_MOE_FAST_REPLAY=0) the Python path's prepare, replay and verify."""
     x, weights, config = data
     n_experts, k = config["n_routed_experts"], config["n_experts_per_token"]
-    t = [time.perf_counter_ns()]
-    out, key = mod.prepare(x, weights, n_experts, k)  # as custom_kernel keys its replay
-    held = mod._graphs._graphs[key]  # a KeyError: the graph was not captured (the knobs or the inputs moved)
-    t.append(time.perf_counter_ns())
-    held[0].replay()
-    t.append(time.perf_counter_ns())
-    if mod.graph_replay.tensor_key(x, *weights.values()) != held[2]:
-        raise SystemExit("the inputs' shapes or strides changed under the graph: not an official loop")
-    t.append(time.perf_counter_ns())
+    t0 = time.perf_counter_ns()
+    if os.environ.get("KBENCH_MOE_FAST_REPLAY") != "0":
+        out = mod.ext.moe_replay(mod._graphs, x, weights, k, n_experts)
+        if out is None:
+            raise SystemExit("the fast path holds no graph for these inputs: not an official loop")
+        t = {"fast-replay": time.perf_counter_ns()}
+    else:
+        out, key = mod.prepare(x, weights, n_experts, k)  # as custom_kernel keys its replay
+        held = mod._graphs._graphs[key]  # a KeyError: the graph was not captured (the knobs or the inputs moved)
+        t = {"prepare": time.perf_counter_ns()}
+        held[0].replay()
+        t["graph-launch"] = time.perf_counter_ns()
+        if mod.graph_replay.tensor_key(x, *weights.values()) != held[2]:
+            raise SystemExit("the inputs' shapes or strides changed under the graph: not an official loop")
+        t["verify"] = time.perf_counter_ns()
     torch.cuda.synchronize()
-    t.append(time.perf_counter_ns())
+    t["gpu-rest"] = time.perf_counter_ns()
     del out
-    return [(b - a) / 1e3 for a, b in zip(t, t[1:])]
+    phases, before = {}, t0
+    for name, at in t.items():
+        phases[name], before = (at - before) / 1e3, at
+    # what the GPU waits for: the host's work up to the launch
+    phases["to-launch"] = phases.get("fast-replay", 0.0) + phases.get("prepare", 0.0) + phases.get("graph-launch", 0.0)
+    return phases
+
+
+def pieces_of_the_host_path(mod, data, reps: int, after_work: bool) -> dict[str, float]:
+    """Median host time (us) of each step entry.prepare and the replay take, one at a time. after_work: each right after
+    a synchronize that waited for a replay of the call's graph (as in the official loop), else with the GPU idle."""
+    x, weights, config = data
+    n_experts, k = config["n_routed_experts"], config["n_experts_per_token"]
+    x2d = x.view(-1, x.shape[-1])
+    ext = mod.ext
+    _, key = mod.prepare(x, weights, n_experts, k)
+    graph = mod._graphs._graphs[key][0]
+    small = torch.empty(8, dtype=torch.uint8, device=x.device)
+    steps = {
+        "x.view": lambda: x.view(-1, x.shape[-1]),
+        "host-values": lambda: mod._host_values(x, n_experts, k),
+        "torch.empty": lambda: torch.empty_like(x2d),
+        "small-launch": small.zero_,
+        "moe_output": lambda: ext.moe_output(x2d, k, n_experts),
+        "moe_prepare": lambda: ext.moe_prepare(x2d, weights, k, n_experts),
+        "prepare": lambda: mod.prepare(x, weights, n_experts, k),
+        "graph-lookup": lambda: mod._graphs._graphs.get((bytes(bytearray(key[0])),) + key[1:]),
+        "graph-replay": graph.replay,
+        "moe_replay": lambda: ext.moe_replay(mod._graphs, x, weights, k, n_experts),
+        "custom_kernel": lambda: mod.custom_kernel(data),
+    }
+    medians = {}
+    for name, step in steps.items():
+        times = []
+        for _ in range(reps):
+            if after_work:
+                graph.replay()
+            torch.cuda.synchronize()
+            t0 = time.perf_counter_ns()
+            step()
+            times.append((time.perf_counter_ns() - t0) / 1e3)
+        medians[name] = statistics.median(times)
+    torch.cuda.synchronize()
+    return medians
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--runs", type=int, default=30)
     ap.add_argument("--candidates", default="", help=f"comma-separated, of {', '.join(CANDIDATES)}")
+    ap.add_argument("--pieces", type=int, default=0, help="then time each host step this many times (0: not)")
     args = ap.parse_args()
     variants = {"cuda": {}} | {f"cuda+{n}": CANDIDATES[n] for n in benchlib.selected(CANDIDATES, args.candidates)}
     mod = benchlib.build("moe", "cuda")
     ref = problems.load_modules("moe").reference
-    gpu, rows, table = torch.cuda.get_device_name(), [], []
+    gpu, rows, table, pieces_table = torch.cuda.get_device_name(), [], [], []
     for case in problems.load_spec("moe").benchmarks:
         data = ref.generate_input(**problems.official_case(case))
         line = problems.format_case(case)
@@ -78,13 +143,23 @@ def main():
                     runs[name].append(phases_of_one_call(mod, given))
                 del given
         for name in variants:
-            medians = [statistics.median(r[i] for r in runs[name]) for i in range(len(PHASES))]
-            rows += [benchlib.Row(gpu, 1, f"{name}[phases]/{p}", "host-loop", line, v) for p, v in zip(PHASES, medians)]
-            table.append([line.split("; seed")[0].split("; ")[-1], name] + [f"{v:.1f}" for v in medians])
+            medians = {p: statistics.median(r[p] for r in runs[name]) for p in PHASES if p in runs[name][0]}
+            rows += [benchlib.Row(gpu, 1, f"{name}[phases]/{p}", "host-loop", line, v) for p, v in medians.items()]
+            table.append([line.split("; seed")[0].split("; ")[-1], name]
+                         + [f"{medians[p]:.1f}" if p in medians else "" for p in PHASES])
+        for after_work in (False, True) if args.pieces else ():
+            pieces = pieces_of_the_host_path(mod, guards.clone(data), args.pieces, after_work)
+            label = "pieces,after-work" if after_work else "pieces"
+            rows += [benchlib.Row(gpu, 1, f"cuda[{label}]/{p}", "host-loop", line, v) for p, v in pieces.items()]
+            pieces_table.append([line.split("; seed")[0].split("; ")[-1], "after work" if after_work else "idle"]
+                                + [f"{v:.1f}" for v in pieces.values()])
         del data
     benchlib.record("moe", rows)
     benchlib.table(f"moe cuda: custom_kernel's host phases, medians of {args.runs} official-style calls (us, {gpu})",
                    ["case", "build", *PHASES], table)
+    if pieces_table:
+        benchlib.table(f"moe cuda: the host path's steps alone, medians of {args.pieces} (us, {gpu})",
+                       ["case", "GPU before", *PIECES], pieces_table)
 
 
 if __name__ == "__main__":

@@ -80,6 +80,20 @@ def test_inputs_that_move_every_call_stop_the_captures(gr):
                                                            "-", "eager+captured"]
 
 
+def test_on_capture_gets_each_new_graph_and_a_replay_elsewhere_keeps_captures_trusted(gr):
+    """on_capture sees the graph a call just captured (moe's binding holds it and launches it itself). A caller that
+    launched it that way says so with replayed_elsewhere, and the next new key is captured at once, as after a
+    replay through replay(); without it the capture looks unreplayed and the next new key runs eagerly."""
+    for elsewhere, expected in ((True, ["eager+captured"]), (False, ["eager"])):
+        seen = []
+        replay = gr.GraphReplay()
+        replay.replay("a", lambda: torch.ones(1), on_capture=seen.append)
+        assert seen == [FakeGraph.made[-1]], "the graph just captured, once"
+        if elsewhere:
+            replay.replayed_elsewhere()
+        assert _run(replay, ["b"]) == expected
+
+
 def test_at_most_keep_graphs_are_held_least_recent_dropped(gr):
     replay = gr.GraphReplay(keep=2)
     _run(replay, ["a", "a", "b", "b", "a", "c", "c"])  # "a" replayed before "c" arrives: "b" is the oldest

@@ -158,13 +158,15 @@ def test_generated_submission_passes_every_official_case(moe, tmp_path):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("knobs", [KNOBS[0], KNOBS[2], {"KBENCH_MOE_PY_KEY": "1"}],
-                         ids=[KNOB_IDS[0], KNOB_IDS[2], "py-key"])
+@pytest.mark.parametrize("knobs", [KNOBS[0], KNOBS[2], {"KBENCH_MOE_PY_KEY": "1", "KBENCH_MOE_FAST_REPLAY": "0"},
+                                   {"KBENCH_MOE_FAST_REPLAY": "0"}, {"KBENCH_MOE_PUBLISH_KERNEL": "1"}],
+                         ids=[KNOB_IDS[0], KNOB_IDS[2], "py-key", "py-replay", "publish-kernel"])
 def test_graph_replays_follow_the_inputs(moe, knobs, monkeypatch):
     """The shipped graph path as benchmark mode calls it: the same tensors call after call, their values rewritten in
     place between calls (x and every weight). Each call must pass the reference's check and match the eager path
-    (KBENCH_MOE_GRAPH=0); it is captured after the first call and replayed from the second; each call returns its own
-    tensor (with red_combine: a new output each call, which the replayed graph finds through the device slot)."""
+    (KBENCH_MOE_GRAPH=0); it is captured after the first call and replayed from the second (by the binding's fast
+    path where it is on: the default); each call returns its own tensor (with red_combine: a new output each call,
+    which the replayed graph finds through the device slot)."""
     import torch
 
     for name, value in knobs.items():
@@ -192,6 +194,49 @@ def test_graph_replays_follow_the_inputs(moe, knobs, monkeypatch):
         outputs.append(out)
     assert len(moe._graphs) == 1, "captured once, after the first call"
     assert len({o.data_ptr() for o in outputs}) == len(outputs), "each call returns its own tensor"
+    # the last call's replay came from the fast path exactly where it is on (red_combine, no Python-path knob)
+    fast = "KBENCH_MOE_RED_COMBINE" not in knobs and "KBENCH_MOE_FAST_REPLAY" not in knobs
+    assert moe.ext.moe_fast_replays() == (1 if fast else 0)
+
+
+@pytest.mark.gpu
+def test_the_fast_path_launches_a_held_graph_only_on_its_own_inputs(moe, monkeypatch):
+    """moe_replay (the shipped fast path) launches a graph the binding holds only for the call it was captured on:
+    the same GraphReplay, the same tensors' addresses, dtypes, shapes and strides, the same knobs; any other call
+    goes to entry.py's Python path. Every output poisoned first (the allocator) and checked by the reference."""
+    import torch
+
+    ref = problems.load_modules("moe").reference
+    data = ref.generate_input(dhidden=1024, dexpert=256, nroutedexperts=8, nsharedexperts=1, nexpertspertoken=4,
+                              bs=1, seqlen=128, seed=9)
+    x, weights, config = data
+    monkeypatch.setattr(moe, "_graphs", type(moe._graphs)())
+    moe.ext.moe_fast_replays()  # from zero
+
+    def fast_replays(inputs) -> int:
+        benchlib.poison_allocator()
+        out = moe.custom_kernel(inputs)
+        torch.cuda.synchronize()
+        ok, msg = ref.check_implementation(inputs, out)
+        assert ok, msg
+        return moe.ext.moe_fast_replays()
+
+    assert fast_replays(data) == 0, "the first call runs eagerly (and is captured)"
+    assert fast_replays(data) == 1, "the next is launched by the fast path"
+    monkeypatch.setenv("KBENCH_MOE_BK32", "7")  # the same inputs, another configuration
+    assert fast_replays(data) == 0
+    monkeypatch.delenv("KBENCH_MOE_BK32")
+    assert fast_replays(data) == 1, "both graphs held: the first one again"
+    moved = dict(weights, **{"experts.3.1.weight": weights["experts.3.1.weight"].clone()})  # another address
+    assert fast_replays((x, moved, config)) == 0
+    gate = weights["experts.5.0.weight"]  # the same address and shape, other strides: no launch, the binding's error
+    restrided = dict(weights, **{"experts.5.0.weight": gate.as_strided(gate.shape, (1, gate.shape[0]))})
+    with pytest.raises(RuntimeError, match="must be a contiguous fp16 CUDA tensor"):
+        moe.custom_kernel((x, restrided, config))
+    assert moe.ext.moe_fast_replays() == 0
+    assert fast_replays(data) == 1, "the good inputs again"
+    monkeypatch.setattr(moe, "_graphs", type(moe._graphs)())  # another GraphReplay: not its graphs
+    assert fast_replays(data) == 0
 
 
 

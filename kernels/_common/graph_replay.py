@@ -97,7 +97,8 @@ class GraphReplay:
         self.replayed = False              # whether the last replay() returned a graph's buffers (else step()'s)
 
     def replay(self, key: Hashable, step: Callable[[], torch.Tensor],
-               verify: Callable[[], Hashable] | None = None) -> torch.Tensor:
+               verify: Callable[[], Hashable] | None = None,
+               on_capture: Callable[[torch.cuda.CUDAGraph], object] | None = None) -> torch.Tensor:
         held = self._graphs.get(key)
         self.replayed = False
         if held is not None:
@@ -116,14 +117,16 @@ class GraphReplay:
             self._unreplayed, self._trusted = None, False
         out = step()
         if self._trusted or key == self._last_eager:
-            self._capture(key, step, verify)
+            graph = self._capture(key, step, verify)
             self._last_eager = None
+            if on_capture is not None:
+                on_capture(graph)
         else:
             self._last_eager = key
         return out
 
     def _capture(self, key: Hashable, step: Callable[[], torch.Tensor],
-                 verify: Callable[[], Hashable] | None) -> None:
+                 verify: Callable[[], Hashable] | None) -> torch.cuda.CUDAGraph:
         # torch.cuda.graph() would also empty the allocator's cache (slow for the caller's next allocations)
         if self._stream is None:
             self._stream = torch.cuda.Stream()
@@ -140,6 +143,12 @@ class GraphReplay:
         self._unreplayed = key
         while len(self._graphs) > self._keep:
             self._graphs.popitem(last=False)
+        return graph
+
+    def replayed_elsewhere(self) -> None:
+        """A caller launched this object's newest capture itself (its raw executable graph, from C++), which replay()
+        cannot see: the capture paid off, as a replay through replay() would have said."""
+        self._unreplayed, self._trusted = None, True
 
     def __len__(self) -> int:
         return len(self._graphs)

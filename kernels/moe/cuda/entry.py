@@ -8,8 +8,10 @@ The call is replayed as one CUDA graph while the inputs stay at their addresses 
 of the inputs lands at the same addresses run after run), which takes the host's launches and its per-call work on
 99 weights out of the timed call; the graph launches on the inputs' addresses and their full key is checked behind
 the launch. The output is a new tensor every call: moe_output makes it before the launch and writes its address to
-device memory, where the graph's kernels read it. (KBENCH_MOE_RED_COMBINE=0, the previous path: the graph writes
-the experts' outputs to its own buffer Y and moe_combine makes the output from it after the launch.)
+device memory, where the graph's kernels read it. Once captured, a graph is also held by the binding, whose
+moe_replay checks the inputs against it, makes the output and launches the graph in one call (the fast path;
+KBENCH_MOE_FAST_REPLAY=0: the Python path, candidate `py-replay`). (KBENCH_MOE_RED_COMBINE=0, the previous path:
+the graph writes the experts' outputs to its own buffer Y and moe_combine makes the output from it after the launch.)
 """
 import functools
 import os
@@ -67,12 +69,28 @@ def prepare(x: torch.Tensor, weights: dict, n_experts: int, k: int) -> tuple:
     return out, (addresses,) + extra
 
 
+def _hold(x: torch.Tensor, weights: dict, n_experts: int, k: int):
+    """GraphReplay's on_capture: the new graph also held by the binding, for moe_replay."""
+    def hold(graph):
+        if hasattr(graph, "raw_cuda_graph_exec"):  # (torch >= 2.7; older ones keep the Python path)
+            ext.moe_hold_graph(_graphs, graph, graph.raw_cuda_graph_exec(), x, weights, k, n_experts)  # noqa: F821
+    return hold
+
+
 def custom_kernel(data: input_t) -> output_t:
     x, weights, config = data
     n_experts, k = config["n_routed_experts"], config["n_experts_per_token"]
     if config["n_shared_experts"] != 1:
         raise ValueError("the moe cuda backend takes exactly one shared expert (all official cases); "
                          "use the torch backend for others")
+    # The fast path: where the binding holds a graph captured on these inputs, it makes the output and launches the
+    # graph in this one call (the host runs slowly right after the timer's synchronize: docs/moe-notes.md, thirtieth
+    # session). Its checks are the full key's (addresses, shapes, strides, dtypes, the knobs), before the launch.
+    out = ext.moe_replay(_graphs, x, weights, k, n_experts)  # noqa: F821 (ext: template)
+    if out is not None:
+        return out
+    if ext.moe_fast_replays():  # noqa: F821 (ext: template)
+        _graphs.replayed_elsewhere()
     # MoeConfig::red_combine: GEMM 2 adds into this new tensor `out`, published to the kernels through device memory
     # so that the graph below serves it; None: moe_combine makes the output from Y after the graph
     out, key = prepare(x, weights, n_experts, k)
@@ -86,7 +104,8 @@ def custom_kernel(data: input_t) -> output_t:
     elif os.environ.get("KBENCH_MOE_FULL_KEY") == "1":  # the whole key before the launch, as before verify=
         y, top_scores = _graphs.replay(full_key() + _host_values(x, n_experts, k), step)
     else:
-        y, top_scores = _graphs.replay(key, step, verify=full_key)
+        y, top_scores = _graphs.replay(key, step, verify=full_key,
+                                       on_capture=_hold(x, weights, n_experts, k) if out is not None else None)
     if out is None:
         out = ext.moe_combine(y, top_scores)  # noqa: F821 (ext: template)
     return out.view(x.shape)
