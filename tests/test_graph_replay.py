@@ -87,8 +87,9 @@ def test_on_capture_gets_each_new_graph_and_a_replay_elsewhere_keeps_captures_tr
     for elsewhere, expected in ((True, ["eager+captured"]), (False, ["eager"])):
         seen = []
         replay = gr.GraphReplay()
-        replay.replay("a", lambda: torch.ones(1), on_capture=seen.append)
-        assert seen == [FakeGraph.made[-1]], "the graph just captured, once"
+        replay.replay("a", lambda: torch.full((1,), 7.0), on_capture=lambda graph, out: seen.append((graph, out)))
+        assert len(seen) == 1 and seen[0][0] is FakeGraph.made[-1], "the graph just captured, once"
+        assert seen[0][1] is replay._graphs["a"][1], "with the output the capture made (the graph's own buffer)"
         if elsewhere:
             replay.replayed_elsewhere()
         assert _run(replay, ["b"]) == expected

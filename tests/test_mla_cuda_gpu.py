@@ -329,11 +329,12 @@ def test_linear_matches_fp32(mla, m, n, k, bn, splits, monkeypatch):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("knobs", ["", "LINEAR=0"])
+@pytest.mark.parametrize("knobs", ["", "LINEAR=0", "FAST_REPLAY=0"])
 def test_graph_replays_follow_the_inputs_and_the_growing_cache(mla, monkeypatch, knobs):
     """The shipped graph path, as benchmark mode calls it: the same (config, x, cache) objects call after call, the cache
     one row longer each time, x rewritten in place between calls. Every call must equal the eager path on a copy
-    (run eagerly and captured on the first call, replayed from the second), and each call returns its own tensor."""
+    (run eagerly and captured on the first call, replayed from the second: by the binding's fast path unless
+    FAST_REPLAY=0), and each call returns its own tensor."""
     import torch
 
     _set_knobs(monkeypatch, None, knobs)
@@ -357,6 +358,44 @@ def test_graph_replays_follow_the_inputs_and_the_growing_cache(mla, monkeypatch,
         outputs.append(out)
     assert len(mla._graphs) == 1, "captured once, after the first call"
     assert len({o.data_ptr() for o in outputs}) == len(outputs), "each call returns its own tensor"
+    assert mla.ext.mla_fast_replays() == (0 if knobs == "FAST_REPLAY=0" else 1), "the last call's replay"
+
+
+@pytest.mark.gpu
+def test_the_fast_path_launches_a_held_graph_only_on_its_own_inputs(mla, monkeypatch):
+    """mla_replay (the shipped fast path) launches a held graph only for the inputs and knobs it was captured on and
+    only for the GraphReplay that captured it; any other call takes entry.py's Python path. Each output (poisoned
+    allocator) must equal the eager path's on a copy, and the cache must grow by one row a call either way."""
+    import torch
+
+    monkeypatch.setattr(mla, "_graphs", type(mla._graphs)())
+    mla.ext.mla_fast_replays()  # from zero
+    ref = problems.load_modules("mla-decode").reference
+    config, x, cache = ref.generate_input(batchsize=16, dim=7168, dq=1536, prefill=1100, seed=8)
+
+    def fast_replays(inputs) -> int:
+        expected_data = ref.copy_data(inputs)
+        monkeypatch.setenv("KBENCH_MLA_GRAPH", "0")
+        expected, _ = mla.custom_kernel(expected_data)
+        monkeypatch.delenv("KBENCH_MLA_GRAPH")
+        benchlib.poison_allocator()
+        seq_len = inputs[2].seq_len
+        out, _ = mla.custom_kernel(inputs)
+        torch.cuda.synchronize()
+        assert inputs[2].seq_len == seq_len + 1
+        assert torch.equal(inputs[2].data[:, :seq_len + 1], expected_data[2].data[:, :seq_len + 1])
+        assert benchlib.tolerance_ratio(out, expected, 2e-2, 8e-3) <= 1
+        return mla.ext.mla_fast_replays()
+
+    assert fast_replays((config, x, cache)) == 0, "the first call runs eagerly (and is captured)"
+    assert fast_replays((config, x, cache)) == 1, "the next is launched by the fast path"
+    monkeypatch.setenv("KBENCH_MLA_LINEAR_SPLITS", "1")  # the same inputs, another configuration
+    assert fast_replays((config, x, cache)) == 0
+    monkeypatch.delenv("KBENCH_MLA_LINEAR_SPLITS")
+    assert fast_replays((config, x, cache)) == 1, "both graphs held: the first one again"
+    assert fast_replays((config, x.clone(), cache)) == 0, "x at another address"
+    monkeypatch.setattr(mla, "_graphs", type(mla._graphs)())  # another GraphReplay: not its graphs
+    assert fast_replays((config, x, cache)) == 0
 
 
 # Three calls of one step in a process that has made no CUDA library call before: the first runs eagerly and is

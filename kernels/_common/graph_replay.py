@@ -98,7 +98,7 @@ class GraphReplay:
 
     def replay(self, key: Hashable, step: Callable[[], torch.Tensor],
                verify: Callable[[], Hashable] | None = None,
-               on_capture: Callable[[torch.cuda.CUDAGraph], object] | None = None) -> torch.Tensor:
+               on_capture: Callable[[torch.cuda.CUDAGraph, object], object] | None = None) -> torch.Tensor:
         held = self._graphs.get(key)
         self.replayed = False
         if held is not None:
@@ -117,16 +117,16 @@ class GraphReplay:
             self._unreplayed, self._trusted = None, False
         out = step()
         if self._trusted or key == self._last_eager:
-            graph = self._capture(key, step, verify)
+            graph, graph_out = self._capture(key, step, verify)
             self._last_eager = None
-            if on_capture is not None:
-                on_capture(graph)
+            if on_capture is not None:  # (a caller that launches the graph itself: its output is graph_out's buffers)
+                on_capture(graph, graph_out)
         else:
             self._last_eager = key
         return out
 
     def _capture(self, key: Hashable, step: Callable[[], torch.Tensor],
-                 verify: Callable[[], Hashable] | None) -> torch.cuda.CUDAGraph:
+                 verify: Callable[[], Hashable] | None) -> tuple:
         # torch.cuda.graph() would also empty the allocator's cache (slow for the caller's next allocations)
         if self._stream is None:
             self._stream = torch.cuda.Stream()
@@ -143,7 +143,7 @@ class GraphReplay:
         self._unreplayed = key
         while len(self._graphs) > self._keep:
             self._graphs.popitem(last=False)
-        return graph
+        return graph, out
 
     def replayed_elsewhere(self) -> None:
         """A caller launched this object's newest capture itself (its raw executable graph, from C++), which replay()

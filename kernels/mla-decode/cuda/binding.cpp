@@ -5,7 +5,11 @@
 #include <torch/extension.h>
 
 #include <cstdio>
+#include <string>
+#include <vector>
 
+#include "held_graphs.h"
+#include "stream_write.h"
 #include "knobs.h"
 #include "mla_api.h"
 #include "torch_check.h"
@@ -265,3 +269,53 @@ torch::Tensor mla_step(torch::Tensor x, torch::Tensor cache, torch::Tensor w_kv_
   mla_bmm_out(y_heads, o_latent.transpose(0, 1), w_kvu.narrow(1, kNope, kV).transpose(1, 2));
   return mla_linear(y.view({bs, 1, kH * kV}), w_o);
 }
+
+// ---- entry.py's fast path: a held graph of mla_step launched from here (_common/held_graphs.h says why) ----
+
+namespace {
+std::vector<std::string> graph_knobs;  // entry.py's _CONFIG_KNOBS, as mla_hold_graph last got them
+
+// What a step's graph depends on: the inputs (x, cache, the five weights, cos, sin, lens) described, then the
+// device; false where one is not a tensor.
+bool describe_step(const py::tuple& inputs, std::vector<int64_t>& out) {
+  out.clear();
+  if (inputs.size() != 10 || !kb::describe_tensors(inputs, out)) return false;
+  out.push_back(THPVariable_Unpack(inputs[0].ptr()).get_device());
+  return true;
+}
+}  // namespace
+
+// entry.py, after GraphReplay captured the step: `graph` (its cudaGraphExec_t as an integer, `exec`) held for
+// mla_replay with the captured step's output (the graph's own buffer) and the knobs `knobs` as they are now.
+void mla_hold_graph(py::object owner, py::object graph, int64_t exec, torch::Tensor output, py::tuple inputs,
+                    std::vector<std::string> knobs) {
+  kb::HeldGraph held{owner, graph, py::cast(output), reinterpret_cast<cudaGraphExec_t>(exec), {}, {}};
+  TORCH_CHECK(describe_step(inputs, held.inputs), "mla_hold_graph: pass the step's ten input tensors");
+  graph_knobs = std::move(knobs);
+  held.config = kb::env_text(graph_knobs);
+  kb::held_graphs().hold(std::move(held));
+}
+
+// The fast path of custom_kernel: where `owner` holds a graph of mla_step captured on these very inputs (the same
+// tensors' addresses, dtypes, shapes and strides, and knobs), the cache length kv_len written to `lens` (the last
+// input) by the stream, the graph launched on the current stream and a copy of its output returned; else None
+// (entry.py's own path runs). Off with KBENCH_MLA_FAST_REPLAY=0 and with KBENCH_MLA_GRAPH=0.
+c10::optional<torch::Tensor> mla_replay(py::object owner, py::tuple inputs, int64_t kv_len) {
+  kb::HeldGraphs& held = kb::held_graphs();
+  if (held.empty() || kb::env_is("KBENCH_MLA_FAST_REPLAY", "0") || kb::env_is("KBENCH_MLA_GRAPH", "0"))
+    return c10::nullopt;
+  static std::vector<int64_t> now;  // (the GIL serialises callers)
+  if (!describe_step(inputs, now)) return c10::nullopt;
+  const kb::HeldGraph* graph = held.find(owner, now, [] { return kb::env_text(graph_knobs); });
+  if (!graph) return c10::nullopt;
+  const torch::Tensor lens = THPVariable_Unpack(inputs[9].ptr());
+  const c10::cuda::CUDAGuard guard(lens.device());
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
+  if (!kb::stream_write_u32(stream, lens.data_ptr(), static_cast<uint32_t>(kv_len))) lens.fill_(kv_len);
+  kb::launch(*graph);
+  return graph->output.cast<torch::Tensor>().clone();  // the graph's buffer is overwritten by its next replay
+}
+
+// How many calls mla_replay served since the last time this was asked (entry.py tells its GraphReplay).
+int64_t mla_fast_replays() { return kb::held_graphs().take_replays(); }
+

@@ -77,16 +77,36 @@ def custom_kernel(data: input_t) -> output_t:
                          f"(build it with a larger max_seq_len, in bf16)")
     cos, sin = _rope_tables(cache.shape[1], rope, x.device)
     lens = _device_length(x.device)
-    lens.fill_(kv_len)
-    weights = (config.KV_proj_down_weight, config.Q_proj_down_weight, config.Q_proj_up_weight,
-               config.KV_proj_up_weight, config.wo_weight)
-    step = lambda: ext.mla_step(x, cache, *weights, kv_len, cos, sin, lens)  # noqa: E731,F821 (ext: template)
-    if os.environ.get("KBENCH_MLA_GRAPH") == "0":  # the launches one by one (docs/mla-decode-notes.md)
-        out = step()
-    else:
-        key = _input_key((x, cache, *weights, cos, sin, lens), graph_replay.env_values(_CONFIG_KNOBS))
-        out = _graphs.replay(key, step)
-        if _graphs.replayed:  # the graph's own buffer, overwritten by its next replay
-            out = out.clone()
+    inputs = (x, cache, config.KV_proj_down_weight, config.Q_proj_down_weight, config.Q_proj_up_weight,
+              config.KV_proj_up_weight, config.wo_weight, cos, sin, lens)
+    # The fast path: where the binding holds a graph captured on these inputs, it writes the cache length, launches
+    # the graph and copies its output in this one call (the host runs slowly right after the timer's synchronize:
+    # kernels/_common/held_graphs.h); KBENCH_MLA_FAST_REPLAY=0 (candidate py-replay) and KBENCH_MLA_GRAPH=0 skip it.
+    out = ext.mla_replay(_graphs, inputs, kv_len)  # noqa: F821 (ext: template)
+    if out is None:
+        if ext.mla_fast_replays():  # noqa: F821 (ext: template)
+            _graphs.replayed_elsewhere()
+        out = _python_path(inputs, kv_len)
     kv_cache.seq_len = kv_len  # what KVCache.forward does after its append (the append ran in the step)
     return out, cache
+
+
+def _python_path(inputs: tuple, kv_len: int) -> torch.Tensor:
+    """The step through graph_replay (captured on a key's first call, replayed after; each capture also held by the
+    binding for mla_replay), or eagerly with KBENCH_MLA_GRAPH=0. inputs: x, cache, the five weights, cos, sin, lens."""
+    inputs[-1].fill_(kv_len)
+    step = lambda: ext.mla_step(*inputs[:7], kv_len, *inputs[7:])  # noqa: E731,F821 (ext: template)
+    if os.environ.get("KBENCH_MLA_GRAPH") == "0":  # the launches one by one (docs/mla-decode-notes.md)
+        return step()
+    key = _input_key(inputs, graph_replay.env_values(_CONFIG_KNOBS))
+    out = _graphs.replay(key, step, on_capture=lambda graph, output: _hold(graph, output, inputs))
+    if _graphs.replayed:  # the graph's own buffer, overwritten by its next replay
+        out = out.clone()
+    return out
+
+
+def _hold(graph, output: torch.Tensor, inputs: tuple) -> None:
+    """GraphReplay's on_capture: the new graph also held by the binding, for mla_replay."""
+    if hasattr(graph, "raw_cuda_graph_exec"):  # (torch >= 2.7; older ones keep the Python path)
+        ext.mla_hold_graph(_graphs, graph, graph.raw_cuda_graph_exec(), output, inputs,  # noqa: F821
+                           list(_CONFIG_KNOBS))

@@ -5,10 +5,7 @@
 #include <c10/cuda/CUDAStream.h>
 #include <torch/extension.h>
 
-#include <cuda_runtime_api.h>
-
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -16,6 +13,7 @@
 #include <utility>
 #include <vector>
 
+#include "held_graphs.h"
 #include "knobs.h"
 #include "moe_api.h"
 #include "torch_check.h"
@@ -255,33 +253,17 @@ std::tuple<c10::optional<torch::Tensor>, py::bytes> moe_prepare(torch::Tensor x,
   return {moe_output(x, K, E), py::bytes(key)};
 }
 
-// ---- entry.py's fast path: a captured graph launched from here, the host's whole pre-launch work in one call ----
-// Why: the official timer starts right after a synchronize that waited for the previous call, and the host then runs
-// 1.7-2.5x slower than when warm (docs/moe-notes.md, thirtieth session): entry.py's steps before the graph reached
-// the GPU took ~45 us of every official call. Here: the inputs compared with what a held graph was captured on, the
-// output made and published, the graph launched.
+// ---- entry.py's fast path: a held graph launched from here (_common/held_graphs.h says why) ----
 
 namespace {
 
-// What a graph depends on, flattened: device, K, E, the number of weights, then per tensor (x, then the weights in
-// the dict's order) its address, dtype, rank, sizes and strides. Empty where a weight is not a tensor.
-void describe_inputs(const torch::Tensor& x, const py::dict& weights, int64_t K, int64_t E,
-                     std::vector<int64_t>& out) {
+// What a moe graph depends on: device, K, E, the number of weights, then x and the weights (the dict's order)
+// described; false where a weight is not a tensor.
+bool describe_inputs(const torch::Tensor& x, const py::dict& weights, int64_t K, int64_t E, std::vector<int64_t>& out) {
   out.clear();
   out.insert(out.end(), {x.get_device(), K, E, static_cast<int64_t>(weights.size())});
-  const auto put = [&](const torch::Tensor& t) {
-    out.insert(out.end(), {reinterpret_cast<int64_t>(t.data_ptr()), static_cast<int64_t>(t.scalar_type()), t.dim()});
-    out.insert(out.end(), t.sizes().begin(), t.sizes().end());
-    out.insert(out.end(), t.strides().begin(), t.strides().end());
-  };
-  put(x);
-  for (const auto item : weights) {
-    if (!THPVariable_Check(item.second.ptr())) {
-      out.clear();
-      return;
-    }
-    put(THPVariable_Unpack(item.second.ptr()));
-  }
+  kb::describe_tensor(x, out);
+  return kb::describe_tensors(weights, out);
 }
 
 // The configuration a launch would take for T tokens (its knobs as read now), as text (moe_describe lists every
@@ -292,40 +274,16 @@ std::string config_text(int64_t T, int64_t K, int64_t E) {
   return buf;
 }
 
-struct HeldGraph {
-  py::object owner;  // the GraphReplay that captured it: a caller with another one (a test's fresh one) gets no hit
-  py::object graph;  // the torch.cuda.CUDAGraph: owns the executable graph and its memory pool
-  cudaGraphExec_t exec = nullptr;
-  std::vector<int64_t> inputs;  // describe_inputs at capture
-  std::string config;           // config_text at capture
-};
-
-constexpr size_t kHeldGraphs = 2;  // as many as GraphReplay keeps
-
-std::vector<HeldGraph>& held_graphs() {
-  static auto* held = new std::vector<HeldGraph>();  // never destroyed: Python objects must not die after Python
-  return *held;
-}
-int64_t fast_replays = 0;  // since moe_fast_replays last read it
-
-bool env_is(const char* name, const char* value) {
-  const char* v = std::getenv(name);
-  return v != nullptr && std::strcmp(v, value) == 0;
-}
-
 }  // namespace
 
 // entry.py, after GraphReplay captured the call (red_combine only: the graph adds into the output the slot names):
-// holds `graph` (its cudaGraphExec_t as an integer, `exec`) for moe_replay, newest first, as many as GraphReplay keeps.
+// `graph` (its cudaGraphExec_t as an integer, `exec`) held for moe_replay.
 void moe_hold_graph(py::object owner, py::object graph, int64_t exec, torch::Tensor x, py::dict weights, int64_t K,
                     int64_t E) {
-  HeldGraph held{owner, graph, reinterpret_cast<cudaGraphExec_t>(exec), {}, {}};
-  describe_inputs(x, weights, K, E, held.inputs);
-  TORCH_CHECK(!held.inputs.empty() && exec != 0, "moe_hold_graph: every weight must be a tensor, exec a graph");
+  kb::HeldGraph held{owner, graph, py::none(), reinterpret_cast<cudaGraphExec_t>(exec), {}, {}};
+  TORCH_CHECK(describe_inputs(x, weights, K, E, held.inputs), "moe_hold_graph: every weight must be a tensor");
   held.config = config_text(x.numel() / x.size(-1), K, E);
-  auto& all = held_graphs();
-  all.insert(all.begin(), std::move(held));
-  if (all.size() > kHeldGraphs) all.pop_back();
+  kb::held_graphs().hold(std::move(held));
 }
 
 // The fast path of custom_kernel: where `owner` holds a graph captured on these very inputs (the same tensors'
@@ -333,35 +291,23 @@ void moe_hold_graph(py::object owner, py::object graph, int64_t exec, torch::Ten
 // graph launched on the current stream; else None (entry.py's own path runs). Off with KBENCH_MOE_FAST_REPLAY=0
 // and on the paths that key the graph in Python (KBENCH_MOE_GRAPH=0, KBENCH_MOE_FULL_KEY=1, KBENCH_MOE_PY_KEY=1).
 c10::optional<torch::Tensor> moe_replay(py::object owner, torch::Tensor x, py::dict weights, int64_t K, int64_t E) {
-  auto& all = held_graphs();
-  if (all.empty() || env_is("KBENCH_MOE_FAST_REPLAY", "0") || env_is("KBENCH_MOE_GRAPH", "0") ||
-      env_is("KBENCH_MOE_FULL_KEY", "1") || env_is("KBENCH_MOE_PY_KEY", "1") || x.dim() < 2)
+  kb::HeldGraphs& held = kb::held_graphs();
+  if (held.empty() || kb::env_is("KBENCH_MOE_FAST_REPLAY", "0") || kb::env_is("KBENCH_MOE_GRAPH", "0") ||
+      kb::env_is("KBENCH_MOE_FULL_KEY", "1") || kb::env_is("KBENCH_MOE_PY_KEY", "1") || x.dim() < 2)
     return c10::nullopt;
-  static std::vector<int64_t> now;  // the GIL serialises callers
-  describe_inputs(x, weights, K, E, now);
-  std::string config;
-  for (size_t i = 0; i < all.size(); ++i) {
-    if (!all[i].owner.is(owner) || all[i].inputs != now) continue;
-    if (config.empty()) config = config_text(x.numel() / x.size(-1), K, E);
-    if (all[i].config != config) continue;
-    const c10::cuda::CUDAGuard guard(x.device());
-    const torch::Tensor x2 = x.view({-1, x.size(-1)});
-    torch::Tensor out = publish_output(x2, output_slot(x2));
-    C10_CUDA_CHECK(cudaGraphLaunch(all[i].exec, c10::cuda::getCurrentCUDAStream().stream()));
-    if (i) std::swap(all[0], all[i]);
-    ++fast_replays;
-    return out.view(x.sizes());
-  }
-  return c10::nullopt;
+  static std::vector<int64_t> now;  // (the GIL serialises callers)
+  if (!describe_inputs(x, weights, K, E, now)) return c10::nullopt;
+  const kb::HeldGraph* graph = held.find(owner, now, [&] { return config_text(x.numel() / x.size(-1), K, E); });
+  if (!graph) return c10::nullopt;
+  const c10::cuda::CUDAGuard guard(x.device());
+  const torch::Tensor x2 = x.view({-1, x.size(-1)});
+  torch::Tensor out = publish_output(x2, output_slot(x2));
+  kb::launch(*graph);
+  return out.view(x.sizes());
 }
 
-// How many calls moe_replay served since the last time this was asked (entry.py tells its GraphReplay that its
-// captures were replayed, which it cannot see).
-int64_t moe_fast_replays() {
-  const int64_t n = fast_replays;
-  fast_replays = 0;
-  return n;
-}
+// How many calls moe_replay served since the last time this was asked (entry.py tells its GraphReplay).
+int64_t moe_fast_replays() { return kb::held_graphs().take_replays(); }
 
 // The layer up to the weighted sum: Y [T*K + T, d] fp16 (pair t*K + k: expert k's output for token t; rows T*K + t:
 // the shared expert's). entry.py replays this part as one CUDA graph and runs moe_combine after it. With

@@ -72,7 +72,7 @@ def prepare(x: torch.Tensor, weights: dict, n_experts: int, k: int) -> tuple:
 
 def _hold(x: torch.Tensor, weights: dict, n_experts: int, k: int):
     """GraphReplay's on_capture: the new graph also held by the binding, for moe_replay."""
-    def hold(graph):
+    def hold(graph, _output):  # (the output is the slot's tensor, made anew by moe_replay)
         if hasattr(graph, "raw_cuda_graph_exec"):  # (torch >= 2.7; older ones keep the Python path)
             ext.moe_hold_graph(_graphs, graph, graph.raw_cuda_graph_exec(), x, weights, k, n_experts)  # noqa: F821
     return hold

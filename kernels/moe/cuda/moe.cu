@@ -13,6 +13,7 @@
 #include "grouped_gemm.cuh"
 #include "knobs.h"
 #include "launch_error.h"
+#include "stream_write.h"
 #include "moe_api.h"
 #include "moe_rules.h"
 #include "route.cuh"
@@ -298,32 +299,12 @@ const char* moe_run_combine(const void* y, const void* scores, void* out, int T,
 
 int moe_route_blocks(int pairs) { return route_blocks(pairs); }
 
-namespace {
-using WriteValue64Fn = CUresult (*)(CUstream, CUdeviceptr, cuuint64_t, unsigned int);
-
-// cuStreamWriteValue64 through the runtime (no -lcuda at link time, as tma_host.h's encoder), or null
-WriteValue64Fn write_value64_fn() {
-  static WriteValue64Fn fn = nullptr;
-  static std::once_flag once;
-  std::call_once(once, [] {
-    void* p = nullptr;
-    cudaDriverEntryPointQueryResult q;
-    if (cudaGetDriverEntryPointByVersion("cuStreamWriteValue64", &p, 12000, cudaEnableDefault, &q) == cudaSuccess &&
-        q == cudaDriverEntryPointSuccess)
-      fn = reinterpret_cast<WriteValue64Fn>(p);
-  });
-  return fn;
-}
-}  // namespace
-
-// The address goes in by the stream's own 64-bit write (a stream memory operation: no kernel to launch, which the
-// host pays ~5-12 us for at the start of an official call; docs/moe-notes.md, thirtieth session); by publish_kernel
-// where the driver has no such write, or with KBENCH_MOE_PUBLISH_KERNEL=1 (the build before, candidate
-// `publish-kernel`).
+// The address goes in by the stream's own 64-bit write (stream_write.h: no kernel to launch, which the host pays ~5-12
+// us for at the start of an official call; docs/moe-notes.md, thirtieth session); by publish_kernel where the driver
+// has no such write, or with KBENCH_MOE_PUBLISH_KERNEL=1 (the build before, candidate `publish-kernel`).
 const char* moe_publish_output(void** slot, void* out, cudaStream_t stream) {
-  const WriteValue64Fn write = kb::env_int("KBENCH_MOE_PUBLISH_KERNEL", 0) ? nullptr : write_value64_fn();
-  if (write && write(stream, reinterpret_cast<CUdeviceptr>(slot), reinterpret_cast<cuuint64_t>(out),
-                     CU_STREAM_WRITE_VALUE_DEFAULT) == CUDA_SUCCESS)
+  if (!kb::env_int("KBENCH_MOE_PUBLISH_KERNEL", 0) &&
+      kb::stream_write_u64(stream, slot, reinterpret_cast<uint64_t>(out)))
     return nullptr;
   publish_kernel<<<1, 1, 0, stream>>>(slot, out);
   return kb::launch_error("moe cuda publish");

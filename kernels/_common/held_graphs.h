@@ -1,0 +1,126 @@
+// Captured CUDA graphs a binding launches itself, each with what it was captured on (torch-facing: included by the
+// bindings' .cpp only). graph_replay.py's GraphReplay captures a call and hands the graph to the binding (on_capture);
+// the binding's fast path compares a call's inputs with a held graph's and launches it in the same extension call.
+// Why: the official timer starts right after a synchronize that waited for the GPU, and the host then runs 1.7-2.5x
+// slower than when warm (docs/moe-notes.md, thirtieth session): the Python between the call and the launch (the key,
+// the lookup, the replay) cost two to three times what a warm loop shows.
+#pragma once
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAStream.h>
+#include <cuda_runtime_api.h>
+#include <torch/extension.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+namespace kb {
+
+// A tensor as a graph depends on it, appended to `out`: address, dtype, rank, sizes, strides.
+inline void describe_tensor(const at::Tensor& t, std::vector<int64_t>& out) {
+  out.insert(out.end(), {reinterpret_cast<int64_t>(t.data_ptr()), static_cast<int64_t>(t.scalar_type()), t.dim()});
+  out.insert(out.end(), t.sizes().begin(), t.sizes().end());
+  out.insert(out.end(), t.strides().begin(), t.strides().end());
+}
+
+// Every value of `tensors` (a dict's values in its order, or a sequence's items) described; false where one is not
+// a tensor.
+template <class Items>
+bool describe_tensors(const Items& tensors, std::vector<int64_t>& out) {
+  for (const auto item : tensors) {
+    PyObject* value;
+    if constexpr (std::is_same_v<Items, py::dict>) {
+      value = item.second.ptr();
+    } else {
+      value = item.ptr();
+    }
+    if (!THPVariable_Check(value)) return false;
+    describe_tensor(THPVariable_Unpack(value), out);
+  }
+  return true;
+}
+
+inline bool env_is(const char* name, const char* value) {
+  const char* v = std::getenv(name);
+  return v != nullptr && std::strcmp(v, value) == 0;
+}
+
+// The environment's values of `names` as one text ("name=value;", "name;" where unset): a graph's knobs.
+inline std::string env_text(const std::vector<std::string>& names) {
+  std::string text;
+  for (const auto& name : names) {
+    const char* v = std::getenv(name.c_str());
+    text += name;
+    if (v) (text += '=') += v;
+    text += ';';
+  }
+  return text;
+}
+
+struct HeldGraph {
+  py::object owner;   // the GraphReplay that captured it: a caller with another one (a test's fresh one) gets no hit
+  py::object graph;   // the torch.cuda.CUDAGraph: owns the executable graph and its memory pool
+  py::object output;  // what the captured call returned (the graph's own buffers), or None
+  cudaGraphExec_t exec = nullptr;
+  std::vector<int64_t> inputs;  // the binding's description of the call's inputs at capture
+  std::string config;           // the binding's text of the knobs at capture
+};
+
+// At most `keep` graphs (as many as GraphReplay keeps), newest first. One a binding (held_graphs()); the GIL
+// serialises its callers.
+class HeldGraphs {
+ public:
+  explicit HeldGraphs(size_t keep) : keep_(keep) {}
+
+  void hold(HeldGraph held) {
+    TORCH_CHECK(held.exec != nullptr && !held.inputs.empty(), "held graph: no executable graph or no inputs");
+    all_.insert(all_.begin(), std::move(held));
+    if (all_.size() > keep_) all_.pop_back();
+  }
+
+  bool empty() const { return all_.empty(); }
+
+  // The graph `owner` captured on exactly `inputs` with the knobs config() gives now (called once, only where the
+  // inputs match), moved to the front and counted; null where none.
+  template <class Config>
+  const HeldGraph* find(const py::object& owner, const std::vector<int64_t>& inputs, Config config) {
+    std::string text;
+    for (size_t i = 0; i < all_.size(); ++i) {
+      if (!all_[i].owner.is(owner) || all_[i].inputs != inputs) continue;
+      if (text.empty()) text = config();
+      if (all_[i].config != text) continue;
+      if (i) std::swap(all_[0], all_[i]);
+      ++replays_;
+      return &all_[0];
+    }
+    return nullptr;
+  }
+
+  // How many graphs find() handed out since the last time this was asked (the caller's GraphReplay cannot see those
+  // replays: graph_replay.GraphReplay.replayed_elsewhere).
+  int64_t take_replays() {
+    const int64_t n = replays_;
+    replays_ = 0;
+    return n;
+  }
+
+ private:
+  size_t keep_;
+  std::vector<HeldGraph> all_;
+  int64_t replays_ = 0;
+};
+
+inline HeldGraphs& held_graphs() {
+  static auto* held = new HeldGraphs(2);  // never destroyed: Python objects must not die after Python
+  return *held;
+}
+
+// `held`'s graph launched on the current stream.
+inline void launch(const HeldGraph& held) {
+  C10_CUDA_CHECK(cudaGraphLaunch(held.exec, c10::cuda::getCurrentCUDAStream().stream()));
+}
+
+}  // namespace kb
