@@ -85,7 +85,11 @@ class GraphReplay:
     (their tensor_key). A capture stores verify()'s value; a replay launches on key alone and only then, while the
     GPU runs, compares verify() with it: on a difference the host waits for the launch, drops the graph and runs
     step() eagerly, whose output is returned. (A graph launched on inputs whose shapes changed at the same
-    addresses reads them with the captured shapes before its output is thrown away.)"""
+    addresses reads them with the captured shapes before its output is thrown away.)
+
+    `replay(..., on_capture=f)`: f(graph, output) gets each new capture and its output buffers, for a binding that
+    holds it and launches it itself in later calls (`held_graphs.h`: one extension call from the call to the
+    launch); that caller then tells this object with `replayed_elsewhere()`."""
 
     def __init__(self, keep: int = 2):
         self._graphs: collections.OrderedDict = collections.OrderedDict()  # key -> (CUDAGraph, output, verify())
