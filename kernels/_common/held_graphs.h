@@ -10,12 +10,12 @@
 #include <cuda_runtime_api.h>
 #include <torch/extension.h>
 
-#include <cstdlib>
-#include <cstring>
 #include <string>
 #include <type_traits>
 #include <utility>
 #include <vector>
+
+#include "knobs.h"
 
 namespace kb {
 
@@ -41,23 +41,6 @@ bool describe_tensors(const Items& tensors, std::vector<int64_t>& out) {
     describe_tensor(THPVariable_Unpack(value), out);
   }
   return true;
-}
-
-inline bool env_is(const char* name, const char* value) {
-  const char* v = std::getenv(name);
-  return v != nullptr && std::strcmp(v, value) == 0;
-}
-
-// The environment's values of `names` as one text ("name=value;", "name;" where unset): a graph's knobs.
-inline std::string env_text(const std::vector<std::string>& names) {
-  std::string text;
-  for (const auto& name : names) {
-    const char* v = std::getenv(name.c_str());
-    text += name;
-    if (v) (text += '=') += v;
-    text += ';';
-  }
-  return text;
 }
 
 struct HeldGraph {

@@ -6,10 +6,12 @@
 #pragma once
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <mutex>
 #include <set>
 #include <string>
 #include <type_traits>
+#include <vector>
 
 namespace kb {
 
@@ -20,6 +22,24 @@ inline int env_int(const char* name, int fallback) {
   char* end = nullptr;
   const long x = std::strtol(v, &end, 10);
   return (end && *end == '\0') ? static_cast<int>(x) : fallback;
+}
+
+// Whether environment variable `name` is exactly `value` (as Python's os.environ.get(name) == value).
+inline bool env_is(const char* name, const char* value) {
+  const char* v = std::getenv(name);
+  return v != nullptr && std::strcmp(v, value) == 0;
+}
+
+// The environment's values of `names` as one text ("name=value;", "name;" where unset): a graph's knobs.
+inline std::string env_text(const std::vector<std::string>& names) {
+  std::string text;
+  for (const auto& name : names) {
+    const char* v = std::getenv(name.c_str());
+    text += name;
+    if (v) (text += '=') += v;
+    text += ';';
+  }
+  return text;
 }
 
 // Whether KBENCH_PRINT_CONFIG asks for configurations to be printed (read once).

@@ -8,8 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "driver_api.h"
 #include "held_graphs.h"
-#include "stream_write.h"
 #include "knobs.h"
 #include "mla_api.h"
 #include "torch_check.h"
@@ -311,7 +311,7 @@ c10::optional<torch::Tensor> mla_replay(py::object owner, py::tuple inputs, int6
   const torch::Tensor lens = THPVariable_Unpack(inputs[9].ptr());
   const c10::cuda::CUDAGuard guard(lens.device());
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
-  if (!kb::stream_write_u32(stream, lens.data_ptr(), static_cast<uint32_t>(kv_len))) lens.fill_(kv_len);
+  if (!kb::stream_write(stream, lens.data_ptr(), static_cast<uint32_t>(kv_len))) lens.fill_(kv_len);
   kb::launch(*graph);
   return graph->output.cast<torch::Tensor>().clone();  // the graph's buffer is overwritten by its next replay
 }

@@ -13,7 +13,7 @@
 #include "grouped_gemm.cuh"
 #include "knobs.h"
 #include "launch_error.h"
-#include "stream_write.h"
+#include "driver_api.h"
 #include "moe_api.h"
 #include "moe_rules.h"
 #include "route.cuh"
@@ -299,12 +299,12 @@ const char* moe_run_combine(const void* y, const void* scores, void* out, int T,
 
 int moe_route_blocks(int pairs) { return route_blocks(pairs); }
 
-// The address goes in by the stream's own 64-bit write (stream_write.h: no kernel to launch, which the host pays ~5-12
+// The address goes in by the stream's own 64-bit write (driver_api.h: no kernel to launch, which the host pays ~5-12
 // us for at the start of an official call; docs/moe-notes.md, thirtieth session); by publish_kernel where the driver
 // has no such write, or with KBENCH_MOE_PUBLISH_KERNEL=1 (the build before, candidate `publish-kernel`).
 const char* moe_publish_output(void** slot, void* out, cudaStream_t stream) {
   if (!kb::env_int("KBENCH_MOE_PUBLISH_KERNEL", 0) &&
-      kb::stream_write_u64(stream, slot, reinterpret_cast<uint64_t>(out)))
+      kb::stream_write(stream, slot, reinterpret_cast<uint64_t>(out)))
     return nullptr;
   publish_kernel<<<1, 1, 0, stream>>>(slot, out);
   return kb::launch_error("moe cuda publish");
