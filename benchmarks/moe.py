@@ -72,9 +72,6 @@ CANDIDATES = {
     # each unit decoded at its start with the group scan from group 0 (the build before the twenty-seventh session;
     # decode-ahead: the next unit decoded under this one's last MMAs, the scan from the previous unit's group)
     "decode-scan": {"KBENCH_MOE_DECODE_AHEAD": "0"},
-    # GEMM 2 launched beside the routed GEMM 1's last wave (programmatic stream serialization), its units drawn from a
-    # counter, the shared expert's first (thirty-first session)
-    "tail-fill": {"KBENCH_MOE_TAIL_FILL": "1"},
     # the graph's launch key read through Python's data_ptr() after a separate moe_output call (the build before the
     # twenty-ninth session; moe_prepare: both in one extension call)
     "py-key": {"KBENCH_MOE_PY_KEY": "1"},

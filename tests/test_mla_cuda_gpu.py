@@ -68,11 +68,7 @@ def _set_knobs(monkeypatch, splits, knobs):
                           (5, 79, None, ""), (5, 80, None, ""), (5, 81, None, ""),
                           (200, 130, None, "PERSISTENT=1"),
                           (3, 65, None, "NARROW_TAIL=0"), (128, 4097, None, "NARROW_TAIL=0"),
-                          (16, 1025, "3", "NARROW_TAIL=0"), (3, 65, None, "NARROW_TAIL=0,PERSISTENT=1"),
-                          # launched with programmatic stream serialization: no tile before the wait (kv_len 2, 65),
-                          # one (129), both stages (4097)
-                          (1, 2, None, "PDL=1"), (3, 65, None, "PDL=1"), (3, 129, None, "PDL=1"),
-                          (128, 4097, None, "PDL=1"), (16, 1025, "3", "PDL=1")])
+                          (16, 1025, "3", "NARROW_TAIL=0"), (3, 65, None, "NARROW_TAIL=0,PERSISTENT=1")])
 def test_attention_matches_the_definition(mla, bs, kv_len, splits, knobs, monkeypatch, grow=1.0):
     """splits, knobs: as _set_knobs takes them. grow: the keys' rope columns scaled from 1 at position 0 to
     `grow` at the last, so that the row maxima keep rising tile after tile (the s-once softmax rescales lazily)."""
@@ -223,7 +219,7 @@ def _judge(tmp_path, cases, mode="test", **kw):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("knobs", ["", "LINEAR=0,HEAD_GEMM=0", "PDL=1"])
+@pytest.mark.parametrize("knobs", ["", "LINEAR=0,HEAD_GEMM=0"])
 def test_every_official_case(mla, tmp_path, knobs, monkeypatch):
     _set_knobs(monkeypatch, None, knobs)
     spec = problems.load_spec("mla-decode")
@@ -231,17 +227,13 @@ def test_every_official_case(mla, tmp_path, knobs, monkeypatch):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("knobs", ["", "PDL=1"])
-def test_extra_prefills_at_the_official_dims(mla, tmp_path, knobs, monkeypatch):
-    _set_knobs(monkeypatch, None, knobs)
+def test_extra_prefills_at_the_official_dims(mla, tmp_path):
     _judge(tmp_path, [{"batchsize": 16, "dim": 7168, "dq": 1536, "prefill": p, "seed": 100 + p}
                       for p in (1, 127, 1000, 8191)])
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("knobs", ["", "PDL=1"])
-def test_200_reseeded_leaderboard_runs(mla, tmp_path, knobs, monkeypatch):
-    _set_knobs(monkeypatch, None, knobs)
+def test_200_reseeded_leaderboard_runs(mla, tmp_path):
     record = _judge(tmp_path, [{"batchsize": 8, "dim": 7168, "dq": 1536, "prefill": 1024, "seed": 7}],
                     mode="leaderboard", protocol={"max_runs": 200, "rel_err_stop": 0.0, "leaderboard_cases": "all"})
     assert record.cases[0].runs == 200
@@ -275,17 +267,15 @@ def test_fused_q_assembly_is_bitwise_the_torch_path(mla, bs, pos):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("knobs", ["", "PDL=1"])
 @pytest.mark.parametrize("bs", [1, 77, 128])
 @pytest.mark.parametrize("which", ["w_uk", "w_uv"])
-def test_head_gemm_matches_fp32(mla, bs, which, knobs, monkeypatch):
+def test_head_gemm_matches_fp32(mla, bs, which):
     """head_gemm.cuh through ext.mla_bmm_out on the step's own strided views: W_UK into the query (b [H, 128, 512] with
     n contiguous, c the latent columns of q_full [bs, H, 576]) and W_UV out of the attention (b a transposed view, k
     contiguous), against fp32 per-head products of the same bf16 operands; outputs poisoned first, rows past bs
     untouched."""
     import torch
 
-    _set_knobs(monkeypatch, None, knobs)
     gen = torch.Generator(device="cuda")
     gen.manual_seed(bs + len(which))
     w_kvu = (torch.randn(128, 256, 512, generator=gen, device="cuda") / 16).bfloat16()
@@ -339,7 +329,7 @@ def test_linear_matches_fp32(mla, m, n, k, bn, splits, monkeypatch):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("knobs", ["", "LINEAR=0", "FAST_REPLAY=0", "PDL=1"])
+@pytest.mark.parametrize("knobs", ["", "LINEAR=0", "FAST_REPLAY=0"])
 def test_graph_replays_follow_the_inputs_and_the_growing_cache(mla, monkeypatch, knobs):
     """The shipped graph path, as benchmark mode calls it: the same (config, x, cache) objects call after call, the cache
     one row longer each time, x rewritten in place between calls. Every call must equal the eager path on a copy

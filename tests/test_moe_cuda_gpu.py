@@ -60,14 +60,10 @@ KNOBS = [{}, {"KBENCH_MOE_SKIP_EMPTY_HALVES": "1", "KBENCH_MOE_KEEP_WORKSPACES":
          {"KBENCH_MOE_BK32": "7"}, {"KBENCH_MOE_BK32": "0"},
          {"KBENCH_MOE_BK32": "7", "KBENCH_MOE_BAND": "2", "KBENCH_MOE_SHARED_GATHER": "0"},
          {"KBENCH_MOE_SKIP_EMPTY_HALVES": "0"},
-         {"KBENCH_MOE_DECODE_AHEAD": "0", "KBENCH_MOE_ASYNC_EPILOGUE": "0", "KBENCH_MOE_BAND": "2"},
-         {"KBENCH_MOE_TAIL_FILL": "1"}, {"KBENCH_MOE_TAIL_FILL": "1", "KBENCH_MOE_RED_COMBINE": "0"},
-         {"KBENCH_MOE_TAIL_FILL": "1", "KBENCH_MOE_ASYNC_EPILOGUE": "0", "KBENCH_MOE_BAND": "2"},
-         {"KBENCH_MOE_TAIL_FILL": "1", "KBENCH_MOE_DECODE_AHEAD": "0"}]
+         {"KBENCH_MOE_DECODE_AHEAD": "0", "KBENCH_MOE_ASYNC_EPILOGUE": "0", "KBENCH_MOE_BAND": "2"}]
 KNOB_IDS = ["default", "candidates", "combine-pass", "sync-epilogue", "sync-epilogue-y", "gather-pass",
             "tma-gather-no-band", "band2", "band3-sync-epilogue", "bk32", "bk64", "bk32-band2-gather-pass",
-            "no-skip", "decode-scan-sync-epilogue-band2", "tail-fill", "tail-fill-y", "tail-fill-sync-epilogue-band2",
-            "tail-fill-decode-scan"]
+            "no-skip", "decode-scan-sync-epilogue-band2"]
 
 
 @pytest.mark.gpu
@@ -105,12 +101,7 @@ def test_synthetic_routings_match_the_definition(moe, tokens, n_experts, k, skew
 # pass
 LAYER_ORDERS = {"shared-gather": {}, "shared-gather-tma": {"KBENCH_MOE_GATHER_LSU": "0"},
                 "shared-first": {"KBENCH_MOE_SHARED_GATHER": "0"},
-                "shared-last": {"KBENCH_MOE_SHARED_GATHER": "0", "KBENCH_MOE_SHARED_FIRST": "0"},
-                # tail_fill: GEMM 2's shared units beside the routed GEMM 1; in shared-last's order GEMM 1 computes
-                # the shared expert's H rows itself, so there it must stay off
-                "tail-fill": {"KBENCH_MOE_TAIL_FILL": "1"},
-                "shared-last-tail-fill": {"KBENCH_MOE_SHARED_GATHER": "0", "KBENCH_MOE_SHARED_FIRST": "0",
-                                          "KBENCH_MOE_TAIL_FILL": "1"}}
+                "shared-last": {"KBENCH_MOE_SHARED_GATHER": "0", "KBENCH_MOE_SHARED_FIRST": "0"}}
 
 
 @pytest.mark.gpu
@@ -157,10 +148,7 @@ def test_layer_with_its_router_matches_the_definition(moe, tokens, n_experts, k,
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("knobs", [{}, {"KBENCH_MOE_TAIL_FILL": "1"}], ids=["default", "tail-fill"])
-def test_generated_submission_passes_every_official_case(moe, tmp_path, knobs, monkeypatch):
-    for name, value in knobs.items():  # (the evaluator's workers inherit the environment)
-        monkeypatch.setenv(name, value)
+def test_generated_submission_passes_every_official_case(moe, tmp_path):
     spec = problems.load_spec("moe")
     sub = generator.generate("moe", "cuda", out=tmp_path / "submission.py")
     cases = [problems.official_case(c) for c in spec.tests + spec.benchmarks]
@@ -171,9 +159,8 @@ def test_generated_submission_passes_every_official_case(moe, tmp_path, knobs, m
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("knobs", [KNOBS[0], KNOBS[2], {"KBENCH_MOE_PY_KEY": "1", "KBENCH_MOE_FAST_REPLAY": "0"},
-                                   {"KBENCH_MOE_FAST_REPLAY": "0"}, {"KBENCH_MOE_PUBLISH_KERNEL": "1"},
-                                   {"KBENCH_MOE_TAIL_FILL": "1"}],
-                         ids=[KNOB_IDS[0], KNOB_IDS[2], "py-key", "py-replay", "publish-kernel", "tail-fill"])
+                                   {"KBENCH_MOE_FAST_REPLAY": "0"}, {"KBENCH_MOE_PUBLISH_KERNEL": "1"}],
+                         ids=[KNOB_IDS[0], KNOB_IDS[2], "py-key", "py-replay", "publish-kernel"])
 def test_graph_replays_follow_the_inputs(moe, knobs, monkeypatch):
     """The shipped graph path as benchmark mode calls it: the same tensors call after call, their values rewritten in
     place between calls (x and every weight). Each call must pass the reference's check and match the eager path

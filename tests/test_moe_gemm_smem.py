@@ -8,8 +8,8 @@ import pytest
 from host_cpp import ROOT, build_program
 
 MOE = ROOT / "kernels" / "moe" / "cuda"
-FIELDS = ("a", "b", "c", "row_off", "row_scale", "full", "empty", "stg_full", "stg_empty", "meta", "tickets",
-          "ticket_bar", "gather", "gather_bar", "end", "bytes")
+FIELDS = ("a", "b", "c", "row_off", "row_scale", "full", "empty", "stg_full", "stg_empty", "meta", "gather",
+          "gather_bar", "end", "bytes")
 # (k a stage, stages, asynchronous epilogue): moe.cu's gemm_kernel instances (Ring<kBK>::kAsyncStages stages with the
 # asynchronous epilogue: 3 of k 64, 6 of k 32; MoeConfig::stages 3 or 4 with the consumers' own)
 CONFIGS = [(64, 3, False), (64, 4, False), (64, 3, True), (32, 6, True)]
@@ -20,8 +20,8 @@ PROGRAM = r"""
 #include "gemm_smem.h"
 int main(int argc, char** argv) {
   const moe::GemmSmem s = moe::gemm_smem(atoi(argv[1]), atoi(argv[2]), atoi(argv[3]) != 0);
-  printf("%d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d\n", s.a, s.b, s.c, s.row_off, s.row_scale, s.full,
-         s.empty, s.stg_full, s.stg_empty, s.meta, s.tickets, s.ticket_bar, s.gather, s.gather_bar, s.end, s.bytes);
+  printf("%d %d %d %d %d %d %d %d %d %d %d %d %d %d\n", s.a, s.b, s.c, s.row_off, s.row_scale, s.full, s.empty,
+         s.stg_full, s.stg_empty, s.meta, s.gather, s.gather_bar, s.end, s.bytes);
   printf("%d %d %d %d %d %d\n", moe::a_tile_bytes(atoi(argv[1])), moe::b_tile_bytes(atoi(argv[1])), moe::kCBytes,
          moe::kStageCBytes, moe::kGatherChains * moe::kGatherBytes, moe::kSmemLimit);
   return 0;
@@ -50,7 +50,6 @@ def test_regions_are_disjoint_aligned_and_inside_the_allocation(layout, bk, stag
                ("c", 2 * (stage_c_bytes if async_epi else c_bytes), 16),
                ("row_off", 128 * 8, 8), ("row_scale", 128 * 4, 4), ("full", stages * 8, 8), ("empty", stages * 8, 8),
                ("stg_full", 2 * 8, 8), ("stg_empty", 2 * 8, 8), ("meta", 2 * 66 * 4, 4),
-               ("tickets", 4 * 4, 4), ("ticket_bar", 2 * 4 * 8, 8),
                ("gather", gather_bytes, 128), ("gather_bar", 3 * 8, 8)]
     async_only = {"row_off", "row_scale", "stg_full", "stg_empty", "gather", "gather_bar"}
     present = []

@@ -240,11 +240,6 @@ __device__ __forceinline__ void named_bar_arrive(int id, int count) {
 // ---- programmatic dependent launch (a launch with cudaLaunchAttributeProgrammaticStreamSerialization) --------
 // Wait until the grids this one depends on have completed and their writes are visible.
 __device__ __forceinline__ void griddep_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
-// Programmatic dependent launch: the next kernel (launched with programmatic stream serialization) may start its CTAs
-// once every CTA of this grid has executed this or exited; it still waits (griddep_wait) for this grid's writes.
-__device__ __forceinline__ void griddep_launch_dependents() {
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-}
 
 // ---- flags between GPUs (system scope) ------------------------------------------------------------------
 __device__ __forceinline__ void st_release_sys(uint32_t* p, uint32_t v) {

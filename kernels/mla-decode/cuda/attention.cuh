@@ -54,8 +54,6 @@ struct Params {
   int staged_st;                 // ... or (bulk_store too) by coalesced 16-byte stores from the staged rows
   float scale_log2;              // log2(e) / sqrt(192)
   int narrow_tail;               // s-once: the cache's last tile narrow where it holds <= kTailRows rows
-  int pdl;                       // s-once (one item a CTA): launched with programmatic stream serialization; the first
-                                 // tiles load before griddepcontrol.wait, Q (the previous kernel's output) after it
 #ifdef KBENCH_DEV
   int skip_rope;                 // timing only (KBENCH_MLA_DEV_SKIP_ROPE): the keys left un-rotated
   long long* trace;              // KBENCH_MLA_DEV_TRACE: clock64 stamps [kTraceCtas][kTraceRoles][kTraceTiles][8]
@@ -212,30 +210,15 @@ __device__ __forceinline__ void load_q_and_tiles(const CUtensorMap* tm_q, const 
   tma_prefetch_desc(tm_q);
   tma_prefetch_desc(tm_kv);
   if (tm_tail) tma_prefetch_desc(tm_tail);
-  // Params::pdl: the ring's first tiles while the kernel before this one finishes, but only tiles wholly before the
-  // row this step appends (kv_len - 1), which another stream writes; then wait for the earlier kernels' writes (Q).
-  const int early =
-      trace && trace->pdl ? min(min(kStages, c.tile1 - c.tile0), max(0, (c.kv_len - 1) / kTile - c.tile0)) : 0;
-  if (early == 0) {
-    if (trace && trace->pdl) griddep_wait();
-    load_q(tm_q, s_q, q_full, c);
-  }
+  load_q(tm_q, s_q, q_full, c);
   int s = 0;
   uint32_t phase = 0;
   for (int tile = c.tile0; tile < c.tile1; ++tile) {
-    if (early > 0 && tile == c.tile0 + early) {
-      griddep_wait();
-      load_q(tm_q, s_q, q_full, c);
-    }
     if (trace) trace_stamp(*trace, kTraceLoader, tile - c.tile0, 0);
     mbar_wait(&empty[s], phase ^ 1);
     if (trace) trace_stamp(*trace, kTraceLoader, tile - c.tile0, 1);
     load_tile(tm_kv, s_kv, full, rope_landed, s, c, tile, max_seq, tm_tail);
     ring_next(s, phase, kStages);
-  }
-  if (early > 0 && c.tile0 + early >= c.tile1) {  // every tile loaded early: Q not yet
-    griddep_wait();
-    load_q(tm_q, s_q, q_full, c);
   }
 }
 

@@ -530,9 +530,6 @@ __global__ void __launch_bounds__(kThreads, 1) mla_attention_s_once_kernel(const
                                                                            const __grid_constant__ CUtensorMap tm_tail,
                                                                            const Params p) {
   extern __shared__ uint8_t smem_raw[];
-  // Params::pdl: W_UV's GEMM, launched behind this kernel with programmatic stream serialization, may start its CTAs
-  // on the SMs this grid's last CTAs leave (it waits for the output before reading it)
-  if (p.pdl) griddep_launch_dependents();
   const CtaWork work = cta_work(p);
   const SOnceSmem sm = s_once_smem<kRopeFirst>(smem_raw, p, false);
 

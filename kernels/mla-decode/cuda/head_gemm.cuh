@@ -41,8 +41,6 @@ struct HeadGemmArgs {
   __nv_bfloat16* c;
   long long c_row, c_head;
   int m, n, k;  // m <= 128; n a multiple of 128; k a multiple of 64
-  bool pdl;     // launched with programmatic stream serialization: B's first chunks (weights) load before
-                // griddepcontrol.wait, A's (the previous kernel's output) after it
 };
 
 __device__ __forceinline__ void hg_mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
@@ -65,7 +63,7 @@ __global__ void __launch_bounds__(kHgThreads, 2) head_gemm_kernel(const HeadGemm
   auto s_b = [&](int buf) { return hg_smem + buf * kHgStageElems + kHgBM * kHgAPitch; };
 
   // one chunk of k: A 128 x 64 (8 16-byte pieces a row) and B 64 x 128 or 128 x 64, four pieces of each a thread
-  auto load_part = [&](int kc, int buf, bool with_a, bool with_b) {
+  auto load = [&](int kc, int buf) {
     const int k0 = kc * kHgBK;
     __nv_bfloat16* sa = s_a(buf);
     __nv_bfloat16* sb = s_b(buf);
@@ -74,8 +72,7 @@ __global__ void __launch_bounds__(kHgThreads, 2) head_gemm_kernel(const HeadGemm
       const int piece = t + i * kHgThreads;  // 0..1023
       const int row = piece / 8, col = (piece % 8) * 8;
       const int src_row = row < p.m ? row : p.m - 1;
-      if (with_a) kb::sm90::cp_async_16(&sa[row * kHgAPitch + col], a + src_row * p.a_row + k0 + col);
-      if (!with_b) continue;
+      kb::sm90::cp_async_16(&sa[row * kHgAPitch + col], a + src_row * p.a_row + k0 + col);
       if constexpr (kBKMajor) {  // n rows of 64 k
         kb::sm90::cp_async_16(&sb[row * kHgBkPitch + col], b + (n0 + row) * p.b_row + k0 + col);
       } else {  // 64 k rows of 128 n: 16 pieces a row
@@ -84,31 +81,14 @@ __global__ void __launch_bounds__(kHgThreads, 2) head_gemm_kernel(const HeadGemm
       }
     }
   };
-  auto load = [&](int kc, int buf) { load_part(kc, buf, true, true); };
 
   const int wm = (warp / 2) * 32, wn = (warp % 2) * 64;  // this warp's 32 x 64 of the tile
   float acc[2][8][4] = {};
   const int chunks = p.k / kHgBK;
-  if (p.pdl) {
-    // The first stages' B (weights) in one group, then, once the kernel before has finished, each stage's A in a
-    // group of its own: stage c's A is group c + 1, so the waits below still find chunk kc complete (its A is among
-    // the first kc + 2 groups, and every early B in the first).
 #pragma unroll
-    for (int c = 0; c < kStages - 1; ++c)
-      if (c < chunks) load_part(c, c, false, true);
+  for (int c = 0; c < kStages - 1; ++c) {  // every group is committed, empty or not: wait_group counts them
+    if (c < chunks) load(c, c);
     kb::sm90::cp_async_commit();
-    kb::sm90::griddep_wait();
-#pragma unroll
-    for (int c = 0; c < kStages - 1; ++c) {
-      if (c < chunks) load_part(c, c, true, false);
-      kb::sm90::cp_async_commit();
-    }
-  } else {
-#pragma unroll
-    for (int c = 0; c < kStages - 1; ++c) {  // every group is committed, empty or not: wait_group counts them
-      if (c < chunks) load(c, c);
-      kb::sm90::cp_async_commit();
-    }
   }
   for (int kc = 0; kc < chunks; ++kc) {
     asm volatile("cp.async.wait_group %0;" ::"n"(kStages - 2) : "memory");

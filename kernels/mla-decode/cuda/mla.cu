@@ -53,9 +53,9 @@ int mla_num_sms() {
 void mla_describe(const MlaConfig& c, char* buf, int size) {
   snprintf(buf, size,
            "MlaConfig{splits=%d, prefetch_tables=%d, s_once=%d, rope_first=%d, seesaw=%d, bulk_store=%d, staged_st=%d, "
-           "persistent=%d, narrow_tail=%d, pdl=%d}",
+           "persistent=%d, narrow_tail=%d}",
            c.splits, c.prefetch_tables ? 1 : 0, c.s_once ? 1 : 0, c.rope_first ? 1 : 0, c.seesaw ? 1 : 0,
-           c.bulk_store ? 1 : 0, c.staged_st ? 1 : 0, c.persistent ? 1 : 0, c.narrow_tail ? 1 : 0, c.pdl ? 1 : 0);
+           c.bulk_store ? 1 : 0, c.staged_st ? 1 : 0, c.persistent ? 1 : 0, c.narrow_tail ? 1 : 0);
 }
 
 const char* mla_run(const MlaArgs& a, cudaStream_t stream) {
@@ -99,18 +99,7 @@ const char* mla_run(const MlaArgs& a, cudaStream_t stream) {
     const dim3 ctas(std::min<unsigned>(grid.x, static_cast<unsigned>(sms)));  // one an SM, each walking items
     s_once_kernel(a.config.rope_first, true)<<<ctas, kThreads, kSOnceSmemBytes, stream>>>(tm_q, tm_kv, tm_tail, p);
   } else if (a.config.s_once) {
-    p.pdl = a.config.pdl;
-    cudaLaunchConfig_t cfg{};
-    cfg.gridDim = grid;
-    cfg.blockDim = dim3(kThreads);
-    cfg.dynamicSmemBytes = kSOnceSmemBytes;
-    cfg.stream = stream;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = p.pdl ? 1 : 0;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
-    cudaLaunchKernelEx(&cfg, s_once_kernel(a.config.rope_first, false), tm_q, tm_kv, tm_tail, p);
+    s_once_kernel(a.config.rope_first, false)<<<grid, kThreads, kSOnceSmemBytes, stream>>>(tm_q, tm_kv, tm_tail, p);
   } else {
     const auto kernel = a.config.prefetch_tables ? mla_attention_kernel<true> : mla_attention_kernel<false>;
     kernel<<<grid, kThreads, kSmemBytes, stream>>>(tm_q, tm_kv, p);
@@ -143,20 +132,10 @@ const char* launch_mla_append_row(const void* row, void* cache, int bs, int max_
 template <bool kBKMajor, int kStages>
 static const char* head_gemm_launch(const HeadGemmArgs& p, dim3 grid, cudaStream_t stream) {
   auto kernel = head_gemm_kernel<kBKMajor, kStages>;
-  static const cudaError_t raised =
+  static const cudaError_t attr =
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, hg_smem_bytes(kStages));
-  if (raised != cudaSuccess) return "mla_head_gemm: cannot raise the kernel's shared memory";
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = grid;
-  cfg.blockDim = dim3(kHgThreads);
-  cfg.dynamicSmemBytes = hg_smem_bytes(kStages);
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[1];  // HeadGemmArgs::pdl: the weights' first chunks load under the kernel before
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = p.pdl ? 1 : 0;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  cudaLaunchKernelEx(&cfg, kernel, p);
+  if (attr != cudaSuccess) return "mla_head_gemm: cannot raise the kernel's shared memory";
+  kernel<<<grid, kHgThreads, hg_smem_bytes(kStages), stream>>>(p);
   return kb::launch_error("mla_head_gemm");
 }
 
@@ -166,8 +145,7 @@ const char* launch_mla_head_gemm(const void* a, long long a_row, long long a_hea
   if (m < 1 || m > kHgBM || n % kHgBN || k % kHgBK || k < kHgBK || heads < 1)
     return "mla_head_gemm: needs 1 <= m <= 128, n a multiple of 128, k a multiple of 64";
   const HeadGemmArgs p{static_cast<const __nv_bfloat16*>(a), a_row, a_head, static_cast<const __nv_bfloat16*>(b),
-                       b_row, b_head, static_cast<__nv_bfloat16*>(c), c_row, c_head, m, n, k,
-                       kb::env_int("KBENCH_MLA_PDL", 0) != 0};
+                       b_row, b_head, static_cast<__nv_bfloat16*>(c), c_row, c_head, m, n, k};
   const dim3 grid(n / kHgBN, heads);
   const bool deep = k > 2 * kHgBK;
   if (b_k_major) return deep ? head_gemm_launch<true, 4>(p, grid, stream) : head_gemm_launch<true, 3>(p, grid, stream);

@@ -22,7 +22,6 @@ constexpr int kEpiThreads = 96;                 // kAsync: the producer warpgrou
 constexpr int kGatherChains = kEpiThreads / 32;  // kAsync: the gather's copy chains, one a drain warp (its lane 0)
 constexpr int kGatherBytes = 4096;              // kAsync: a chain's bounce buffer (a row goes in pieces of this)
 constexpr int kSmemLimit = 232448;              // the dynamic shared memory a block may have on sm_90 (227 KB)
-constexpr int kTicketSlots = 4;                 // GemmParams::tail_fill: the units' ring from the producer to the rest
 
 // A ring stage's A tile (kBM rows x bk of k, fp16) and B tile (four TMA boxes of bk k-rows x 64 columns).
 MOE_SMEM_HD constexpr int a_tile_bytes(int bk) { return kBM * bk * 2; }
@@ -41,8 +40,6 @@ struct GemmSmem {
   int stg_full;   // async: the staged rows are there, one barrier a consumer warpgroup
   int stg_empty;  // async: the epilogue warps are done with them
   int meta;       // the launch's group meta, 2 (kMaxGroups + 1) int32
-  int tickets;    // GemmParams::tail_fill: the units the producer drew, kTicketSlots int32
-  int ticket_bar; // ... their full then empty barriers, 2 kTicketSlots (uint64)
   int gather;     // async: the gather chains' bounce buffers, kGatherChains x kGatherBytes (128-aligned)
   int gather_bar; // async: their barriers, one a chain
   int end;        // the regions' end
@@ -66,9 +63,6 @@ MOE_SMEM_HD constexpr GemmSmem gemm_smem(int bk, int stages, bool async) {
   if (async) at += 4 * 8;
   s.meta = at;
   at += 2 * (kMaxGroups + 1) * 4;
-  s.tickets = at;
-  s.ticket_bar = (at + kTicketSlots * 4 + 7) / 8 * 8;
-  at = s.ticket_bar + 2 * kTicketSlots * 8;
   s.gather = async ? (at + 127) / 128 * 128 : -1;
   s.gather_bar = async ? s.gather + kGatherChains * kGatherBytes : -1;
   if (async) at = s.gather_bar + kGatherChains * 8;

@@ -98,8 +98,6 @@ struct GemmParams {
   int decode_ahead;               // MoeConfig::decode_ahead: consumers decode the next unit under this one's last MMAs
                                   // and every scan for a unit's group starts at the previous unit's; 0: at the unit's
                                   // start, from group 0 (the build before)
-  int tail_fill;                  // MoeConfig::tail_fill (GEMM 2): units drawn from g_unit_tickets, the shared
-                                  // expert's first, and the launch may start beside GEMM 1's last wave (UnitTickets)
 #ifdef KBENCH_DEV
   long long* trace;               // KBENCH_MOE_DEV_TRACE: per-unit stamps (kTrace instances; see below)
   int trace_launch;               // which of the call's GEMM launches this is (the trace's first index)
@@ -161,78 +159,18 @@ __device__ __forceinline__ void red_add_f16x8(__half* out, const uint4& v) {
                : "memory");
 }
 
-// GemmParams::tail_fill: the CTAs draw their units from this counter instead of taking every gridDim.x-th, so that
-// CTAs which start early take more. [0] the next ticket, [1] the CTAs done drawing; the last of those puts both back
-// to 0 for the next launch (module memory starts zeroed; one launch at a time on a device).
-__device__ int g_unit_tickets[2];
-
-// The units one CTA computes, in the order all its roles meet them. Static: blockIdx.x, + gridDim.x, ... With
-// tail_fill the producer draws tickets and posts their units through a ring of kTicketSlots (full: the producer's
-// arrive; empty: one arrive a reading warp); ticket t stands for unit (t - first) mod units, first = the last group's
-// units, so the shared expert's units (GEMM 2's last group, whose H the launch before GEMM 1 wrote) go first: GEMM 2
-// launched with programmatic stream serialization starts CTAs on the SMs GEMM 1's last wave leaves idle, and they
-// take those units without waiting for GEMM 1 (docs/moe-notes.md, thirty-first session).
-struct UnitTickets {
-  int* slot_unit;   // [kTicketSlots]
-  uint64_t* full;   // [kTicketSlots]
-  uint64_t* empty;  // [kTicketSlots]
-  int units, first;
-  bool dynamic;
-  int slot;
-  uint32_t phase;
-  __device__ __forceinline__ int unit_of(int ticket) const {
-    return ticket >= units ? units : ticket < first ? ticket + units - first : ticket - first;
-  }
-  __device__ __forceinline__ void advance() {
-    if (++slot == kTicketSlots) slot = 0, phase ^= 1;
-  }
-  // The producer thread: its first unit (next = false) or the one after u.
-  __device__ __forceinline__ int draw(int u, bool next) {
-    if (!dynamic) return next ? u + static_cast<int>(gridDim.x) : static_cast<int>(blockIdx.x);
-    const int unit = unit_of(atomicAdd(&g_unit_tickets[0], 1));
-    mbar_wait(&empty[slot], phase ^ 1);
-    slot_unit[slot] = unit;
-    mbar_arrive(&full[slot]);  // (release: the store is seen by whoever completes its wait on this phase)
-    advance();
-    return unit;
-  }
-  // The producer thread after its last draw (a unit >= units).
-  __device__ __forceinline__ void finish() {
-    if (dynamic && atomicAdd(&g_unit_tickets[1], 1) == static_cast<int>(gridDim.x) - 1) {
-      g_unit_tickets[0] = 0;  // every CTA has drawn its last ticket: no draw can follow
-      g_unit_tickets[1] = 0;
-    }
-  }
-  // A reading warp (every lane): the same sequence.
-  __device__ __forceinline__ int take(int u, bool next, int lane) {
-    if (!dynamic) return next ? u + static_cast<int>(gridDim.x) : static_cast<int>(blockIdx.x);
-    mbar_wait(&full[slot], phase);
-    const int unit = slot_unit[slot];
-    __syncwarp();
-    if (lane == 0) mbar_arrive(&empty[slot]);
-    advance();
-    return unit;
-  }
-};
-
 // The producer (one thread): for each of this CTA's units, every k-block's A tile and four B boxes into the next
 // free stage.
 template <bool kGlu, int kStages, int kBK>
 __device__ __forceinline__ void produce(const GemmParams& p, const int* s_meta, uint8_t* s_a, uint8_t* s_b,
-                                        uint64_t* full, uint64_t* empty, int units, int num_kb, UnitTickets q) {
+                                        uint64_t* full, uint64_t* empty, int units, int num_kb) {
   using R = Ring<kBK>;
   const int G = p.groups;
-  int s = 0, g_from = 0, prev_u = -1;
+  int s = 0, g_from = 0;
   uint32_t phase = 0;
-  bool waited = false;
-  for (int u = q.draw(0, false); u < units; prev_u = u, u = q.draw(u, true)) {
-    // (tail_fill: the scan may start at the previous unit's group only where the order did not wrap)
-    const Unit w = decode(s_meta, G, p.n_tiles, u, p.band, p.decode_ahead && u > prev_u ? g_from : 0);
+  for (int u = blockIdx.x; u < units; u += gridDim.x) {
+    const Unit w = decode(s_meta, G, p.n_tiles, u, p.band, p.decode_ahead ? g_from : 0);
     g_from = w.g;
-    if (p.tail_fill && !waited && w.g != p.shared_group) {  // this unit's A rows are the previous kernel's output
-      griddep_wait();
-      waited = true;
-    }
     const bool shared_x = kGlu && w.g == p.shared_group;  // GEMM 1 reads the shared expert's rows from x itself
     const CUtensorMap* amap = &p.a[shared_x ? 1 : 0];
     // A group's last m-tile reads on into the next group's rows (its results there are never stored). Keep it so:
@@ -255,7 +193,6 @@ __device__ __forceinline__ void produce(const GemmParams& p, const int* s_meta, 
       ring_next(s, phase, kStages);
     }
   }
-  q.finish();
 }
 
 // GemmParams::gather_x: unit u of the shared expert's launch copies tokens [u T / units, (u + 1) T / units) of x to
@@ -347,12 +284,12 @@ template <bool kGlu>
 __device__ __forceinline__ void drain_epilogues(const GemmParams& p, const int* s_meta, const uint8_t* s_stage,
                                                 long long* s_off, __half2* s_scale, uint64_t* stg_full,
                                                 uint64_t* stg_empty, int units, int e, uint8_t* s_gbuf,
-                                                uint64_t* gbar, UnitTickets q) {
+                                                uint64_t* gbar) {
   const bool accumulate = !kGlu && p.out_slot != nullptr;
   __half* const out = accumulate ? *p.out_slot : p.out;
   const int warp = e / 32, lane = e % 32;
   uint32_t phase = 0, gphase = 0;
-  for (int u = q.take(0, false, lane); u < units; u = q.take(u, true, lane)) {
+  for (int u = blockIdx.x; u < units; u += gridDim.x) {
     if (kGlu && p.gather_x && p.gather_lsu) {
       // first, under the unit's MMAs (the slice's copies take ~15 us at the official shapes; the last unit's would
       // otherwise lengthen the launch), and with nothing of the unit live across them (the 56 registers spilled)
@@ -429,9 +366,6 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_kernel(const __grid_
   uint64_t* stg_empty = reinterpret_cast<uint64_t*>(async_at(L.stg_empty));
   uint8_t* s_gbuf = async_at(L.gather);
   uint64_t* gbar = reinterpret_cast<uint64_t*>(async_at(L.gather_bar));
-  uint64_t* tk_bar = reinterpret_cast<uint64_t*>(base + L.ticket_bar);
-  // GEMM 1 lets a GEMM 2 launched with tail_fill start its CTAs wherever an SM frees up (no effect otherwise)
-  if constexpr (kGlu) griddep_launch_dependents();
 
   const int G = p.groups;
   for (int i = threadIdx.x; i < 2 * (G + 1); i += blockDim.x)
@@ -448,28 +382,20 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_kernel(const __grid_
       }
       for (int c = 0; c < kGatherChains; ++c) mbar_init(&gbar[c], 1);  // its chain's arrive_expect_tx
     }
-    for (int i = 0; i < kTicketSlots; ++i) {
-      mbar_init(&tk_bar[i], 1);                                         // the producer's post
-      mbar_init(&tk_bar[kTicketSlots + i], 8 + (kAsync ? kEpiThreads / 32 : 0));  // each consumer and drain warp
-    }
     fence_mbar_init();
   }
   __syncthreads();
   const int units = s_meta[2 * G + 1] * p.n_tiles;
-  // tail_fill: the shared expert's units first where it is the last group (GEMM 2)
-  const int first = p.shared_group == G - 1 ? (s_meta[2 * G + 1] - s_meta[2 * G]) * p.n_tiles : 0;
-  UnitTickets q{reinterpret_cast<int*>(base + L.tickets), tk_bar, tk_bar + kTicketSlots, units, first,
-                p.tail_fill != 0, 0, 0};
   const int num_kb = p.k / kBK;
   const int wg = threadIdx.x / 128;
 
   if (wg == 0) {
     setmaxnreg_dec<kProducerRegs>();
-    if (threadIdx.x == 0) produce<kGlu, kStages, kBK>(p, s_meta, s_a, s_b, full, empty, units, num_kb, q);
+    if (threadIdx.x == 0) produce<kGlu, kStages, kBK>(p, s_meta, s_a, s_b, full, empty, units, num_kb);
     if constexpr (kAsync) {
       if (threadIdx.x >= 32)
         drain_epilogues<kGlu>(p, s_meta, s_c, s_off, s_scale, stg_full, stg_empty, units, threadIdx.x - 32, s_gbuf,
-                              gbar, q);
+                              gbar);
     }
     return;
   }
@@ -489,9 +415,8 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_kernel(const __grid_
 
   // Each unit is decoded while the previous one's last MMAs run (wn below): between a hand-over and the next unit's
   // first MMA the consumers only wait for the stage.
-  int u = q.take(0, false, lane), un = units;
-  Unit w = decode(s_meta, G, p.n_tiles, u < units ? u : 0, p.band), wn = w;
-  for (; u < units; u = un, w = wn) {
+  Unit w = decode(s_meta, G, p.n_tiles, blockIdx.x, p.band), wn = w;
+  for (int u = blockIdx.x; u < units; u += gridDim.x, w = wn) {
     if (!p.decode_ahead) w = decode(s_meta, G, p.n_tiles, u, p.band);
     // The last m-tile of a group often holds 64 rows or fewer: its second half is empty. With skip_empty_halves
     // that warpgroup only releases the stages (same arrivals), and the other one has the tensor cores to itself.
@@ -525,9 +450,8 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_kernel(const __grid_
       prev = s;
       ring_next(s, phase, kStages);
     }
-    un = q.take(u, true, lane);
-    if (p.decode_ahead && un < units)  // the next unit, from this one's group on (where the order did not wrap)
-      wn = decode(s_meta, G, p.n_tiles, un, p.band, un > u ? w.g : 0);
+    if (p.decode_ahead && u + static_cast<int>(gridDim.x) < units)  // the next unit, from this one's group on
+      wn = decode(s_meta, G, p.n_tiles, u + gridDim.x, p.band, w.g);
     // The epilogue's destination rows: this thread stores 16 bytes of rows t / 8 + 16 i (i < 4) in every pass. GEMM
     // 2's routed rows come from out_rows in global memory: loaded here, while the last MMAs run, not inside the
     // passes (ncu, 2026-11-24: those dependent loads were ~3% of GEMM 2's stall samples).

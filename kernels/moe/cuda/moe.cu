@@ -161,19 +161,8 @@ void launch_gemm(GemmParams g, bool glu, const MoeArgs& a, cudaStream_t stream, 
   }
 #endif
   const int bk = launch_bk(a, launch);
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(device_info().sms);
-  cfg.blockDim = dim3(kThreads);
-  cfg.dynamicSmemBytes = gemm_smem_bytes(a.stages, async, bk);
-  cfg.stream = stream;
-  // tail_fill: the CTAs may start before the launch ahead of this one (GEMM 1) has finished; GemmParams::tail_fill
-  // has the producer wait for it (griddepcontrol.wait) before the first unit that reads its output
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = g.tail_fill ? 1 : 0;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  cudaLaunchKernelEx(&cfg, gemm_kernel(glu, a.stages, async, bk, trace), g);
+  gemm_kernel(glu, a.stages, async, bk, trace)<<<device_info().sms, kThreads, gemm_smem_bytes(a.stages, async, bk),
+                                                 stream>>>(g);
 }
 
 }  // namespace
@@ -204,16 +193,16 @@ MoeConfig moe_config(int T, int K, int E) {
                    // k 32 stages only where both GEMMs hand their epilogue over (6 stages beside the staging); the
                    // routed GEMM 1 keeps k 64 (at k 32 it ran at a lower clock, docs/moe-notes.md)
                    async_epilogue == 3 ? kb::env_int("KBENCH_MOE_BK32", 5) & 7 : 0,
-                   kb::env_int("KBENCH_MOE_DECODE_AHEAD", 1) != 0, kb::env_int("KBENCH_MOE_TAIL_FILL", 0) != 0};
+                   kb::env_int("KBENCH_MOE_DECODE_AHEAD", 1) != 0};
 }
 
 void moe_describe(const MoeConfig& c, char* buf, int size) {
   snprintf(buf, size,
            "MoeConfig{skip_empty_halves=%d, keep_workspaces=%d, stages=%d, red_combine=%d, split_route=%d, "
            "async_epilogue=%d, shared_first=%d, shared_gather=%d, gather_lsu=%d, band=%d, bk32=%d, "
-           "decode_ahead=%d, tail_fill=%d}",
+           "decode_ahead=%d}",
            c.skip_empty_halves, c.keep_workspaces, c.stages, c.red_combine, c.split_route, c.async_epilogue,
-           c.shared_first, c.shared_gather, c.gather_lsu, c.band, c.bk32, c.decode_ahead, c.tail_fill);
+           c.shared_first, c.shared_gather, c.gather_lsu, c.band, c.bk32, c.decode_ahead);
 }
 
 const char* moe_run(const MoeArgs& a, cudaStream_t stream, cudaEvent_t* events) {
@@ -283,9 +272,6 @@ const char* moe_run(const MoeArgs& a, cudaStream_t stream, cudaEvent_t* events) 
   g2.skip_empty_halves = a.skip_empty_halves;
   g2.band = a.band;
   g2.decode_ahead = a.decode_ahead;
-  // (only where GEMM 1 leaves the shared expert's H rows alone: it wrote them before; and without the benchmarks'
-  // events, which would stand between the launches)
-  g2.tail_fill = a.tail_fill && shared_ran && !events;
   launch_gemm(g1, true, a, stream, 1);
   mark(3);
   launch_gemm(g2, false, a, stream, 2);

@@ -39,7 +39,6 @@ struct MoeArgs {
   int band;               // MoeConfig::band
   int bk32;               // MoeConfig::bk32
   int decode_ahead;       // MoeConfig::decode_ahead
-  int tail_fill;          // MoeConfig::tail_fill
 };
 
 // A named configuration (KBENCH_PRINT_CONFIG=1 prints the one picked for each shape). The defaults are the measured
@@ -74,10 +73,6 @@ struct MoeConfig {
   bool decode_ahead;       // the GEMM consumers decode their next unit under the current one's last MMAs, every role's
                            // scan for a unit's group from the previous unit's (KBENCH_MOE_DECODE_AHEAD; on since the
                            // twenty-seventh session, 0 the build before)
-  bool tail_fill;          // GEMM 2 launched with programmatic stream serialization, its CTAs drawing units from a
-                           // counter, the shared expert's first: those need no GEMM 1 output, so CTAs on the SMs the
-                           // routed GEMM 1's last wave leaves idle run them at once (KBENCH_MOE_TAIL_FILL; 0 the
-                           // build before, candidate `tail-fill`; thirty-first session)
 };
 MoeConfig moe_config(int T, int K, int E);
 void moe_describe(const MoeConfig& c, char* buf, int size);
