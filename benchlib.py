@@ -36,8 +36,11 @@ COLUMNS = ("date", "gpu", "world_size", "backend", "metric", "case", "us")
 # machines (the others move by a few % from one H100 to the next). host-loop: the official host-clock window replayed
 # by benchmarks/host_gap.py, beside the CUDA events inside that window ("<backend>/host", "<backend>/device").
 # trace: one phase of a kernel's loop from its own clock64 stamps in a dev build (benchmarks/mla_decode.py
-# --phase-trace), the median per tile in us at the SM clock ("<backend>/trace:<phase>").
-METRICS = ("official", "leaderboard", "kernel", "profiler", "ncu", "host-loop", "trace")
+# --phase-trace), the median per tile in us at the SM clock ("<backend>/trace:<phase>"). energy: millijoules a call
+# from NVML's energy counter over back-to-back calls (benchmarks/energy.py), the one metric whose value column ("us")
+# holds another unit (UNITS).
+METRICS = ("official", "leaderboard", "kernel", "profiler", "ncu", "host-loop", "trace", "energy")
+UNITS = {"energy": "mJ a call"}  # a metric's unit where it is not us
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -413,7 +416,7 @@ def _markdown(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]
 
 def results_markdown(folder: Path) -> str:
     """Markdown tables of every <folder>/<problem>.csv. Per problem and per (metric, GPU, world size): cases x
-    backends, each cell the latest figure (us); "<backend>/<stage>" rows go to a table of stages below it, each
+    backends, each cell the latest figure (us, or the metric's UNITS); "<backend>/<stage>" rows go to a table of stages below it, each
     (backend, case) row with the stages of its latest date only."""
     order = {m: i for i, m in enumerate(METRICS)}
     out = []
@@ -430,7 +433,7 @@ def results_markdown(folder: Path) -> str:
             backends = list(dict.fromkeys(r["backend"] for r in sel))
             dates = sorted({r["date"] for r in sel})
             span = dates[0] if len(dates) == 1 else f"{dates[0]} to {dates[-1]}"
-            out += ["", f"{metric} · {gpu} · world size {ws} · {span} (µs)", ""]
+            out += ["", f"{metric} · {gpu} · world size {ws} · {span} ({UNITS.get(metric, 'µs')})", ""]
 
             def cell(b, c):
                 r = latest.get((b, c))

@@ -10,7 +10,8 @@
 #   matching NCU_KERNELS in benchmarks/calls.py NCU_PROBLEM: NCU_SKIP launches skipped, NCU_COUNT profiled), moe-official, mla-official (kbench perf of the
 #   shipped build and of each candidate, in the modes OFFICIAL_MODES, default benchmark; OFFICIAL_CANDIDATES = which
 #   candidates, comma-separated, default all); host-gap (benchmarks/host_gap.py for GAP_PROBLEMS: the official
-#   window with CUDA events inside it); moe-phases (benchmarks/moe_launch_phases.py: custom_kernel's host steps before
+#   window with CUDA events inside it); energy (benchmarks/energy.py ENERGY_ARGS, default moe: J a call);
+#   moe-phases (benchmarks/moe_launch_phases.py: custom_kernel's host steps before
 #   and around its graph launch, PHASES_CANDIDATES beside the shipped path, PHASES_RUNS calls, PHASES_S seconds,
 #   PHASES_PIECES > 0: each host step alone that many times);
 # Limits: TIER_S, PROFILE_S, SANITIZE_S seconds; PROFILE_PROBLEMS = which problems `profile` runs; TIER_FILES = the test files of the tier, in the order given;
@@ -79,6 +80,7 @@ for part in "$@"; do
   host-gap) for p in ${GAP_PROBLEMS:-mla-decode moe}; do  # the official window with CUDA events inside it
               step "${GAP_S:-300}" "host_gap_$p" python3 benchmarks/host_gap.py "$p" --runs "${GAP_RUNS:-40}" --profile "${GAP_PROFILE:-0}" ${GAP_CPROFILE:+--cprofile} ${GAP_HOST_TRACE:+--host-trace "$GAP_HOST_TRACE"}
             done ;;
+  energy) step "${ENERGY_S:-300}" energy python3 benchmarks/energy.py ${ENERGY_ARGS:-moe} ;;  # J a call (NVML)
   mla-rope-cost) step "${BENCH_S:-300}" mla_rope_cost python3 benchmarks/mla_decode.py --rope-cost ;;
   mla-scaling) step "${BENCH_S:-300}" mla_scaling python3 benchmarks/mla_decode.py --scaling --runs "${BENCH_RUNS:-10}" \
                  --candidates "${BENCH_CANDIDATES:-}" ;;
