@@ -76,9 +76,11 @@ for part in "$@"; do
                ${BENCH_CANDIDATES+--candidates "$BENCH_CANDIDATES"} ${BENCH_REV:+--rev "$BENCH_REV"} ;;
   moe-phases) step "${PHASES_S:-200}" moe_phases python3 benchmarks/moe_launch_phases.py --runs "${PHASES_RUNS:-30}" \
                 --candidates "${PHASES_CANDIDATES:-}" --pieces "${PHASES_PIECES:-0}" ;;
-  # (GAP_HOST_TRACE=N: N more runs under the profiler, the host's calls and the kernels, the last window's timeline)
+  # (GAP_HOST_TRACE=N: N more runs under the profiler, the host's calls and the kernels, the last window's timeline;
+  # GAP_NO_CLONE=1: the inputs not cloned between windows)
   host-gap) for p in ${GAP_PROBLEMS:-mla-decode moe}; do  # the official window with CUDA events inside it
-              step "${GAP_S:-300}" "host_gap_$p" python3 benchmarks/host_gap.py "$p" --runs "${GAP_RUNS:-40}" --profile "${GAP_PROFILE:-0}" ${GAP_CPROFILE:+--cprofile} ${GAP_HOST_TRACE:+--host-trace "$GAP_HOST_TRACE"}
+              step "${GAP_S:-300}" "host_gap_$p" python3 benchmarks/host_gap.py "$p" --runs "${GAP_RUNS:-40}" --profile "${GAP_PROFILE:-0}" ${GAP_CPROFILE:+--cprofile} ${GAP_HOST_TRACE:+--host-trace "$GAP_HOST_TRACE"} \
+                ${GAP_NO_CLONE:+--no-clone}
             done ;;
   energy) step "${ENERGY_S:-300}" energy python3 benchmarks/energy.py ${ENERGY_ARGS:-moe} ;;  # J a call (NVML)
   mla-rope-cost) step "${BENCH_S:-300}" mla_rope_cost python3 benchmarks/mla_decode.py --rope-cost ;;

@@ -18,6 +18,8 @@ with a pair of CUDA events recorded around the same call. Then --runs more calls
 Rows: metric host-loop, backend "<backend>/host", "<backend>/device", "<backend>/flushed", "<backend>/issue"
 (<backend>: --label where given).
 --cprofile: the Python profile (cProfile, top 15 by cumulative time) of the timed runs of each case.
+--no-clone: the same input objects every run where the protocol clones them before each window (rows under
+"<backend>[no-clone]/..."): what the clone between windows (for moe 2.9 GB of weights) does to the call after it.
 --leaderboard: the inputs of every run regenerated as leaderboard mode does (the case seed + 13 (i + 1), generated
 while the previous run's inputs are still held, then cloned where the protocol clones), so they move between runs;
 rows under "<backend>[leaderboard]/..." (the flushed column then regenerates too). --check-each: every run's output
@@ -180,6 +182,9 @@ def main():
     ap.add_argument("--rev", metavar="REV", help="the backend as it was at this git revision (or a carried kernels "
                     "folder, benchlib.kernels_at); rows under benchlib.revision_label")
     ap.add_argument("--label", help="the rows' backend name (a build run with a knob set, e.g. cuda[full-key])")
+    ap.add_argument("--no-clone", action="store_true",
+                    help="the same input objects every run where the protocol clones them before each (rows under "
+                         "'<backend>[no-clone]/...'): what the clone between windows does to the call after it")
     ap.add_argument("--leaderboard", action="store_true",
                     help="regenerate the inputs every run as leaderboard mode does (they move between runs)")
     args = ap.parse_args()
@@ -193,6 +198,10 @@ def main():
         raise SystemExit("--check-each goes with --leaderboard (benchmark mode checks only the first call)")
     if args.leaderboard:
         label_backend += "[leaderboard+check]" if args.check_each else "[leaderboard]"
+    if args.no_clone and args.leaderboard:
+        raise SystemExit("--no-clone goes without --leaderboard (leaderboard mode's inputs are new every run)")
+    if args.no_clone:
+        label_backend += "[no-clone]"
     ref = problems.load_modules(args.problem).reference
     clone_inputs = spec.protocol.clone_inputs
     flush_buf = torch.empty(64 * 1024 * 1024, dtype=torch.int32, device="cuda")
@@ -208,7 +217,7 @@ def main():
         print(f"{label or 'case'} {line}: {'ok' if ok else msg}", flush=True)
         if not ok:
             raise SystemExit(f"{label_backend} fails {line}: fix it before timing")
-        next_given = (lambda: guards.clone(data)) if clone_inputs else (lambda: data)
+        next_given = (lambda: guards.clone(data)) if clone_inputs and not args.no_clone else (lambda: data)
         if args.leaderboard:
             next_given = reseeded_inputs(ref, case, data, clone_inputs, spec.protocol.reseed_step, args.check_each)
         if label:
