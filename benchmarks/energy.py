@@ -10,7 +10,8 @@ synchronize, for --seconds; the counter (millijoules since the driver loaded) re
 energy, "<backend>" / "<backend>+<name>", the value in millijoules a call (benchlib.METRICS says so); metric
 host-loop, "<backend>[energy-loop]", the same loop's host time a call in us. A --candidate is NAME=KNOB=VALUE[,KNOB=
 VALUE...] (the environment it runs under). NVML through ctypes (libnvidia-ml.so.1, the driver's), device index 0
-unless --nvml-index says otherwise (NVML counts the machine's GPUs, not CUDA_VISIBLE_DEVICES').
+unless --nvml-index says otherwise (NVML counts the machine's GPUs, not CUDA_VISIBLE_DEVICES'). Problems whose
+protocol clones the inputs only (moe, fp8-mm): mla-decode's calls grow the cache they are given.
 """
 from __future__ import annotations
 
@@ -93,6 +94,9 @@ def main():
     spec = problems.load_spec(args.problem)
     if spec.distributed:
         raise SystemExit(f"energy: {args.problem} is distributed (one GPU's counter would miss the others)")
+    if not spec.protocol.clone_inputs:  # (mla-decode: the submission appends to the cache it is given)
+        raise SystemExit(f"energy: {args.problem}'s calls change their inputs, and this loop repeats one input set "
+                         "thousands of times; measure a problem whose protocol clones its inputs (moe, fp8-mm)")
     variants = {args.backend: {}}
     for text in args.candidate:
         name, knobs = parse_candidate(text)

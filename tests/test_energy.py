@@ -35,3 +35,15 @@ def test_the_energy_tables_say_their_unit(tmp_path):
     text = benchlib.results_markdown(tmp_path)
     assert "energy · H100 · world size 1 · 2026-01-01 (mJ a call)" in text
     assert "official · H100 · world size 1 · 2026-01-01 (µs)" in text
+
+
+def test_a_problem_whose_calls_change_their_inputs_is_refused_with_the_reason(monkeypatch):
+    """mla-decode's submission appends a row to the cache it is given: thousands of calls on one input set would run
+    past the cache, so energy.py says why it will not measure it (before it looks for NVML or a GPU)."""
+    energy = _energy()
+    monkeypatch.setattr("sys.argv", ["energy.py", "mla-decode"])
+    with pytest.raises(SystemExit, match="change their inputs"):
+        energy.main()
+    monkeypatch.setattr("sys.argv", ["energy.py", "all2all"])
+    with pytest.raises(SystemExit, match="distributed"):
+        energy.main()
