@@ -416,8 +416,8 @@ def _markdown(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]
 
 def results_markdown(folder: Path) -> str:
     """Markdown tables of every <folder>/<problem>.csv. Per problem and per (metric, GPU, world size): cases x
-    backends, each cell the latest figure (us, or the metric's UNITS); "<backend>/<stage>" rows go to a table of stages below it, each
-    (backend, case) row with the stages of its latest date only."""
+    backends, each cell the latest figure (us, or the metric's UNITS); "<backend>/<stage>" rows go to a table of
+    stages below it, each (backend, case) row with the stages of its latest date only."""
     order = {m: i for i, m in enumerate(METRICS)}
     out = []
     for path in sorted(Path(folder).glob("*.csv")):

@@ -37,8 +37,6 @@ PHASES = ("fast-replay", "prepare", "graph-launch", "verify", "gpu-rest", "to-la
 # candidate name -> knobs: the host paths before this one (kernels/moe/cuda/entry.py): the Python path with the key
 # read in C++ (py-replay, the build before the thirtieth session) or through Python's data_ptr() (py-key); the
 # output's address published by a kernel launch instead of the stream's write (publish-kernel)
-PIECES = ("x.view", "host-values", "torch.empty", "small-launch", "moe_output", "moe_prepare", "prepare",
-          "graph-lookup", "graph-replay", "moe_replay", "custom_kernel")
 CANDIDATES = {"py-key": {"KBENCH_MOE_FAST_REPLAY": "0", "KBENCH_MOE_PY_KEY": "1"},
               "py-replay": {"KBENCH_MOE_FAST_REPLAY": "0"},
               "publish-kernel": {"KBENCH_MOE_PUBLISH_KERNEL": "1"}}
@@ -153,13 +151,14 @@ def main():
             rows += [benchlib.Row(gpu, 1, f"cuda[{label}]/{p}", "host-loop", line, v) for p, v in pieces.items()]
             pieces_table.append([line.split("; seed")[0].split("; ")[-1], "after work" if after_work else "idle"]
                                 + [f"{v:.1f}" for v in pieces.values()])
+            piece_names = list(pieces)  # (the steps pieces_of_the_host_path times, in its order)
         del data
     benchlib.record("moe", rows)
     benchlib.table(f"moe cuda: custom_kernel's host phases, medians of {args.runs} official-style calls (us, {gpu})",
                    ["case", "build", *PHASES], table)
     if pieces_table:
         benchlib.table(f"moe cuda: the host path's steps alone, medians of {args.pieces} (us, {gpu})",
-                       ["case", "GPU before", *PIECES], pieces_table)
+                       ["case", "GPU before", *piece_names], pieces_table)
 
 
 if __name__ == "__main__":

@@ -10,10 +10,10 @@
 #include <mutex>
 #include <unordered_map>
 
+#include "driver_api.h"
 #include "grouped_gemm.cuh"
 #include "knobs.h"
 #include "launch_error.h"
-#include "driver_api.h"
 #include "moe_api.h"
 #include "moe_rules.h"
 #include "route.cuh"
