@@ -10,8 +10,10 @@ synchronize, for --seconds; the counter (millijoules since the driver loaded) re
 energy, "<backend>" / "<backend>+<name>", the value in millijoules a call (benchlib.METRICS says so); metric
 host-loop, "<backend>[energy-loop]", the same loop's host time a call in us. A --candidate is NAME=KNOB=VALUE[,KNOB=
 VALUE...] (the environment it runs under). NVML through ctypes (libnvidia-ml.so.1, the driver's), device index 0
-unless --nvml-index says otherwise (NVML counts the machine's GPUs, not CUDA_VISIBLE_DEVICES'). Problems whose
-protocol clones the inputs only (moe, fp8-mm): mla-decode's calls grow the cache they are given.
+unless --nvml-index says otherwise (NVML counts the machine's GPUs, not CUDA_VISIBLE_DEVICES'). The printed table
+adds the SM clock (median of NVML samples every ~10 ms) and the shares of samples with the power cap or a hardware
+slowdown as the clock's reason. Problems whose protocol clones the inputs only (moe, fp8-mm): mla-decode's calls grow
+the cache they are given (`benchmarks/mla_decode.py --energy` measures its attention kernel alone).
 """
 from __future__ import annotations
 
@@ -22,6 +24,20 @@ import time
 
 from kbench import benchlib, problems
 from kbench.evaluator import guards
+
+
+NVML_CLOCK_SM = 1
+SW_POWER_CAP, HW_SLOWDOWN = 0x4, 0x8  # clock event reasons (nvml.h): the board's power cap; power brake or thermal
+
+
+def clock_summary(samples: list[tuple[int, int]]) -> tuple[float, float, float]:
+    """(median SM MHz, share of samples with the software power cap set, share with a hardware slowdown) of
+    clock_sample() readings taken while the loop ran."""
+    if not samples:
+        return float("nan"), float("nan"), float("nan")
+    n = len(samples)
+    return (statistics.median(m for m, _ in samples), sum(bool(r & SW_POWER_CAP) for _, r in samples) / n,
+            sum(bool(r & HW_SLOWDOWN) for _, r in samples) / n)
 
 
 class EnergyCounter:
@@ -47,6 +63,14 @@ class EnergyCounter:
                     "GetTotalEnergyConsumption")
         return value.value
 
+    def clock_sample(self) -> tuple[int, int]:
+        """(SM clock in MHz, the clock event reasons' bits) now; NVML answers from the host while kernels run."""
+        mhz, reasons = ctypes.c_uint(), ctypes.c_ulonglong()
+        self._check(self.lib.nvmlDeviceGetClockInfo(self.handle, NVML_CLOCK_SM, ctypes.byref(mhz)), "GetClockInfo")
+        self._check(self.lib.nvmlDeviceGetCurrentClocksEventReasons(self.handle, ctypes.byref(reasons)),
+                    "GetCurrentClocksEventReasons")
+        return mhz.value, reasons.value
+
 
 def per_call(mj0: int, mj1: int, t0: float, t1: float, calls: int) -> tuple[float, float, float]:
     """(mJ a call, us a call, mean watts) of `calls` calls between two counter readings and two host clocks (s)."""
@@ -64,16 +88,25 @@ def parse_candidate(text: str) -> tuple[str, dict[str, str]]:
     return name, dict(pairs)
 
 
-def measure(call, counter: EnergyCounter, seconds: float, warmup: int = 3) -> tuple[float, float, float]:
+def measure(call, counter: EnergyCounter, seconds: float, warmup: int = 3, batch: int = 1,
+            clocks: list | None = None) -> tuple[float, float, float]:
+    """(mJ, us, W) a call over back-to-back calls for `seconds`: `batch` calls launched, then a synchronize. With a
+    list for `clocks`, clock_sample() is appended to it every ~10 ms, read after a batch's launches (while the GPU
+    runs them)."""
     import torch
     for _ in range(warmup):
         call()
     torch.cuda.synchronize()
     calls, mj0, t0 = 0, counter.millijoules(), time.perf_counter()
+    sampled = t0
     while True:
-        call()
+        for _ in range(batch):
+            call()
+        calls += batch
+        if clocks is not None and time.perf_counter() - sampled >= 0.01:
+            clocks.append(counter.clock_sample())
+            sampled = time.perf_counter()
         torch.cuda.synchronize()
-        calls += 1
         t1 = time.perf_counter()
         if t1 - t0 >= seconds:
             break
@@ -116,19 +149,36 @@ def main():
                 raise SystemExit(f"energy: {label} fails {line}: {msg}")
         given = guards.clone(data)  # one input set for every call (its addresses stay: graphs replay)
         got = {label: [] for label in variants}
+        clocks = {label: [] for label in variants}
         for _ in range(args.rounds):
             for label, knobs in variants.items():
                 with benchlib.knobs(knobs):
-                    got[label].append(measure(lambda: mod.custom_kernel(given), counter, args.seconds))
+                    got[label].append(measure(lambda: mod.custom_kernel(given), counter, args.seconds,
+                                              clocks=clocks[label]))
         for label, runs in got.items():
-            mj, us, watts = (statistics.mean(r[i] for r in runs) for i in range(3))
-            rows += [benchlib.Row(gpu, 1, label, "energy", line, mj),
-                     benchlib.Row(gpu, 1, f"{label}[energy-loop]", "host-loop", line, us)]
-            table.append([line.split("; seed")[0], label, f"{mj:.1f}", f"{us:.1f}", f"{watts:.0f}",
-                          " ".join(f"{r[0]:.0f}" for r in runs)])
+            rows += result_rows(gpu, label, line, runs)
+            table.append(table_line(line.split("; seed")[0], label, runs, clocks[label]))
     print(f"written to {benchlib.record(args.problem, rows)}")
-    benchlib.table(f"{args.problem} on {gpu}: energy a call (NVML), back-to-back calls",
-                   ["case", "variant", "mJ a call", "us a call", "W", "mJ each round"], table)
+    benchlib.table(f"{args.problem} on {gpu}: energy a call (NVML), back-to-back calls", TABLE_COLUMNS, table)
+
+
+TABLE_COLUMNS = ["case", "variant", "mJ a call", "us a call", "W", "SM MHz", "power cap", "HW slowdown",
+                 "mJ each round"]
+
+
+def result_rows(gpu: str, label: str, case: str, runs: list) -> list:
+    """The rows of one variant's rounds ((mJ, us, W) each): metric energy (mJ a call) and host-loop (us a call)."""
+    mj, us = (statistics.mean(r[i] for r in runs) for i in range(2))
+    return [benchlib.Row(gpu, 1, label, "energy", case, mj),
+            benchlib.Row(gpu, 1, f"{label}[energy-loop]", "host-loop", case, us)]
+
+
+def table_line(case: str, label: str, runs: list, clocks: list) -> list:
+    """One printed line: the rounds' means, the clock samples' median and the power-cap and slowdown shares."""
+    mj, us, watts = (statistics.mean(r[i] for r in runs) for i in range(3))
+    mhz, capped, slowed = clock_summary(clocks)
+    return [case, label, f"{mj:.1f}", f"{us:.1f}", f"{watts:.0f}", f"{mhz:.0f}", f"{capped:.0%}", f"{slowed:.0%}",
+            " ".join(f"{r[0]:.0f}" for r in runs)]
 
 
 if __name__ == "__main__":

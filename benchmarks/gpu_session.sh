@@ -10,7 +10,8 @@
 #   matching NCU_KERNELS in benchmarks/calls.py NCU_PROBLEM: NCU_SKIP launches skipped, NCU_COUNT profiled), moe-official, mla-official (kbench perf of the
 #   shipped build and of each candidate, in the modes OFFICIAL_MODES, default benchmark; OFFICIAL_CANDIDATES = which
 #   candidates, comma-separated, default all); host-gap (benchmarks/host_gap.py for GAP_PROBLEMS: the official
-#   window with CUDA events inside it); energy (benchmarks/energy.py ENERGY_ARGS, default moe: J a call);
+#   window with CUDA events inside it); energy (benchmarks/energy.py ENERGY_ARGS, default moe: J a call, SM clock);
+#   mla-energy (the attention kernel alone: J a call, SM clock, power cap; ENERGY_ROUNDS, BENCH_CANDIDATES);
 #   moe-phases (benchmarks/moe_launch_phases.py: custom_kernel's host steps before
 #   and around its graph launch, PHASES_CANDIDATES beside the shipped path, PHASES_RUNS calls, PHASES_S seconds,
 #   PHASES_PIECES > 0: each host step alone that many times);
@@ -83,6 +84,8 @@ for part in "$@"; do
                 ${GAP_NO_CLONE:+--no-clone}
             done ;;
   energy) step "${ENERGY_S:-300}" energy python3 benchmarks/energy.py ${ENERGY_ARGS:-moe} ;;  # J a call (NVML)
+  mla-energy) step "${ENERGY_S:-300}" mla_energy python3 benchmarks/mla_decode.py --energy \
+                --rounds "${ENERGY_ROUNDS:-2}" --candidates "${BENCH_CANDIDATES:-}" ;;  # the attention alone
   mla-rope-cost) step "${BENCH_S:-300}" mla_rope_cost python3 benchmarks/mla_decode.py --rope-cost ;;
   mla-scaling) step "${BENCH_S:-300}" mla_scaling python3 benchmarks/mla_decode.py --scaling --runs "${BENCH_RUNS:-10}" \
                  --candidates "${BENCH_CANDIDATES:-}" ;;

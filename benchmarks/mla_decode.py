@@ -97,6 +97,13 @@ def flashinfer_attention(q: torch.Tensor, cache: torch.Tensor, kv_len: int, cos:
     return lambda: wrapper.run(q_nope, q_pe, ckv, kpe)
 
 
+def attention_inputs(mod, x, cache) -> tuple:
+    """The attention kernel's arguments for a case's inputs, q random: (q [bs, 128, 576] bf16, the cache's buffer
+    [bs, max_seq, 576] bf16, cos, sin: the RoPE tables at bf16 angles [max_seq, 64])."""
+    q = torch.randn(x.shape[0], 128, 576, device=x.device).bfloat16()
+    return q, cache.data, *mod._rope_tables(cache.data.shape[1], 64, x.device)
+
+
 def time_case(case, cuda_mod, torch_mod, ref, runs, candidates, revisions) -> dict:
     roofline = problems.load_spec("mla-decode").roofline
     floor = 1e6 * max(roofline.flops(case) / BF16_FLOPS, roofline.bytes(case) / HBM_BPS)
@@ -118,8 +125,7 @@ def time_case(case, cuda_mod, torch_mod, ref, runs, candidates, revisions) -> di
            "torch": timer(lambda: call(torch_mod), runs)}
     # the attention kernel alone, on this call's inputs
     bs, kv_len = x.shape[0], seq0 + 1
-    q = torch.randn(bs, 128, 576, device="cuda").bfloat16()
-    cos, sin = cuda_mod._rope_tables(cache.data.shape[1], 64, x.device)
+    q, _, cos, sin = attention_inputs(cuda_mod, x, cache)
 
     def attention(mod):
         return mod.ext.mla_attention(q, cache.data, kv_len, cos, sin, None)
@@ -202,6 +208,42 @@ def scaling(runs: int, candidates: dict, clean: bool = False) -> None:
                 print(f"{name} batch {bs}: {slope:.3f} us a tile, intercept {(sy - slope * sx) / n:.1f} us", flush=True)
     benchlib.table(f"mla-decode attention alone on {gpu} (us; CUDA events, L2 flushed{' clean' if clean else ''})",
                    ["case", "tiles"] + names, table)
+
+
+# --energy: the attention kernel alone launched back to back on each benchmark case's q and cache (the kernel leaves
+# its inputs as they are, unlike the whole step, which appends to the cache): NVML's joules a call, the SM clock and
+# whether the power cap set it (docs/mla-decode-notes.md, finding 46).
+def attention_energy(seconds: float, rounds: int, candidates: dict) -> None:
+    """--energy: rows <backend>/attention, metric energy (mJ a call) and <backend>/attention[energy-loop], metric
+    host-loop (us a call, 8 launches between synchronizes), per benchmark case; the variants take turns each round."""
+    spec_ = importlib.util.spec_from_file_location("energy", os.path.join(os.path.dirname(__file__), "energy.py"))
+    energy = importlib.util.module_from_spec(spec_)
+    spec_.loader.exec_module(energy)
+    counter = energy.EnergyCounter()
+    gpu = torch.cuda.get_device_name()
+    mod = benchlib.build("mla-decode", "cuda")
+    ref = problems.load_modules("mla-decode").reference
+    configs = {"cuda": {}} | {f"cuda+{n}": k for n, k in candidates.items()}
+    rows, table = [], []
+    for case in problems.load_spec("mla-decode").benchmarks:
+        line = problems.format_case(case)
+        _, x, cache = ref.generate_input(**problems.official_case(case))
+        kv_len = cache.seq_len + 1  # (the step appends its row, then attends over it: the official cases' length)
+        q, kv, cos, sin = attention_inputs(mod, x, cache)
+        got = {name: [] for name in configs}
+        clocks = {name: [] for name in configs}
+        for _ in range(rounds):
+            for name, knobs in configs.items():
+                with benchlib.knobs(knobs):
+                    got[name].append(energy.measure(lambda: mod.ext.mla_attention(q, kv, kv_len, cos, sin, None),
+                                                    counter, seconds, batch=8, clocks=clocks[name]))
+        for name, runs in got.items():
+            rows += energy.result_rows(gpu, f"{name}/attention", line, runs)
+            table.append(energy.table_line(line.split("; seed")[0], f"{name}/attention", runs, clocks[name]))
+        del q, kv, x, cache
+    benchlib.record("mla-decode", rows)
+    benchlib.table(f"mla-decode attention alone on {gpu}: energy a call (NVML), back-to-back launches",
+                   energy.TABLE_COLUMNS, table)
 
 
 # --projections: linear.cuh's variants timed beside cuBLAS (knobs of LinearConfig, linear_config.h)
@@ -506,6 +548,9 @@ def main():
     ap.add_argument("--head-gemm", action="store_true",
                     help="instead: the step's two per-head GEMMs alone, head_gemm.cuh against cuBLAS")
     ap.add_argument("--trace-out", metavar="PREFIX", help="with --phase-trace: save the raw stamps too")
+    ap.add_argument("--energy", action="store_true",
+                    help="instead: the attention kernel alone back to back, joules a call and the SM clock (NVML)")
+    ap.add_argument("--seconds", type=float, default=3.0, help="with --energy: each variant's loop a round")
     args = ap.parse_args()
     if args.rope_cost:
         rope_cost(args.runs)
@@ -521,6 +566,9 @@ def main():
         return
     if args.head_gemm:
         head_gemm(args.runs)
+        return
+    if args.energy:
+        attention_energy(args.seconds, args.rounds, benchlib.selected(CANDIDATES, args.candidates))
         return
     if args.official:
         benchlib.official_figures("mla-decode", "cuda", benchlib.selected(CANDIDATES, args.candidates),

@@ -47,3 +47,22 @@ def test_a_problem_whose_calls_change_their_inputs_is_refused_with_the_reason(mo
     monkeypatch.setattr("sys.argv", ["energy.py", "all2all"])
     with pytest.raises(SystemExit, match="distributed"):
         energy.main()
+
+
+def test_the_clock_summary_counts_the_reasons_bits():
+    energy = _energy()
+    samples = [(1980, 0), (1650, energy.SW_POWER_CAP), (1600, energy.SW_POWER_CAP | 0x1), (1700, energy.HW_SLOWDOWN)]
+    mhz, capped, slowed = energy.clock_summary(samples)
+    assert mhz == 1675 and capped == 0.5 and slowed == 0.25
+    line = energy.table_line("prefill: 4096", "cuda/attention", [(150.0, 250.0, 600.0), (152.0, 254.0, 598.0)],
+                             samples)
+    assert line[:8] == ["prefill: 4096", "cuda/attention", "151.0", "252.0", "599", "1675", "50%", "25%"]
+    assert len(line) == len(energy.TABLE_COLUMNS)
+    assert energy.table_line("c", "v", [(1.0, 2.0, 3.0)], [])[5] == "nan"  # no sample: said, not invented
+
+
+def test_the_rows_hold_millijoules_and_the_loops_microseconds():
+    rows = _energy().result_rows("H100", "cuda/attention", "prefill: 4096", [(150.0, 250.0, 600.0),
+                                                                             (152.0, 254.0, 598.0)])
+    assert [(r.backend, r.metric, r.us) for r in rows] == [("cuda/attention", "energy", 151.0),
+                                                            ("cuda/attention[energy-loop]", "host-loop", 252.0)]
