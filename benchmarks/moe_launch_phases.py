@@ -34,6 +34,10 @@ from kbench.evaluator import guards
 
 guards.torch = torch  # the harness sets it when it starts; guards.clone needs it
 PHASES = ("fast-replay", "prepare", "graph-launch", "verify", "gpu-rest", "to-launch")
+# moe_replay's own steps (the binding's clock, ext.moe_replay_steps()), and its call's rest: Python and pybind11
+REPLAY_STEPS = ("knobs", "describe", "find", "output", "launch")
+NO_CLONE = "cuda[no-clone]"
+COLUMNS = PHASES + tuple(f"replay:{s}" for s in REPLAY_STEPS + ("call",))
 # candidate name -> knobs: the host paths before this one (kernels/moe/cuda/entry.py): the Python path with the key
 # read in C++ (py-replay, the build before the thirtieth session) or through Python's data_ptr() (py-key); the
 # output's address published by a kernel launch instead of the stream's write (publish-kernel)
@@ -53,6 +57,7 @@ def phases_of_one_call(mod, data) -> dict[str, float]:
         if out is None:
             raise SystemExit("the fast path holds no graph for these inputs: not an official loop")
         t = {"fast-replay": time.perf_counter_ns()}
+        steps = dict(zip(REPLAY_STEPS, mod.ext.moe_replay_steps()))
     else:
         out, key = mod.prepare(x, weights, n_experts, k)  # as custom_kernel keys its replay
         held = mod._graphs._graphs[key]  # a KeyError: the graph was not captured (the knobs or the inputs moved)
@@ -70,6 +75,9 @@ def phases_of_one_call(mod, data) -> dict[str, float]:
         phases[name], before = (at - before) / 1e3, at
     # what the GPU waits for: the host's work up to the launch
     phases["to-launch"] = phases.get("fast-replay", 0.0) + phases.get("prepare", 0.0) + phases.get("graph-launch", 0.0)
+    if "fast-replay" in phases:
+        phases |= {f"replay:{name}": us for name, us in steps.items()}
+        phases["replay:call"] = phases["fast-replay"] - sum(steps.values())
     return phases
 
 
@@ -116,8 +124,13 @@ def main():
     ap.add_argument("--runs", type=int, default=30)
     ap.add_argument("--candidates", default="", help=f"comma-separated, of {', '.join(CANDIDATES)}")
     ap.add_argument("--pieces", type=int, default=0, help="then time each host step this many times (0: not)")
+    ap.add_argument("--no-clone", action="store_true",
+                    help="also 'cuda[no-clone]': the shipped path on one set of cloned inputs kept across its calls "
+                         "(the official loop clones before each; host_gap.py found the host slower after a clone)")
     args = ap.parse_args()
     variants = {"cuda": {}} | {f"cuda+{n}": CANDIDATES[n] for n in benchlib.selected(CANDIDATES, args.candidates)}
+    if args.no_clone:
+        variants[NO_CLONE] = {}
     mod = benchlib.build("moe", "cuda")
     ref = problems.load_modules("moe").reference
     gpu, rows, table, pieces_table = torch.cuda.get_device_name(), [], [], []
@@ -128,23 +141,24 @@ def main():
         if not ok:
             raise SystemExit(f"cuda fails {line}: {msg}")
         runs = {name: [] for name in variants}
+        kept = guards.clone(data)  # NO_CLONE's inputs, every call
         for name, knobs in variants.items():
             with benchlib.knobs(knobs):
                 for _ in range(3):  # eager, captured, replayed
-                    mod.custom_kernel(guards.clone(data))
+                    mod.custom_kernel(kept if name == NO_CLONE else guards.clone(data))
         torch.cuda.synchronize()
         for _ in range(args.runs):
             for name, knobs in variants.items():
-                given = guards.clone(data)
+                given = kept if name == NO_CLONE else guards.clone(data)
                 torch.cuda.synchronize()
                 with benchlib.knobs(knobs):
                     runs[name].append(phases_of_one_call(mod, given))
                 del given
         for name in variants:
-            medians = {p: statistics.median(r[p] for r in runs[name]) for p in PHASES if p in runs[name][0]}
+            medians = {p: statistics.median(r[p] for r in runs[name]) for p in COLUMNS if p in runs[name][0]}
             rows += [benchlib.Row(gpu, 1, f"{name}[phases]/{p}", "host-loop", line, v) for p, v in medians.items()]
             table.append([line.split("; seed")[0].split("; ")[-1], name]
-                         + [f"{medians[p]:.1f}" if p in medians else "" for p in PHASES])
+                         + [f"{medians[p]:.1f}" if p in medians else "" for p in COLUMNS])
         for after_work in (False, True) if args.pieces else ():
             pieces = pieces_of_the_host_path(mod, guards.clone(data), args.pieces, after_work)
             label = "pieces,after-work" if after_work else "pieces"
@@ -155,7 +169,7 @@ def main():
         del data
     benchlib.record("moe", rows)
     benchlib.table(f"moe cuda: custom_kernel's host phases, medians of {args.runs} official-style calls (us, {gpu})",
-                   ["case", "build", *PHASES], table)
+                   ["case", "build", *COLUMNS], table)
     if pieces_table:
         benchlib.table(f"moe cuda: the host path's steps alone, medians of {args.pieces} (us, {gpu})",
                        ["case", "GPU before", *piece_names], pieces_table)

@@ -10,6 +10,8 @@
 #include <cuda_runtime_api.h>
 #include <torch/extension.h>
 
+#include <array>
+#include <chrono>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -99,6 +101,33 @@ class HeldGraphs {
 inline HeldGraphs& held_graphs() {
   static auto* held = new HeldGraphs(2);  // never destroyed: Python objects must not die after Python
   return *held;
+}
+
+// The host time (us) of each step of the last fast-path call, read by the benchmarks' phase tables
+// (benchmarks/moe_launch_phases.py): which step the host's slowness after the official timer's synchronize lands on.
+// Two clock reads a step (~50 ns), so always on.
+class StepTimes {
+ public:
+  void start() {
+    n_ = 0;
+    last_ = std::chrono::steady_clock::now();
+  }
+  void mark() {
+    const auto now = std::chrono::steady_clock::now();
+    if (n_ < us_.size()) us_[n_++] = std::chrono::duration<double, std::micro>(now - last_).count();
+    last_ = now;
+  }
+  std::vector<double> last() const { return {us_.begin(), us_.begin() + n_}; }
+
+ private:
+  std::array<double, 8> us_{};
+  size_t n_ = 0;
+  std::chrono::steady_clock::time_point last_;
+};
+
+inline StepTimes& replay_steps() {
+  static StepTimes steps;
+  return steps;
 }
 
 // `held`'s graph launched on the current stream.
