@@ -14,7 +14,7 @@
 #   mla-energy (the attention kernel alone: J a call, SM clock, power cap; ENERGY_ROUNDS, BENCH_CANDIDATES);
 #   moe-phases (benchmarks/moe_launch_phases.py: custom_kernel's host steps before
 #   and around its graph launch, PHASES_CANDIDATES beside the shipped path, PHASES_RUNS calls, PHASES_S seconds,
-#   PHASES_PIECES > 0: each host step alone that many times);
+#   PHASES_PIECES > 0: each host step alone that many times; PHASES_NO_CLONE=1: a no-clone arm beside them);
 # Limits: TIER_S, PROFILE_S, SANITIZE_S seconds; PROFILE_PROBLEMS = which problems `profile` runs; TIER_FILES = the test files of the tier, in the order given;
 #   TIER_K = a pytest -k expression selecting among them; SANITIZE_TOOL = compute-sanitizer's tool (memcheck,
 #   racecheck, synccheck), SANITIZE_K = the tests it runs (a pytest -k expression; it matches
@@ -76,7 +76,7 @@ for part in "$@"; do
   mla-bench) step "${BENCH_S:-400}" mla_bench python3 benchmarks/mla_decode.py \
                ${BENCH_CANDIDATES+--candidates "$BENCH_CANDIDATES"} ${BENCH_REV:+--rev "$BENCH_REV"} ;;
   moe-phases) step "${PHASES_S:-200}" moe_phases python3 benchmarks/moe_launch_phases.py --runs "${PHASES_RUNS:-30}" \
-                --candidates "${PHASES_CANDIDATES:-}" --pieces "${PHASES_PIECES:-0}" ;;
+                --candidates "${PHASES_CANDIDATES:-}" --pieces "${PHASES_PIECES:-0}" ${PHASES_NO_CLONE:+--no-clone} ;;
   # (GAP_HOST_TRACE=N: N more runs under the profiler, the host's calls and the kernels, the last window's timeline;
   # GAP_NO_CLONE=1: the inputs not cloned between windows)
   host-gap) for p in ${GAP_PROBLEMS:-mla-decode moe}; do  # the official window with CUDA events inside it
