@@ -313,7 +313,8 @@ c10::optional<torch::Tensor> moe_replay(py::object owner, torch::Tensor x, py::d
   return out.view(x.sizes());
 }
 
-// The host time (us) of moe_replay's steps in its last call that launched: knobs, describe, find, output, launch.
+// The host time (us) of each step moe_replay's last call passed: knobs, describe, find, output, launch (all five
+// where it launched; fewer where it returned None).
 std::vector<double> moe_replay_steps() { return kb::replay_steps().last(); }
 
 // How many calls moe_replay served since the last time this was asked (entry.py tells its GraphReplay).
