@@ -16,9 +16,11 @@ The official protocol's figure (host clock around the call) is `kbench perf moe 
 Peer: FlashInfer's CUTLASS fused MoE (TensorRT-LLM's kernels), timed as "flashinfer" with the router included, the
 shared expert as one more expert every token picks with weight 1, when `import flashinfer` works (not on the GPU
 image: carry its wheel, device README). Its weights are stacked once per case, outside the timing (the leaderboard
-would make it stack them every call). Not yet run: flashinfer-python 0.5.3's JIT build of its sm90 MoE module did not
-finish in 400 s on the 16-core H100 machine (2026-11-24); build it first in a call of its own (MAX_JOBS=16,
-FLASHINFER_CUDA_ARCH_LIST=9.0a), then run this script in the next call while the machine is still warm.
+would make it stack them every call). Not yet run: flashinfer-python 0.5.3's JIT build of its sm90 MoE module is
+~171 translation units (154 generated CUTLASS files); 42 were built in 550 s on a 16-core machine and 143 in 555 s on
+a 64-core one (MAX_JOBS=56, FLASHINFER_CUDA_ARCH_LIST=9.0a; docs/moe-notes.md, thirty-second session), so it needs
+a 64-core machine for two calls in a row with the package installed once (FLASHINFER_WORKSPACE_BASE inside the
+repository keeps the objects between calls; a reinstalled package gives its sources new times and ninja starts over).
 """
 from __future__ import annotations
 
