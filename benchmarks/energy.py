@@ -113,6 +113,25 @@ def measure(call, counter: EnergyCounter, seconds: float, warmup: int = 3, batch
     return per_call(mj0, counter.millijoules(), t0, t1, calls)
 
 
+TABLE_COLUMNS = ["case", "variant", "mJ a call", "us a call", "W", "SM MHz", "power cap", "HW slowdown",
+                 "mJ each round"]
+
+
+def result_rows(gpu: str, label: str, case: str, runs: list) -> list:
+    """The rows of one variant's rounds ((mJ, us, W) each): metric energy (mJ a call) and host-loop (us a call)."""
+    mj, us = (statistics.mean(r[i] for r in runs) for i in range(2))
+    return [benchlib.Row(gpu, 1, label, "energy", case, mj),
+            benchlib.Row(gpu, 1, f"{label}[energy-loop]", "host-loop", case, us)]
+
+
+def table_line(case: str, label: str, runs: list, clocks: list) -> list:
+    """One printed line: the rounds' means, the clock samples' median and the power-cap and slowdown shares."""
+    mj, us, watts = (statistics.mean(r[i] for r in runs) for i in range(3))
+    mhz, capped, slowed = clock_summary(clocks)
+    return [case, label, f"{mj:.1f}", f"{us:.1f}", f"{watts:.0f}", f"{mhz:.0f}", f"{capped:.0%}", f"{slowed:.0%}",
+            " ".join(f"{r[0]:.0f}" for r in runs)]
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("problem")
@@ -160,25 +179,6 @@ def main():
             table.append(table_line(line.split("; seed")[0], label, runs, clocks[label]))
     print(f"written to {benchlib.record(args.problem, rows)}")
     benchlib.table(f"{args.problem} on {gpu}: energy a call (NVML), back-to-back calls", TABLE_COLUMNS, table)
-
-
-TABLE_COLUMNS = ["case", "variant", "mJ a call", "us a call", "W", "SM MHz", "power cap", "HW slowdown",
-                 "mJ each round"]
-
-
-def result_rows(gpu: str, label: str, case: str, runs: list) -> list:
-    """The rows of one variant's rounds ((mJ, us, W) each): metric energy (mJ a call) and host-loop (us a call)."""
-    mj, us = (statistics.mean(r[i] for r in runs) for i in range(2))
-    return [benchlib.Row(gpu, 1, label, "energy", case, mj),
-            benchlib.Row(gpu, 1, f"{label}[energy-loop]", "host-loop", case, us)]
-
-
-def table_line(case: str, label: str, runs: list, clocks: list) -> list:
-    """One printed line: the rounds' means, the clock samples' median and the power-cap and slowdown shares."""
-    mj, us, watts = (statistics.mean(r[i] for r in runs) for i in range(3))
-    mhz, capped, slowed = clock_summary(clocks)
-    return [case, label, f"{mj:.1f}", f"{us:.1f}", f"{watts:.0f}", f"{mhz:.0f}", f"{capped:.0%}", f"{slowed:.0%}",
-            " ".join(f"{r[0]:.0f}" for r in runs)]
 
 
 if __name__ == "__main__":

@@ -126,7 +126,8 @@ def main():
     ap.add_argument("--pieces", type=int, default=0, help="then time each host step this many times (0: not)")
     ap.add_argument("--no-clone", action="store_true",
                     help="also 'cuda[no-clone]': the shipped path on one set of cloned inputs kept across its calls "
-                         "(the official loop clones before each; host_gap.py found the host slower after a clone)")
+                         "(the official loop clones before each: does a clone slow the host's path? "
+                         "docs/moe-notes.md, thirty-second session: no)")
     args = ap.parse_args()
     variants = {"cuda": {}} | {f"cuda+{n}": CANDIDATES[n] for n in benchlib.selected(CANDIDATES, args.candidates)}
     if args.no_clone:

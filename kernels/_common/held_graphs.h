@@ -105,7 +105,7 @@ inline HeldGraphs& held_graphs() {
 
 // The host time (us) of each step of the last fast-path call, read by the benchmarks' phase tables
 // (benchmarks/moe_launch_phases.py): which step the host's slowness after the official timer's synchronize lands on.
-// Two clock reads a step (~50 ns), so always on.
+// One clock read a step (~25 ns), so always on.
 class StepTimes {
  public:
   void start() {
