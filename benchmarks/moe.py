@@ -18,9 +18,10 @@ shared expert as one more expert every token picks with weight 1, when `import f
 image: carry its wheel, device README). Its weights are stacked once per case, outside the timing (the leaderboard
 would make it stack them every call). Not yet run: flashinfer-python 0.5.3's JIT build of its sm90 MoE module is
 ~171 translation units (154 generated CUTLASS files); 42 were built in 550 s on a 16-core machine and 143 in 555 s on
-a 64-core one (MAX_JOBS=56, FLASHINFER_CUDA_ARCH_LIST=9.0a; docs/moe-notes.md, thirty-second session), so it needs
-a 64-core machine for two calls in a row with the package installed once (FLASHINFER_WORKSPACE_BASE inside the
-repository keeps the objects between calls; a reinstalled package gives its sources new times and ninja starts over).
+a 64-core one (MAX_JOBS=56, FLASHINFER_CUDA_ARCH_LIST=9.0a; docs/moe-notes.md, thirty-second session), so a whole
+build takes ~11 minutes there, over one device call: it needs two calls in a row on one machine with everything under
+the JIT workspace folder (FLASHINFER_WORKSPACE_BASE inside the repository kept its objects between calls; a package
+installed beside it did not survive, and after reinstalling it the build started over).
 """
 from __future__ import annotations
 
