@@ -132,6 +132,23 @@ def table_line(case: str, label: str, runs: list, clocks: list) -> list:
             " ".join(f"{r[0]:.0f}" for r in runs)]
 
 
+def variant_results(call, variants: dict, counter: EnergyCounter, gpu: str, case: str, seconds: float, rounds: int,
+                    batch: int = 1) -> tuple[list, list]:
+    """`call` measured under each variant's knobs (label -> knobs), the variants taking turns for `rounds` rounds:
+    (its rows, its printed lines) for one case (the official case line; the table shows it up to its seed)."""
+    got = {label: [] for label in variants}
+    clocks = {label: [] for label in variants}
+    for _ in range(rounds):
+        for label, knobs in variants.items():
+            with benchlib.knobs(knobs):
+                got[label].append(measure(call, counter, seconds, batch=batch, clocks=clocks[label]))
+    rows, lines = [], []
+    for label, runs in got.items():
+        rows += result_rows(gpu, label, case, runs)
+        lines.append(table_line(case.split("; seed")[0], label, runs, clocks[label]))
+    return rows, lines
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("problem")
@@ -167,16 +184,10 @@ def main():
             if not ok:
                 raise SystemExit(f"energy: {label} fails {line}: {msg}")
         given = guards.clone(data)  # one input set for every call (its addresses stay: graphs replay)
-        got = {label: [] for label in variants}
-        clocks = {label: [] for label in variants}
-        for _ in range(args.rounds):
-            for label, knobs in variants.items():
-                with benchlib.knobs(knobs):
-                    got[label].append(measure(lambda: mod.custom_kernel(given), counter, args.seconds,
-                                              clocks=clocks[label]))
-        for label, runs in got.items():
-            rows += result_rows(gpu, label, line, runs)
-            table.append(table_line(line.split("; seed")[0], label, runs, clocks[label]))
+        case_rows, lines = variant_results(lambda: mod.custom_kernel(given), variants, counter, gpu, line,
+                                           args.seconds, args.rounds)
+        rows += case_rows
+        table += lines
     print(f"written to {benchlib.record(args.problem, rows)}")
     benchlib.table(f"{args.problem} on {gpu}: energy a call (NVML), back-to-back calls", TABLE_COLUMNS, table)
 

@@ -223,23 +223,17 @@ def attention_energy(seconds: float, rounds: int, candidates: dict) -> None:
     gpu = torch.cuda.get_device_name()
     mod = benchlib.build("mla-decode", "cuda")
     ref = problems.load_modules("mla-decode").reference
-    configs = {"cuda": {}} | {f"cuda+{n}": k for n, k in candidates.items()}
+    variants = {"cuda/attention": {}} | {f"cuda+{n}/attention": k for n, k in candidates.items()}
     rows, table = [], []
     for case in problems.load_spec("mla-decode").benchmarks:
-        line = problems.format_case(case)
         _, x, cache = ref.generate_input(**problems.official_case(case))
         kv_len = cache.seq_len + 1  # (the step appends its row, then attends over it: the official cases' length)
         q, kv, cos, sin = attention_inputs(mod, x, cache)
-        got = {name: [] for name in configs}
-        clocks = {name: [] for name in configs}
-        for _ in range(rounds):
-            for name, knobs in configs.items():
-                with benchlib.knobs(knobs):
-                    got[name].append(energy.measure(lambda: mod.ext.mla_attention(q, kv, kv_len, cos, sin, None),
-                                                    counter, seconds, batch=8, clocks=clocks[name]))
-        for name, runs in got.items():
-            rows += energy.result_rows(gpu, f"{name}/attention", line, runs)
-            table.append(energy.table_line(line.split("; seed")[0], f"{name}/attention", runs, clocks[name]))
+        case_rows, lines = energy.variant_results(lambda: mod.ext.mla_attention(q, kv, kv_len, cos, sin, None),
+                                                  variants, counter, gpu, problems.format_case(case), seconds,
+                                                  rounds, batch=8)
+        rows += case_rows
+        table += lines
         del q, kv, x, cache
     benchlib.record("mla-decode", rows)
     benchlib.table(f"mla-decode attention alone on {gpu}: energy a call (NVML), back-to-back launches",

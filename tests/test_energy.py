@@ -66,3 +66,22 @@ def test_the_rows_hold_millijoules_and_the_loops_microseconds():
                                                                              (152.0, 254.0, 598.0)])
     assert [(r.backend, r.metric, r.us) for r in rows] == [("cuda/attention", "energy", 151.0),
                                                             ("cuda/attention[energy-loop]", "host-loop", 252.0)]
+
+
+def test_the_variants_take_turns_under_their_knobs_and_give_one_row_pair_each(monkeypatch):
+    import os
+    energy = _energy()
+    order = []
+
+    def fake_measure(call, counter, seconds, batch=1, clocks=None):
+        order.append((os.environ.get("KBENCH_X"), batch))
+        clocks.append((1500, energy.SW_POWER_CAP))
+        return (100.0, 200.0, 500.0)
+    monkeypatch.setattr(energy, "measure", fake_measure)
+    rows, lines = energy.variant_results(lambda: None, {"cuda": {}, "cuda+x": {"KBENCH_X": "1"}}, None, "H100",
+                                         "prefill: 4096; seed: 9", 3.0, rounds=2, batch=8)
+    assert order == [(None, 8), ("1", 8), (None, 8), ("1", 8)]
+    assert [(r.backend, r.metric) for r in rows] == [("cuda", "energy"), ("cuda[energy-loop]", "host-loop"),
+                                                     ("cuda+x", "energy"), ("cuda+x[energy-loop]", "host-loop")]
+    assert [line[:2] + line[5:7] for line in lines] == [["prefill: 4096", "cuda", "1500", "100%"],
+                                                         ["prefill: 4096", "cuda+x", "1500", "100%"]]
