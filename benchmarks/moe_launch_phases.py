@@ -34,10 +34,7 @@ from kbench.evaluator import guards
 
 guards.torch = torch  # the harness sets it when it starts; guards.clone needs it
 PHASES = ("fast-replay", "prepare", "graph-launch", "verify", "gpu-rest", "to-launch")
-# moe_replay's own steps (the binding's clock, ext.moe_replay_steps()), and its call's rest: Python and pybind11
-REPLAY_STEPS = ("knobs", "describe", "find", "output", "launch")
 NO_CLONE = "cuda[no-clone]"
-COLUMNS = PHASES + tuple(f"replay:{s}" for s in REPLAY_STEPS + ("call",))
 # candidate name -> knobs: the host paths before this one (kernels/moe/cuda/entry.py): the Python path with the key
 # read in C++ (py-replay, the build before the thirtieth session) or through Python's data_ptr() (py-key); the
 # output's address published by a kernel launch instead of the stream's write (publish-kernel)
@@ -57,7 +54,7 @@ def phases_of_one_call(mod, data) -> dict[str, float]:
         if out is None:
             raise SystemExit("the fast path holds no graph for these inputs: not an official loop")
         t = {"fast-replay": time.perf_counter_ns()}
-        steps = dict(zip(REPLAY_STEPS, mod.ext.moe_replay_steps()))
+        steps = dict(mod.ext.moe_replay_steps())  # moe_replay's own steps, named by the binding's clock
     else:
         out, key = mod.prepare(x, weights, n_experts, k)  # as custom_kernel keys its replay
         held = mod._graphs._graphs[key]  # a KeyError: the graph was not captured (the knobs or the inputs moved)
@@ -75,7 +72,7 @@ def phases_of_one_call(mod, data) -> dict[str, float]:
         phases[name], before = (at - before) / 1e3, at
     # what the GPU waits for: the host's work up to the launch
     phases["to-launch"] = phases.get("fast-replay", 0.0) + phases.get("prepare", 0.0) + phases.get("graph-launch", 0.0)
-    if "fast-replay" in phases:
+    if "fast-replay" in phases:  # (replay:call: the rest of the call, Python and pybind11)
         phases |= {f"replay:{name}": us for name, us in steps.items()}
         phases["replay:call"] = phases["fast-replay"] - sum(steps.values())
     return phases
@@ -155,11 +152,13 @@ def main():
                 with benchlib.knobs(knobs):
                     runs[name].append(phases_of_one_call(mod, given))
                 del given
+        # PHASES, then the fast path's steps in the binding's order
+        columns = list(PHASES) + [p for p in dict.fromkeys(p for r in runs.values() for p in r[0]) if p not in PHASES]
         for name in variants:
-            medians = {p: statistics.median(r[p] for r in runs[name]) for p in COLUMNS if p in runs[name][0]}
+            medians = {p: statistics.median(r[p] for r in runs[name]) for p in columns if p in runs[name][0]}
             rows += [benchlib.Row(gpu, 1, f"{name}[phases]/{p}", "host-loop", line, v) for p, v in medians.items()]
             table.append([line.split("; seed")[0].split("; ")[-1], name]
-                         + [f"{medians[p]:.1f}" if p in medians else "" for p in COLUMNS])
+                         + [f"{medians[p]:.1f}" if p in medians else "" for p in columns])
         for after_work in (False, True) if args.pieces else ():
             pieces = pieces_of_the_host_path(mod, guards.clone(data), args.pieces, after_work)
             label = "pieces,after-work" if after_work else "pieces"
@@ -170,7 +169,7 @@ def main():
         del data
     benchlib.record("moe", rows)
     benchlib.table(f"moe cuda: custom_kernel's host phases, medians of {args.runs} official-style calls (us, {gpu})",
-                   ["case", "build", *COLUMNS], table)
+                   ["case", "build", *columns], table)
     if pieces_table:
         benchlib.table(f"moe cuda: the host path's steps alone, medians of {args.pieces} (us, {gpu})",
                        ["case", "GPU before", *piece_names], pieces_table)

@@ -112,15 +112,19 @@ class StepTimes {
     n_ = 0;
     last_ = std::chrono::steady_clock::now();
   }
-  void mark() {
+  // `name` (a literal) took the time since start() or the previous mark.
+  void mark(const char* name) {
     const auto now = std::chrono::steady_clock::now();
-    if (n_ < us_.size()) us_[n_++] = std::chrono::duration<double, std::micro>(now - last_).count();
+    if (n_ < steps_.size()) steps_[n_++] = {name, std::chrono::duration<double, std::micro>(now - last_).count()};
     last_ = now;
   }
-  std::vector<double> last() const { return {us_.begin(), us_.begin() + n_}; }
+  // (name, us) of each step the last call passed, in order.
+  std::vector<std::pair<std::string, double>> last() const {
+    return {steps_.begin(), steps_.begin() + static_cast<std::ptrdiff_t>(n_)};
+  }
 
  private:
-  std::array<double, 8> us_{};
+  std::array<std::pair<const char*, double>, 8> steps_{};
   size_t n_ = 0;
   std::chrono::steady_clock::time_point last_;
 };

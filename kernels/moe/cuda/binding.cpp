@@ -297,25 +297,25 @@ c10::optional<torch::Tensor> moe_replay(py::object owner, torch::Tensor x, py::d
   if (held.empty() || kb::env_is("KBENCH_MOE_FAST_REPLAY", "0") || kb::env_is("KBENCH_MOE_GRAPH", "0") ||
       kb::env_is("KBENCH_MOE_FULL_KEY", "1") || kb::env_is("KBENCH_MOE_PY_KEY", "1") || x.dim() < 2)
     return c10::nullopt;
-  steps.mark();  // knobs
+  steps.mark("knobs");
   static std::vector<int64_t> now;  // (the GIL serialises callers)
   if (!describe_inputs(x, weights, K, E, now)) return c10::nullopt;
-  steps.mark();  // describe
+  steps.mark("describe");
   const kb::HeldGraph* graph = held.find(owner, now, [&] { return config_text(x.numel() / x.size(-1), K, E); });
   if (!graph) return c10::nullopt;
-  steps.mark();  // find
+  steps.mark("find");
   const c10::cuda::CUDAGuard guard(x.device());
   const torch::Tensor x2 = x.view({-1, x.size(-1)});
   torch::Tensor out = publish_output(x2, output_slot(x2));
-  steps.mark();  // output
+  steps.mark("output");
   kb::launch(*graph);
-  steps.mark();  // launch
+  steps.mark("launch");
   return out.view(x.sizes());
 }
 
-// The host time (us) of each step moe_replay's last call passed: knobs, describe, find, output, launch (all five
-// where it launched; fewer where it returned None).
-std::vector<double> moe_replay_steps() { return kb::replay_steps().last(); }
+// (step, host us) of each step moe_replay's last call passed: knobs, describe, find, output, launch (all five where it
+// launched; fewer where it returned None).
+std::vector<std::pair<std::string, double>> moe_replay_steps() { return kb::replay_steps().last(); }
 
 // How many calls moe_replay served since the last time this was asked (entry.py tells its GraphReplay).
 int64_t moe_fast_replays() { return kb::held_graphs().take_replays(); }
