@@ -12,6 +12,8 @@
 #   candidates, comma-separated, default all); host-gap (benchmarks/host_gap.py for GAP_PROBLEMS: the official
 #   window with CUDA events inside it); energy (benchmarks/energy.py ENERGY_ARGS, default moe: J a call, SM clock);
 #   mla-energy (the attention kernel alone: J a call, SM clock, power cap; ENERGY_ROUNDS, BENCH_CANDIDATES);
+#   moe-peer (benchmarks/moe.py with FlashInfer's fused MoE: the wheels in PEER_WHEELS, default .whl, and the module
+#   benchmarks/flashinfer_moe_build.py made, PEER_MODULE, default .whl/fused_moe_90.tgz; carry .whl);
 #   moe-phases (benchmarks/moe_launch_phases.py: custom_kernel's host steps before
 #   and around its graph launch, PHASES_CANDIDATES beside the shipped path, PHASES_RUNS calls, PHASES_S seconds,
 #   PHASES_PIECES > 0: each host step alone that many times; PHASES_NO_CLONE=1: a no-clone arm beside them);
@@ -73,6 +75,14 @@ for part in "$@"; do
                   ${OFFICIAL_CANDIDATES+--candidates "$OFFICIAL_CANDIDATES"} ;;
   moe-bench) step "${BENCH_S:-400}" moe_bench python3 benchmarks/moe.py --runs "${BENCH_RUNS:-15}" \
                ${BENCH_CANDIDATES+--candidates "$BENCH_CANDIDATES"} ${BENCH_REV:+--rev "$BENCH_REV"} ;;
+  moe-peer) fi="$W/fisite"  # FlashInfer's fused MoE beside the cuda backend (moe.py's flashinfer column)
+            python3 -m pip install -q --no-deps --target "$fi" "${PEER_WHEELS:-.whl}"/*.whl >"$W/logs/peer_pip.log" 2>&1
+            mkdir -p "$fi/flashinfer/data/aot/fused_moe_90"
+            tar xzf "${PEER_MODULE:-.whl/fused_moe_90.tgz}" -C "$fi/flashinfer/data/aot/fused_moe_90"
+            nvlibs=$(python3 -c 'import glob, site; print(":".join(glob.glob(site.getsitepackages()[0] + "/nvidia/*/lib")))')
+            step "${BENCH_S:-400}" moe_peer env PYTHONPATH="$fi" FLASHINFER_WORKSPACE_BASE="$W/fiws" \
+              LD_LIBRARY_PATH="$nvlibs:/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
+              python3 benchmarks/moe.py --runs "${BENCH_RUNS:-15}" --candidates "${BENCH_CANDIDATES:-}" ;;
   mla-bench) step "${BENCH_S:-400}" mla_bench python3 benchmarks/mla_decode.py \
                ${BENCH_CANDIDATES+--candidates "$BENCH_CANDIDATES"} ${BENCH_REV:+--rev "$BENCH_REV"} ;;
   moe-phases) step "${PHASES_S:-200}" moe_phases python3 benchmarks/moe_launch_phases.py --runs "${PHASES_RUNS:-30}" \
