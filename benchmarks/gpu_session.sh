@@ -76,6 +76,10 @@ for part in "$@"; do
   moe-bench) step "${BENCH_S:-400}" moe_bench python3 benchmarks/moe.py --runs "${BENCH_RUNS:-15}" \
                ${BENCH_CANDIDATES+--candidates "$BENCH_CANDIDATES"} ${BENCH_REV:+--rev "$BENCH_REV"} ;;
   moe-peer) fi="$W/fisite"  # FlashInfer's fused MoE beside the cuda backend (moe.py's flashinfer column)
+            if [ ! -f "${PEER_MODULE:-.whl/fused_moe_90.tgz}" ]; then
+              echo "moe-peer: no ${PEER_MODULE:-.whl/fused_moe_90.tgz}: run benchmarks/flashinfer_moe_build.py first and carry .whl"
+              continue
+            fi
             python3 -m pip install -q --no-deps --target "$fi" "${PEER_WHEELS:-.whl}"/*.whl >"$W/logs/peer_pip.log" 2>&1
             mkdir -p "$fi/flashinfer/data/aot/fused_moe_90"
             tar xzf "${PEER_MODULE:-.whl/fused_moe_90.tgz}" -C "$fi/flashinfer/data/aot/fused_moe_90"
