@@ -102,8 +102,8 @@ def missing_symbols(so: pathlib.Path) -> list[str]:
     """The C++ symbols `so` uses and no library defines: the other dtypes' runners (unversioned: a symbol resolved
     from a linked library carries that library's version)."""
     out = subprocess.run(["nm", "-u", str(so)], check=True, capture_output=True, text=True).stdout
-    return sorted({line.split()[-1] for line in out.splitlines()
-                   if line.split()[-1].startswith("_Z") and "@" not in line})
+    names = (fields[-1] for fields in map(str.split, out.splitlines()) if fields)
+    return sorted({name for name in names if name.startswith("_Z") and "@" not in name})
 
 
 def stand_ins_asm(symbols: list[str]) -> str:
@@ -126,6 +126,13 @@ def relink_with_stand_ins(ninja: pathlib.Path, ninja_path: pathlib.Path, so: pat
     print(f"{len(symbols)} symbols of other dtypes stood in for; {len(left)} left undefined", flush=True)
     if left:
         raise SystemExit(f"still undefined after the relink: {left[:3]}")
+
+
+def pack(so: pathlib.Path, out: pathlib.Path) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(out, "w:gz") as tar:
+        tar.add(so, arcname=so.name)
+    print(f"{out}: {out.stat().st_size / 2**20:.1f} MiB ({so.stat().st_size / 2**20:.1f} MiB unpacked)")
 
 
 def main() -> None:
@@ -158,13 +165,6 @@ def main() -> None:
     so = ninja_path.parent / "fused_moe_90.so"
     relink_with_stand_ins(site / "bin" / "ninja", ninja_path, so)
     pack(so, pathlib.Path(args.out))
-
-
-def pack(so: pathlib.Path, out: pathlib.Path) -> None:
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with tarfile.open(out, "w:gz") as tar:
-        tar.add(so, arcname=so.name)
-    print(f"{out}: {out.stat().st_size / 2**20:.1f} MiB ({so.stat().st_size / 2**20:.1f} MiB unpacked)")
 
 
 if __name__ == "__main__":

@@ -216,9 +216,7 @@ def scaling(runs: int, candidates: dict, clean: bool = False) -> None:
 def attention_energy(seconds: float, rounds: int, candidates: dict) -> None:
     """--energy: rows <backend>/attention, metric energy (mJ a call) and <backend>/attention[energy-loop], metric
     host-loop (us a call, 8 launches between synchronizes), per benchmark case; the variants take turns each round."""
-    found = importlib.util.spec_from_file_location("energy", os.path.join(os.path.dirname(__file__), "energy.py"))
-    energy = importlib.util.module_from_spec(found)
-    found.loader.exec_module(energy)  # (benchmarks/ is scripts, not a package)
+    import energy  # (benchmarks/energy.py: a script's own folder is on sys.path)
     counter = energy.EnergyCounter()
     gpu = torch.cuda.get_device_name()
     mod = benchlib.build("mla-decode", "cuda")

@@ -1,13 +1,10 @@
 """benchmarks/flashinfer_moe_build.py's edit of flashinfer's build.ninja (the part that runs without flashinfer)."""
-import importlib.util
 import pathlib
 
 import pytest
+from load_file import load_file
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-spec = importlib.util.spec_from_file_location("flashinfer_moe_build", ROOT / "benchmarks" / "flashinfer_moe_build.py")
-build = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(build)
+build = load_file("benchmarks/flashinfer_moe_build.py", "flashinfer_moe_build")
 
 # the lines of flashinfer 0.5.3's generated build.ninja that the edit anchors on
 NINJA = """ninja_required_version = 1.3
