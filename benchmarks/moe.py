@@ -73,13 +73,6 @@ CANDIDATES = {
     # each unit decoded at its start with the group scan from group 0 (the build before the twenty-seventh session;
     # decode-ahead: the next unit decoded under this one's last MMAs, the scan from the previous unit's group)
     "decode-scan": {"KBENCH_MOE_DECODE_AHEAD": "0"},
-    # the routed GEMMs' A rows past a group's end zeroed in shared memory before the MMAs (zero operands cost the
-    # tensor cores less energy, wgmma_energy_probe.py): beside the skipped halves (2048), and instead of them; the
-    # same path writing 1.0, and writing nothing (its fence and barrier alone): which part costs
-    "zero-pad": {"KBENCH_MOE_ZERO_PAD": "1"},
-    "zero-pad-no-skip": {"KBENCH_MOE_ZERO_PAD": "1", "KBENCH_MOE_SKIP_EMPTY_HALVES": "0"},
-    "one-pad": {"KBENCH_MOE_ZERO_PAD": "2"},
-    "fence-pad": {"KBENCH_MOE_ZERO_PAD": "3"},
     # the graph's launch key read through Python's data_ptr() after a separate moe_output call (the build before the
     # twenty-ninth session; moe_prepare: both in one extension call)
     "py-key": {"KBENCH_MOE_PY_KEY": "1"},

@@ -60,14 +60,10 @@ KNOBS = [{}, {"KBENCH_MOE_SKIP_EMPTY_HALVES": "1", "KBENCH_MOE_KEEP_WORKSPACES":
          {"KBENCH_MOE_BK32": "7"}, {"KBENCH_MOE_BK32": "0"},
          {"KBENCH_MOE_BK32": "7", "KBENCH_MOE_BAND": "2", "KBENCH_MOE_SHARED_GATHER": "0"},
          {"KBENCH_MOE_SKIP_EMPTY_HALVES": "0"},
-         {"KBENCH_MOE_DECODE_AHEAD": "0", "KBENCH_MOE_ASYNC_EPILOGUE": "0", "KBENCH_MOE_BAND": "2"},
-         {"KBENCH_MOE_ZERO_PAD": "1"},
-         {"KBENCH_MOE_ZERO_PAD": "1", "KBENCH_MOE_SKIP_EMPTY_HALVES": "0", "KBENCH_MOE_BK32": "7"},
-         {"KBENCH_MOE_ZERO_PAD": "1", "KBENCH_MOE_ASYNC_EPILOGUE": "0", "KBENCH_MOE_RED_COMBINE": "0"}]
+         {"KBENCH_MOE_DECODE_AHEAD": "0", "KBENCH_MOE_ASYNC_EPILOGUE": "0", "KBENCH_MOE_BAND": "2"}]
 KNOB_IDS = ["default", "candidates", "combine-pass", "sync-epilogue", "sync-epilogue-y", "gather-pass",
             "tma-gather-no-band", "band2", "band3-sync-epilogue", "bk32", "bk64", "bk32-band2-gather-pass",
-            "no-skip", "decode-scan-sync-epilogue-band2", "zero-pad", "zero-pad-no-skip-bk32",
-            "zero-pad-sync-epilogue-y"]
+            "no-skip", "decode-scan-sync-epilogue-band2"]
 
 
 @pytest.mark.gpu

@@ -98,7 +98,6 @@ struct GemmParams {
   int decode_ahead;               // MoeConfig::decode_ahead: consumers decode the next unit under this one's last MMAs
                                   // and every scan for a unit's group starts at the previous unit's; 0: at the unit's
                                   // start, from group 0 (the build before)
-  int zero_padding;               // MoeConfig::zero_padding: a consumer zeroes its A rows past the group's end
 #ifdef KBENCH_DEV
   long long* trace;               // KBENCH_MOE_DEV_TRACE: per-unit stamps (kTrace instances; see below)
   int trace_launch;               // which of the call's GEMM launches this is (the trace's first index)
@@ -424,10 +423,6 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_kernel(const __grid_
     // (Broadcast from lane 0: the compiler must see the branch around the wgmma as warp-uniform, or it serializes
     // every wgmma of the kernel, ptxas C7518.)
     const bool idle = __shfl_sync(0xffffffffu, p.skip_empty_halves && w.mt * kBM + cw * 64 >= w.rows, 0);
-    // zero_padding: this half's rows [pad_row, 64) lie past the group's end (another group's rows, or TMA's zero
-    // fill past the tensor); zeroed in each stage they cost the MMAs less energy. 64: none.
-    const int pad_row =
-        __shfl_sync(0xffffffffu, p.zero_padding ? max(0, min(64, w.rows - w.mt * kBM - cw * 64)) : 64, 0);
     float acc[128];
     int prev = -1;
     long long tr_ns[3], tr_clk = 0, tr_wait = 0;  // kTrace only
@@ -443,16 +438,6 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_kernel(const __grid_
         mbar_wait(&full[s], phase);
       }
       if (!idle) {
-        if (pad_row < 64) {  // rows stay whole under either swizzle (it moves 16-byte pieces within a row)
-          uint8_t* pad = s_a + s * kABytes + (cw * 64 + pad_row) * (kBK * 2);
-          // zero_padding 2: 1.0 instead of 0; 3: nothing written, the fence and barrier alone (diagnostics)
-          const uint32_t fill = p.zero_padding == 2 ? 0x3c003c00u : 0u;
-          if (p.zero_padding != 3)
-            for (int off = t * 16; off < (64 - pad_row) * kBK * 2; off += 128 * 16)
-              *reinterpret_cast<uint4*>(pad + off) = make_uint4(fill, fill, fill, fill);
-          fence_proxy_async_smem();   // the zeros before the MMAs' reads through the async proxy
-          named_bar_sync(4 + cw, 128);  // every warp's zeros before the warpgroup's first MMA
-        }
         const uint64_t da = R::a_desc(s_a + s * kABytes + cw * 64 * (kBK * 2));
         const uint64_t db = make_desc_sw128(s_b + s * kBBytes, R::kBChunk, 1024);
         wgmma_fence();

@@ -125,7 +125,6 @@ GemmParams gemm1_params(const MoeArgs& a) {
   g.skip_empty_halves = a.skip_empty_halves;
   g.band = a.band;
   g.decode_ahead = a.decode_ahead;
-  g.zero_padding = a.zero_padding;
   return g;
 }
 
@@ -194,16 +193,16 @@ MoeConfig moe_config(int T, int K, int E) {
                    // k 32 stages only where both GEMMs hand their epilogue over (6 stages beside the staging); the
                    // routed GEMM 1 keeps k 64 (at k 32 it ran at a lower clock, docs/moe-notes.md)
                    async_epilogue == 3 ? kb::env_int("KBENCH_MOE_BK32", 5) & 7 : 0,
-                   kb::env_int("KBENCH_MOE_DECODE_AHEAD", 1) != 0, kb::env_int("KBENCH_MOE_ZERO_PAD", 0) & 3};
+                   kb::env_int("KBENCH_MOE_DECODE_AHEAD", 1) != 0};
 }
 
 void moe_describe(const MoeConfig& c, char* buf, int size) {
   snprintf(buf, size,
            "MoeConfig{skip_empty_halves=%d, keep_workspaces=%d, stages=%d, red_combine=%d, split_route=%d, "
            "async_epilogue=%d, shared_first=%d, shared_gather=%d, gather_lsu=%d, band=%d, bk32=%d, "
-           "decode_ahead=%d, zero_padding=%d}",
+           "decode_ahead=%d}",
            c.skip_empty_halves, c.keep_workspaces, c.stages, c.red_combine, c.split_route, c.async_epilogue,
-           c.shared_first, c.shared_gather, c.gather_lsu, c.band, c.bk32, c.decode_ahead, c.zero_padding);
+           c.shared_first, c.shared_gather, c.gather_lsu, c.band, c.bk32, c.decode_ahead);
 }
 
 const char* moe_run(const MoeArgs& a, cudaStream_t stream, cudaEvent_t* events) {
@@ -273,7 +272,6 @@ const char* moe_run(const MoeArgs& a, cudaStream_t stream, cudaEvent_t* events) 
   g2.skip_empty_halves = a.skip_empty_halves;
   g2.band = a.band;
   g2.decode_ahead = a.decode_ahead;
-  g2.zero_padding = a.zero_padding;
   launch_gemm(g1, true, a, stream, 1);
   mark(3);
   launch_gemm(g2, false, a, stream, 2);

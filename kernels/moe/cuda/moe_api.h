@@ -39,7 +39,6 @@ struct MoeArgs {
   int band;               // MoeConfig::band
   int bk32;               // MoeConfig::bk32
   int decode_ahead;       // MoeConfig::decode_ahead
-  int zero_padding;       // MoeConfig::zero_padding
 };
 
 // A named configuration (KBENCH_PRINT_CONFIG=1 prints the one picked for each shape). The defaults are the measured
@@ -74,10 +73,6 @@ struct MoeConfig {
   bool decode_ahead;       // the GEMM consumers decode their next unit under the current one's last MMAs, every role's
                            // scan for a unit's group from the previous unit's (KBENCH_MOE_DECODE_AHEAD; on since the
                            // twenty-seventh session, 0 the build before)
-  int zero_padding;        // the routed GEMMs' consumers zero their A rows past the group's end in each stage before
-                           // their MMAs (zero operands cost the tensor cores ~30-45% less energy a MAC at the power
-                           // cap, benchmarks/wgmma_energy_probe.py; KBENCH_MOE_ZERO_PAD=1, a candidate: off;
-                           // 2: 1.0 written instead, 3: nothing written, the fence and barrier only)
 };
 MoeConfig moe_config(int T, int K, int E);
 void moe_describe(const MoeConfig& c, char* buf, int size);
