@@ -2,7 +2,8 @@
 # One device-machine session: install kbench in place, then run the named parts (several in one call).
 #   bash benchmarks/gpu_session.sh PART [PART...]      logs and results under $OUT (or ./gpu-out)
 # Parts (one GPU): build (compile the CUDA backends in parallel first: saves minutes on a fresh machine; BUILD_SPECS
-#   = "problem:dev ..." picks which), probe,
+#   = "problem:dev ..." picks which), probe, wgmma-energy (benchmarks/wgmma_energy_probe.py PROBE_ARGS, then its SASS's
+#   HGMMA forms),
 #   fp8-check, fp8-perf, moe-check, moe-perf, mla-check, mla-perf (checks, then the benchmark scripts with their
 #   candidates, then kbench perf; moe-bench, mla-bench: only the benchmark script, BENCH_CANDIDATES = which, BENCH_REV = a git revision timed beside; mla-rope-cost: the attention with and without its RoPE, a dev build: BUILD_SPECS mla-decode:1; mla-trace: the attention's per-phase clock64 trace, the same dev build; moe-trace: every GEMM unit's stamps, official and back to back (a dev build: BUILD_SPECS moe:1); mla-projections: each projection GEMM alone, cuBLAS against linear.cuh; mla-scaling: the attention alone over cache lengths and batches, BENCH_CANDIDATES beside it; mla-scaling-clean: the same
 #   with the L2 flushed by reading; mla-head-gemm: the per-head GEMMs alone, head_gemm.cuh against cuBLAS), tier (the GPU test tier), profile (kbench profile of moe and mla-decode cuda),
@@ -60,6 +61,9 @@ for part in "$@"; do
          done
          wait; grep -l -i "error" "$W"/logs/build_*.log || echo "-- builds done" ;;
   probe) step 300 probe python3 benchmarks/wgmma_layout_probe.py ;;
+  wgmma-energy) step 300 wgmma_energy python3 benchmarks/wgmma_energy_probe.py --record ${PROBE_ARGS:-}
+                so=$(find "${TORCH_EXTENSIONS_DIR:-$HOME/.cache/torch_extensions}" -name 'kbench_wgmma_energy_probe*.so' | head -1)
+                [ -n "$so" ] && cuobjdump -sass "$so" | grep -o 'HGMMA\.[0-9A-Z.]*' | sort | uniq -c ;;
   fp8-check) step 400 fp8_check python3 -m pytest -q -x -p no:cacheprovider tests/test_fp8_cuda_plans_gpu.py tests/test_fp8_backends_gpu.py -k "not triton" ;;
   fp8-perf) step 500 fp8_bench python3 benchmarks/fp8_mm.py --no-triton
             step 200 fp8_perf kbench perf fp8-mm --backend cuda --json "$W/records/perf_fp8-mm_cuda.json" ;;

@@ -46,4 +46,20 @@ __device__ __forceinline__ void wgmma_m64n{n}k16_rs_{dtype}(float* d, const uint
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(accumulate), "n"(kTransB));
 }}
 """)
+# fp16 accumulators (64 x 32 bits a thread, f16x2 pairs in the fp32 accumulator's element order): half the
+# register-file traffic of an fp32 accumulator a k16 step; benchmarks/wgmma_energy_probe.py weighs what that saves.
+n = 256
+regs = n // 4
+outs = ", ".join(f"%{i}" for i in range(regs))
+cons = ", ".join(f'"+r"(d[{i}])' for i in range(regs))
+print(f"""template <int kTransB>
+__device__ __forceinline__ void wgmma_m64n{n}k16_f16_f16acc(uint32_t* d, uint64_t da, uint64_t db, int accumulate) {{
+  asm volatile(
+      "{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{regs + 2}, 0;\\n"
+      "wgmma.mma_async.sync.aligned.m64n{n}k16.f16.f16.f16 "
+      "{{{outs}}}, %{regs}, %{regs + 1}, p, 1, 1, 0, %{regs + 3};\\n}}\\n"
+      : {cons}
+      : "l"(da), "l"(db), "r"(accumulate), "n"(kTransB));
+}}
+""")
 print("}  // namespace sm90\n}  // namespace kb")
