@@ -67,12 +67,8 @@ static_assert(2 * (kConsumerRegs - kLaunchRegs) <= kLaunchRegs - kProducerRegs,
 // then [G+1, 2G+1]: first m-tile of group g (prefix of ceil(rows_g / 128)). A launch may take the first `groups` of
 // the meta_groups groups route_kernel wrote (GEMM 1 of the routed experts alone), or, with meta null, its one
 // group's four numbers from fixed_meta (GEMM 1 of the shared expert alone, launched before the routing).
-constexpr int kPartMaps = 6;  // zero_fill: boxes of 64, 32, 16, 8, 4, 2 rows
 struct GemmParams {
   CUtensorMap a[2];               // kGlu: [0] the gathered routed rows, [1] x (the shared group); else [0] H
-  CUtensorMap a_part[kPartMaps];  // zero_fill: a[0]'s tensor in boxes of 64 >> i rows
-  int a_extent;                   // zero_fill: a[0]'s rows; a box from this row on is all past the end: zeros
-  int zero_fill;                  // MoeConfig::zero_fill
   CUtensorMap b[2 * kMaxGroups];  // kGlu: gate of group g at [g], up at [kMaxGroups + g]; else down at [g]
   const int* meta;
   int meta_groups;                // the group count meta was written for (>= groups)
@@ -182,29 +178,10 @@ __device__ __forceinline__ void produce(const GemmParams& p, const int* s_meta, 
     // them in the stage by the consumers' stores cost +8-25% whatever the value written (thirty-fourth session),
     // though zero operands cost the MMAs ~30% less energy in isolation (benchmarks/wgmma_energy_probe.py).
     const int a_row = (shared_x ? 0 : w.row0) + w.mt * kBM;
-    // zero_fill: the tile's rows up to the group's end (rounded up to even: a box lands on a 128-byte boundary at
-    // k 32), then zeros, each part in boxes of 64 .. 2 rows; every box's bytes count, filled or not (zero_fill 2:
-    // the same boxes with the next group's rows in place of the zeros, to weigh the boxes alone)
-    const int keep = shared_x ? kBM : (min(kBM, w.rows - w.mt * kBM) + 1) & ~1;
-    const bool split = p.zero_fill && keep < kBM;
     for (int kb = 0; kb < num_kb; ++kb) {
       mbar_wait(&empty[s], phase ^ 1);
       mbar_arrive_expect_tx(&full[s], R::kStageBytes);
-      if (!split) {
-        tma_load_2d(s_a + s * R::kABytes, amap, &full[s], kb * kBK, a_row);
-      } else {
-        int at = 0;
-        for (int part = 0; part < 2; ++part) {
-          const int rows = part == 0 ? keep : kBM - keep;
-          for (int i = 0; i < kPartMaps; ++i) {
-            const int h = 64 >> i;
-            if (!(rows & h)) continue;
-            tma_load_2d(s_a + s * R::kABytes + at * (kBK * 2), &p.a_part[i], &full[s], kb * kBK,
-                        part == 0 || p.zero_fill == 2 ? a_row + at : p.a_extent);
-            at += h;
-          }
-        }
-      }
+      tma_load_2d(s_a + s * R::kABytes, amap, &full[s], kb * kBK, a_row);
       uint8_t* sb = s_b + s * R::kBBytes;
 #pragma unroll
       for (int j = 0; j < 4; ++j) {

@@ -193,16 +193,16 @@ MoeConfig moe_config(int T, int K, int E) {
                    // k 32 stages only where both GEMMs hand their epilogue over (6 stages beside the staging); the
                    // routed GEMM 1 keeps k 64 (at k 32 it ran at a lower clock, docs/moe-notes.md)
                    async_epilogue == 3 ? kb::env_int("KBENCH_MOE_BK32", 5) & 7 : 0,
-                   kb::env_int("KBENCH_MOE_DECODE_AHEAD", 1) != 0, kb::env_int("KBENCH_MOE_ZERO_FILL", 0) & 3};
+                   kb::env_int("KBENCH_MOE_DECODE_AHEAD", 1) != 0};
 }
 
 void moe_describe(const MoeConfig& c, char* buf, int size) {
   snprintf(buf, size,
            "MoeConfig{skip_empty_halves=%d, keep_workspaces=%d, stages=%d, red_combine=%d, split_route=%d, "
            "async_epilogue=%d, shared_first=%d, shared_gather=%d, gather_lsu=%d, band=%d, bk32=%d, "
-           "decode_ahead=%d, zero_fill=%d}",
+           "decode_ahead=%d}",
            c.skip_empty_halves, c.keep_workspaces, c.stages, c.red_combine, c.split_route, c.async_epilogue,
-           c.shared_first, c.shared_gather, c.gather_lsu, c.band, c.bk32, c.decode_ahead, c.zero_fill);
+           c.shared_first, c.shared_gather, c.gather_lsu, c.band, c.bk32, c.decode_ahead);
 }
 
 const char* moe_run(const MoeArgs& a, cudaStream_t stream, cudaEvent_t* events) {
@@ -253,14 +253,6 @@ const char* moe_run(const MoeArgs& a, cudaStream_t stream, cudaEvent_t* events) 
                       map_f16(&g1.b[kMaxGroups + g], a.w_up[g], a.dexp, a.d, bk1))) &&
          map_f16(&g2.b[g], a.w_down[g], a.d, a.dexp, bk2);
   }
-  // zero_fill: a[0]'s tensor again in boxes of 64 .. 2 rows, so a group's last m-tile loads its rows and, past the
-  // tensor's end (a_extent), zeros in pieces of those heights
-  g1.zero_fill = g2.zero_fill = a.zero_fill;
-  g1.a_extent = pairs;
-  g2.a_extent = pairs + a.T;
-  for (int i = 0; ok && a.zero_fill && i < kPartMaps; ++i)
-    ok = map_f16(&g1.a_part[i], a.xs, a.d, pairs, 64 >> i, bk1) &&
-         map_f16(&g2.a_part[i], a.h, a.dexp, pairs + a.T, 64 >> i, bk2);
   if (!ok) return "moe cuda: cuTensorMapEncodeTiled failed (driver entry point missing or misaligned weights)";
   g1.meta = g2.meta = a.meta;
   g1.meta_groups = g2.meta_groups = G;

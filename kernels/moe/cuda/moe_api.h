@@ -39,7 +39,6 @@ struct MoeArgs {
   int band;               // MoeConfig::band
   int bk32;               // MoeConfig::bk32
   int decode_ahead;       // MoeConfig::decode_ahead
-  int zero_fill;          // MoeConfig::zero_fill
 };
 
 // A named configuration (KBENCH_PRINT_CONFIG=1 prints the one picked for each shape). The defaults are the measured
@@ -74,10 +73,6 @@ struct MoeConfig {
   bool decode_ahead;       // the GEMM consumers decode their next unit under the current one's last MMAs, every role's
                            // scan for a unit's group from the previous unit's (KBENCH_MOE_DECODE_AHEAD; on since the
                            // twenty-seventh session, 0 the build before)
-  int zero_fill;           // a group's last m-tile loads its A rows past the group's end as zeros (TMA's fill of boxes
-                           // past the tensor's end) instead of the next group's rows: zero operands cost the tensor
-                           // cores ~30% less energy a MAC (benchmarks/wgmma_energy_probe.py; KBENCH_MOE_ZERO_FILL, a
-                           // candidate: off; 2: the same boxes, the next group's rows in them)
 };
 MoeConfig moe_config(int T, int K, int E);
 void moe_describe(const MoeConfig& c, char* buf, int size);
