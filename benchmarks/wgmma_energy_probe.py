@@ -19,6 +19,7 @@ chain restarts every 112 stages (K = 7168). No global memory traffic after the f
   f32           fp32 accumulators (the shipped kernels' form)
   f32-zero-a    the same with every A value 0 (the eighth session's zero rows that slowed GEMM 1)
   f32-zero-wg1, f32-zero-rows, f32-ones-rows   some A rows 0 or 1.0, as padding rows would be (VARIANTS says which)
+  f32-mix-ctas, f32-mix-stages   zero rows in some CTAs or some stages only: does mixing cost beyond the average?
   f16-pN        fp16 accumulators, added into fp32 every N stages (N = 112: one chain a tile, no promotion inside)
 Per variant: NVML's energy counter and the host clock over back-to-back launches (benchmarks/energy.py measure),
 the variants taking turns for --rounds rounds. Printed: TFLOP/s, W, median SM MHz, pJ a FLOP, the share of
@@ -129,10 +130,13 @@ void run(torch::Tensor src, torch::Tensor sink, int64_t stages, int64_t promote)
 # name -> (promote, what A holds): "randn" everywhere, "zero" everywhere, or randn with some rows replaced:
 # "zero-wg1" the second warpgroup's 64 rows (a half tile past its group's end, not skipped), "zero-rows" / "ones-rows"
 # the last 32 rows of each warpgroup's 64 (padding rows inside a computed half: zeros, or the eighth session's 1.0)
+# "mix-ctas": zero-rows in every other CTA, randn in the rest (SMs on padded tiles beside SMs on full ones);
+# "mix-stages": zero-rows in each CTA's first ring stage only (padded and full stages in turn on one SM)
 VARIANTS = {"f32": (0, "randn"), "f32-zero-a": (0, "zero"), "f32-zero-wg1": (0, "zero-wg1"),
             "f32-zero-rows": (0, "zero-rows"), "f32-ones-rows": (0, "ones-rows"),
+            "f32-mix-ctas": (0, "mix-ctas"), "f32-mix-stages": (0, "mix-stages"),
             **{f"f16-p{n}": (n, "randn") for n in (1, 2, 4, 8, 16, 112)}}
-A_FILLS = ("randn", "zero", "zero-wg1", "zero-rows", "ones-rows")
+A_FILLS = ("randn", "zero", "zero-wg1", "zero-rows", "ones-rows", "mix-ctas", "mix-stages")
 
 
 def ring_contents(ctas: int, fill: str) -> torch.Tensor:
@@ -143,9 +147,11 @@ def ring_contents(ctas: int, fill: str) -> torch.Tensor:
         stage_a.zero_()
     elif fill == "zero-wg1":
         stage_a[:, :, 64:] = 0
-    elif fill in ("zero-rows", "ones-rows"):
+    elif fill in ("zero-rows", "ones-rows", "mix-ctas", "mix-stages"):
+        ctas_at = slice(1, None, 2) if fill == "mix-ctas" else slice(None)
+        stages_at = slice(0, 1) if fill == "mix-stages" else slice(None)
         for wg in range(2):
-            stage_a[:, :, 64 * wg + 32:64 * wg + 64] = 0 if fill == "zero-rows" else 1
+            stage_a[ctas_at, stages_at, 64 * wg + 32:64 * wg + 64] = 1 if fill == "ones-rows" else 0
     stage_a = stage_a.reshape(ctas, STAGES, 8192)
     stage_b = (torch.randn(ctas, STAGES, 16384, device="cuda").half() / 2048 ** 0.5).half()
     return torch.cat([stage_a, stage_b], dim=2).contiguous()
