@@ -73,11 +73,6 @@ CANDIDATES = {
     # each unit decoded at its start with the group scan from group 0 (the build before the twenty-seventh session;
     # decode-ahead: the next unit decoded under this one's last MMAs, the scan from the previous unit's group)
     "decode-scan": {"KBENCH_MOE_DECODE_AHEAD": "0"},
-    # a group's last m-tile read through a map of the group's own rows (made on the device after the routing), so
-    # its rows past the group's end are TMA's zeros: zero operands cost the MMAs less energy (wgmma_energy_probe.py);
-    # beside the skipped halves at 2048, and in place of them
-    "zero-fill": {"KBENCH_MOE_ZERO_FILL": "1"},
-    "zero-fill-no-skip": {"KBENCH_MOE_ZERO_FILL": "1", "KBENCH_MOE_SKIP_EMPTY_HALVES": "0"},
     # the graph's launch key read through Python's data_ptr() after a separate moe_output call (the build before the
     # twenty-ninth session; moe_prepare: both in one extension call)
     "py-key": {"KBENCH_MOE_PY_KEY": "1"},

@@ -56,27 +56,6 @@ __device__ __forceinline__ void ring_next(int& s, uint32_t& phase, int stages) {
 }
 
 // ---- TMA ------------------------------------------------------------------------------------------------
-// A tensor map in global memory written by an earlier kernel (tensormap_set_dim): its first use in this thread
-// waits for the writes through the tensormap proxy.
-__device__ __forceinline__ void tensormap_acquire(const CUtensorMap* map) {
-  asm volatile("fence.proxy.tensormap::generic.acquire.gpu [%0], 128;" ::"l"(reinterpret_cast<uint64_t>(map))
-               : "memory");
-}
-// dst (global, 128-byte aligned) = src with dimension `dim`'s extent set to `extent`, released to the tensormap
-// proxy of later kernels (they call tensormap_acquire before loading through it).
-__device__ __forceinline__ void tensormap_set_dim(CUtensorMap* dst, const CUtensorMap& src, int dim, int extent) {
-  const uint4* from = reinterpret_cast<const uint4*>(&src);
-  uint4* to = reinterpret_cast<uint4*>(dst);
-#pragma unroll
-  for (int i = 0; i < 8; ++i) to[i] = from[i];
-  const uint64_t at = reinterpret_cast<uint64_t>(dst);
-  if (dim == 1)
-    asm volatile("tensormap.replace.tile.global_dim.global.b1024.b32 [%0], 1, %1;" ::"l"(at), "r"(extent) : "memory");
-  else
-    asm volatile("tensormap.replace.tile.global_dim.global.b1024.b32 [%0], 0, %1;" ::"l"(at), "r"(extent) : "memory");
-  asm volatile("fence.proxy.tensormap::generic.release.gpu;" ::: "memory");
-}
-
 __device__ __forceinline__ void tma_prefetch_desc(const CUtensorMap* map) {
   asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
 }

@@ -30,7 +30,7 @@ void check_weights(const std::vector<torch::Tensor>& ws, int64_t rows, int64_t c
 }
 
 struct Workspaces {
-  torch::Tensor meta, rows_pair, pair_row, route_hist, xs, h, y, group_maps;
+  torch::Tensor meta, rows_pair, pair_row, route_hist, xs, h, y;
 };
 
 // y only without red_combine (GEMM 2 then adds into the output instead: 587 MB less at 8192 tokens).
@@ -41,9 +41,7 @@ Workspaces make_workspaces(const torch::Tensor& x, int64_t T, int64_t K, int64_t
   return Workspaces{torch::empty({2 * (E + 2)}, i32), torch::empty({T * K}, i32), torch::empty({T * K}, i32),
                     torch::empty({moe_route_blocks(static_cast<int>(T * K)) * E}, i32),
                     torch::empty({T * K, d}, x.options()),
-                    torch::empty({T * K + T, dexp}, x.options()), torch::empty({y_rows, d}, x.options()),
-                    // zero_fill's 2 (E + 1) tensor maps, 128 bytes each (the allocator's blocks are 512-aligned)
-                    torch::empty({config.zero_fill ? 2 * (E + 1) * 32 : 0}, i32)};
+                    torch::empty({T * K + T, dexp}, x.options()), torch::empty({y_rows, d}, x.options())};
 }
 
 // The call's workspaces. keep: the last shape's stay allocated per device and are reused by the next call of the
@@ -55,7 +53,7 @@ Workspaces workspaces(const torch::Tensor& x, int64_t T, int64_t K, int64_t E, i
   static std::mutex mu;
   // device -> (shape, workspaces); never destroyed: tensors freed after the CUDA context at exit would fail
   static auto* kept = new std::map<int, std::pair<std::vector<int64_t>, Workspaces>>();
-  const std::vector<int64_t> shape{T, K, E, d, dexp, config.red_combine, config.zero_fill};
+  const std::vector<int64_t> shape{T, K, E, d, dexp, config.red_combine};
   std::lock_guard<std::mutex> lock(mu);
   auto& slot = (*kept)[x.get_device()];
   if (slot.first != shape) {
@@ -142,8 +140,6 @@ MoeArgs layer_args(const torch::Tensor& x, const std::vector<torch::Tensor>& gat
   a.band = config.band;
   a.bk32 = config.bk32;
   a.decode_ahead = config.decode_ahead;
-  a.zero_fill = config.zero_fill;
-  a.group_maps = ws.group_maps.data_ptr();
   return a;
 }
 

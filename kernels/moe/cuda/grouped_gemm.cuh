@@ -69,7 +69,6 @@ static_assert(2 * (kConsumerRegs - kLaunchRegs) <= kLaunchRegs - kProducerRegs,
 // group's four numbers from fixed_meta (GEMM 1 of the shared expert alone, launched before the routing).
 struct GemmParams {
   CUtensorMap a[2];               // kGlu: [0] the gathered routed rows, [1] x (the shared group); else [0] H
-  const CUtensorMap* group_maps;  // MoeConfig::zero_fill: a[0] with group g's rows ending at its end, at [g]; else null
   CUtensorMap b[2 * kMaxGroups];  // kGlu: gate of group g at [g], up at [kMaxGroups + g]; else down at [g]
   const int* meta;
   int meta_groups;                // the group count meta was written for (>= groups)
@@ -173,10 +172,7 @@ __device__ __forceinline__ void produce(const GemmParams& p, const int* s_meta, 
     const Unit w = decode(s_meta, G, p.n_tiles, u, p.band, p.decode_ahead ? g_from : 0);
     g_from = w.g;
     const bool shared_x = kGlu && w.g == p.shared_group;  // GEMM 1 reads the shared expert's rows from x itself
-    // zero_fill: a tile that holds its group's end reads through the group's own map, zeros past the end
-    const bool ends = p.group_maps && !shared_x && w.rows - w.mt * kBM < kBM;
-    const CUtensorMap* amap = ends ? p.group_maps + w.g : &p.a[shared_x ? 1 : 0];
-    if (ends) tensormap_acquire(amap);
+    const CUtensorMap* amap = &p.a[shared_x ? 1 : 0];
     // A group's last m-tile reads on into the next group's rows (its results there are never stored). Keep it so:
     // the same rows as zeros made GEMM 1 ~35% slower on an H100 (docs/moe-notes.md, eighth session), and zeroing
     // them in the stage by the consumers' stores cost +8-25% whatever the value written, and loading the tile as up

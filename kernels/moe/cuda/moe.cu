@@ -193,26 +193,16 @@ MoeConfig moe_config(int T, int K, int E) {
                    // k 32 stages only where both GEMMs hand their epilogue over (6 stages beside the staging); the
                    // routed GEMM 1 keeps k 64 (at k 32 it ran at a lower clock, docs/moe-notes.md)
                    async_epilogue == 3 ? kb::env_int("KBENCH_MOE_BK32", 5) & 7 : 0,
-                   kb::env_int("KBENCH_MOE_DECODE_AHEAD", 1) != 0, kb::env_int("KBENCH_MOE_ZERO_FILL", 0) != 0};
+                   kb::env_int("KBENCH_MOE_DECODE_AHEAD", 1) != 0};
 }
 
 void moe_describe(const MoeConfig& c, char* buf, int size) {
   snprintf(buf, size,
            "MoeConfig{skip_empty_halves=%d, keep_workspaces=%d, stages=%d, red_combine=%d, split_route=%d, "
            "async_epilogue=%d, shared_first=%d, shared_gather=%d, gather_lsu=%d, band=%d, bk32=%d, "
-           "decode_ahead=%d, zero_fill=%d}",
+           "decode_ahead=%d}",
            c.skip_empty_halves, c.keep_workspaces, c.stages, c.red_combine, c.split_route, c.async_epilogue,
-           c.shared_first, c.shared_gather, c.gather_lsu, c.band, c.bk32, c.decode_ahead, c.zero_fill);
-}
-
-// zero_fill: each group's copy of the A maps (GEMM 1: xs, GEMM 2: H) with its rows ending at the group's end
-// (meta[g + 1]), so a box over a group's last m-tile reads zeros past it. Thread g < G: GEMM 1's group g;
-// kMaxGroups + g: GEMM 2's.
-__global__ void group_maps_kernel(const __grid_constant__ CUtensorMap xs_map, const __grid_constant__ CUtensorMap h_map,
-                                  const int* meta, int G, CUtensorMap* maps) {
-  const int gemm = threadIdx.x / kMaxGroups, g = threadIdx.x % kMaxGroups;
-  if (g >= G) return;
-  kb::sm90::tensormap_set_dim(maps + gemm * G + g, gemm ? h_map : xs_map, 1, meta[g + 1]);
+           c.shared_first, c.shared_gather, c.gather_lsu, c.band, c.bk32, c.decode_ahead);
 }
 
 const char* moe_run(const MoeArgs& a, cudaStream_t stream, cudaEvent_t* events) {
@@ -230,13 +220,6 @@ const char* moe_run(const MoeArgs& a, cudaStream_t stream, cudaEvent_t* events) 
                                                              a.rows_pair, a.pair_row);
   } else {
     route_kernel<<<1, kRouteThreads, 0, stream>>>(a.experts, a.T, a.K, a.E, a.meta, a.rows_pair, a.pair_row);
-  }
-  const int bk1 = launch_bk(a, 1), bk2 = launch_bk(a, 2);
-  CUtensorMap xs_map, h_map;
-  if (!map_f16(&xs_map, a.xs, a.d, pairs, kBM, bk1) || !map_f16(&h_map, a.h, a.dexp, pairs + a.T, kBM, bk2))
-    return "moe cuda: cuTensorMapEncodeTiled failed (driver entry point missing or misaligned weights)";
-  if (a.zero_fill) {
-    group_maps_kernel<<<1, 2 * kMaxGroups, 0, stream>>>(xs_map, h_map, a.meta, G, static_cast<CUtensorMap*>(a.group_maps));
   }
   mark(1);
   __half* const* out_slot = reinterpret_cast<__half* const*>(a.out_slot);
@@ -262,13 +245,9 @@ const char* moe_run(const MoeArgs& a, cudaStream_t stream, cudaEvent_t* events) 
   const bool shared_ran = a.shared_done || shared_gather;
   const int G1 = shared_ran ? a.E : G;
   GemmParams g1 = gemm1_params(a), g2{};
-  g1.a[0] = xs_map;
-  g2.a[0] = h_map;
-  if (a.zero_fill) {
-    g1.group_maps = static_cast<const CUtensorMap*>(a.group_maps);
-    g2.group_maps = g1.group_maps + G;
-  }
-  bool ok = map_f16(&g1.a[1], a.x, a.d, a.T, kBM, bk1);
+  const int bk1 = launch_bk(a, 1), bk2 = launch_bk(a, 2);
+  bool ok = map_f16(&g1.a[0], a.xs, a.d, pairs, kBM, bk1) && map_f16(&g1.a[1], a.x, a.d, a.T, kBM, bk1) &&
+            map_f16(&g2.a[0], a.h, a.dexp, pairs + a.T, kBM, bk2);
   for (int g = 0; ok && g < G; ++g) {
     ok = (g >= G1 || (map_f16(&g1.b[g], a.w_gate[g], a.dexp, a.d, bk1) &&
                       map_f16(&g1.b[kMaxGroups + g], a.w_up[g], a.dexp, a.d, bk1))) &&

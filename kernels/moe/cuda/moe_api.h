@@ -39,8 +39,6 @@ struct MoeArgs {
   int band;               // MoeConfig::band
   int bk32;               // MoeConfig::bk32
   int decode_ahead;       // MoeConfig::decode_ahead
-  int zero_fill;          // MoeConfig::zero_fill
-  void* group_maps;       // zero_fill: 2 (E + 1) tensor maps of 128 bytes (GEMM 1's groups, then GEMM 2's)
 };
 
 // A named configuration (KBENCH_PRINT_CONFIG=1 prints the one picked for each shape). The defaults are the measured
@@ -75,10 +73,6 @@ struct MoeConfig {
   bool decode_ahead;       // the GEMM consumers decode their next unit under the current one's last MMAs, every role's
                            // scan for a unit's group from the previous unit's (KBENCH_MOE_DECODE_AHEAD; on since the
                            // twenty-seventh session, 0 the build before)
-  bool zero_fill;          // a group's last m-tile loads its A rows through a map of that group's own rows (made on the
-                           // device after the routing), so the rows past the group's end arrive as TMA's zeros, not
-                           // as the next group's rows: zero operands cost the tensor cores ~30% less energy a MAC
-                           // (benchmarks/wgmma_energy_probe.py; KBENCH_MOE_ZERO_FILL, a candidate: off)
 };
 MoeConfig moe_config(int T, int K, int E);
 void moe_describe(const MoeConfig& c, char* buf, int size);
