@@ -176,8 +176,9 @@ __device__ __forceinline__ void produce(const GemmParams& p, const int* s_meta, 
     // A group's last m-tile reads on into the next group's rows (its results there are never stored). Keep it so:
     // the same rows as zeros made GEMM 1 ~35% slower on an H100 (docs/moe-notes.md, eighth session), and zeroing
     // them in the stage by the consumers' stores cost +8-25% whatever the value written, and loading the tile as up
-    // to 12 smaller boxes (rows, then TMA's zero fill) +30-35% with or without zeros (thirty-fourth session), though
-    // zero operands cost the MMAs ~30% less energy in isolation (benchmarks/wgmma_energy_probe.py).
+    // to 12 smaller boxes (rows, then TMA's zero fill) +30-35% with or without zeros; one box through a map ending
+    // at the group's end (zeros for free) tied (thirty-fourth session), though zero operands cost the MMAs ~30% less
+    // energy in isolation (benchmarks/wgmma_energy_probe.py).
     const int a_row = (shared_x ? 0 : w.row0) + w.mt * kBM;
     for (int kb = 0; kb < num_kb; ++kb) {
       mbar_wait(&empty[s], phase ^ 1);
