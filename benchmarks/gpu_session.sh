@@ -63,7 +63,7 @@ for part in "$@"; do
   probe) step 300 probe python3 benchmarks/wgmma_layout_probe.py ;;
   wgmma-energy) step 300 wgmma_energy python3 benchmarks/wgmma_energy_probe.py --record ${PROBE_ARGS:-}
                 so=$(find "${TORCH_EXTENSIONS_DIR:-$HOME/.cache/torch_extensions}" -name 'kbench_wgmma_energy_probe*.so' | head -1)
-                [ -n "$so" ] && cuobjdump -sass "$so" | grep -o 'HGMMA\.[0-9A-Z.]*' | sort | uniq -c ;;
+                [ -n "$so" ] && cuobjdump -sass "$so" | grep -o 'HGMMA\.[0-9A-Za-z.]*' | sort | uniq -c ;;
   fp8-check) step 400 fp8_check python3 -m pytest -q -x -p no:cacheprovider tests/test_fp8_cuda_plans_gpu.py tests/test_fp8_backends_gpu.py -k "not triton" ;;
   fp8-perf) step 500 fp8_bench python3 benchmarks/fp8_mm.py --no-triton
             step 200 fp8_perf kbench perf fp8-mm --backend cuda --json "$W/records/perf_fp8-mm_cuda.json" ;;

@@ -24,7 +24,7 @@ import argparse
 import torch
 import torch.nn.functional as F
 
-from kbench import problems
+from kbench import benchlib, problems
 
 PROMOTE = (2, 4, 8, 16, 112)
 TRUNCATED = (4, 8, 16)
@@ -61,13 +61,18 @@ def expert(v, weights, prefix, mode) -> torch.Tensor:
     return gemm(F.silu(g.float()).half() * u, weights[f"{prefix}.2.weight"], *mode)
 
 
-def layer(x, weights, config, mode) -> torch.Tensor:
-    """The reference's layer on rows x [T, H] fp16 (ref_kernel's op order), each GEMM accumulated as `mode`."""
-    k, n_experts = config["n_experts_per_token"], config["n_routed_experts"]
+def route(x, weights, config) -> tuple[torch.Tensor, torch.Tensor]:
+    """The reference's router on rows x [T, H] fp16: (top scores [T, k] fp16, their experts [T, k])."""
     scores = F.linear(x.float(), weights["router.weight"].float()).half().float().softmax(-1).half()
-    top_scores, top_experts = torch.topk(scores, k=k, dim=-1, sorted=False)
+    return torch.topk(scores, k=config["n_experts_per_token"], dim=-1, sorted=False)
+
+
+def layer(x, weights, config, routing, mode) -> torch.Tensor:
+    """The reference's layer on rows x [T, H] fp16 (ref_kernel's op order) with route()'s routing, each GEMM
+    accumulated as `mode`."""
+    top_scores, top_experts = routing
     routed = torch.zeros_like(x)
-    for e in range(n_experts):
+    for e in range(config["n_routed_experts"]):
         tokens, slots = (top_experts == e).nonzero(as_tuple=True)
         if len(tokens):
             out = expert(x[tokens], weights, f"experts.{e}", mode) * top_scores[tokens, slots, None]
@@ -89,11 +94,11 @@ def main() -> None:
         x, weights, config = ref.generate_input(**case)
         rows = x.reshape(-1, x.shape[-1])
         sample = rows[:args.tokens]
-        control = layer(sample, weights, config, modes["fp32"]).float()
-        unit = ref.ATOL + ref.RTOL * control.abs()
+        routing = route(sample, weights, config)
+        control = layer(sample, weights, config, routing, modes["fp32"])
         cells = []
         for mode in modes.values():
-            r = (layer(sample, weights, config, mode).float() - control).abs() / unit
+            r = benchlib.tolerance_ratios(layer(sample, weights, config, routing, mode), control, ref.RTOL, ref.ATOL)
             cells.append(f"{r.amax().item():.3f}/{r.pow(2).mean().sqrt().item():.3f}")
         label = f"T {rows.shape[0]} E {config['n_routed_experts']}"
         print(f"{label:>18} " + " ".join(f"{c:>15}" for c in cells), flush=True)

@@ -136,12 +136,12 @@ VARIANTS = {"f32": (0, "randn"), "f32-zero-a": (0, "zero"), "f32-zero-wg1": (0, 
             "f32-zero-rows": (0, "zero-rows"), "f32-ones-rows": (0, "ones-rows"),
             "f32-mix-ctas": (0, "mix-ctas"), "f32-mix-stages": (0, "mix-stages"),
             **{f"f16-p{n}": (n, "randn") for n in (1, 2, 4, 8, 16, 112)}}
-A_FILLS = ("randn", "zero", "zero-wg1", "zero-rows", "ones-rows", "mix-ctas", "mix-stages")
 
 
 def ring_contents(ctas: int, fill: str) -> torch.Tensor:
     """[ctas, STAGES, 24576] fp16: per stage 8192 A values (128 rows of 64 k: row r is values [64 r, 64 r + 64), the
-    swizzle moves 16-byte pieces within a row only), filled as A_FILLS says, then 16384 B values (randn/sqrt(2048))."""
+    swizzle moves 16-byte pieces within a row only), filled as VARIANTS' comment says, then 16384 B values
+    (randn / sqrt(2048))."""
     stage_a = torch.randn(ctas, STAGES, 128, 64, device="cuda").half()
     if fill == "zero":
         stage_a.zero_()
@@ -153,7 +153,7 @@ def ring_contents(ctas: int, fill: str) -> torch.Tensor:
         for wg in range(2):
             stage_a[ctas_at, stages_at, 64 * wg + 32:64 * wg + 64] = 1 if fill == "ones-rows" else 0
     stage_a = stage_a.reshape(ctas, STAGES, 8192)
-    stage_b = (torch.randn(ctas, STAGES, 16384, device="cuda").half() / 2048 ** 0.5).half()
+    stage_b = torch.randn(ctas, STAGES, 16384, device="cuda").half() / 2048 ** 0.5
     return torch.cat([stage_a, stage_b], dim=2).contiguous()
 
 
