@@ -81,7 +81,11 @@ CANDIDATES = {
     "py-replay": {"KBENCH_MOE_FAST_REPLAY": "0"},
     # the output's address written to the device slot by a one-thread kernel (the build before the thirtieth
     # session; now the stream's own 64-bit write, cuStreamWriteValue64)
-    "publish-kernel": {"KBENCH_MOE_PUBLISH_KERNEL": "1"},
+    "publish-kernel": {"KBENCH_MOE_PUBLISH_KERNEL": "1", "KBENCH_MOE_LATE_OUTPUT": "0"},
+    # the fast path's output made, and its address written by the stream, before the graph's launch (the build before
+    # the thirty-fifth session; late-output: the graph launched first, the output made behind it, its address taken
+    # by the graph's routing from mapped host memory, _common/late_address.h)
+    "early-output": {"KBENCH_MOE_LATE_OUTPUT": "0"},
 }
 
 

@@ -95,6 +95,24 @@ def test_on_capture_gets_each_new_graph_and_a_replay_elsewhere_keeps_captures_tr
         assert _run(replay, ["b"]) == expected
 
 
+def test_a_graph_only_its_holder_may_launch_is_never_replayed_here(gr):
+    """on_capture returning True (moe's late_output graphs: the binding hands them the output's address after the
+    launch) keeps the graph out of replay(): the same key runs eagerly (and is captured again) instead of replaying a
+    graph that would wait for an address nobody gives it. Anything else returned keeps the usual replay."""
+    for holder_only, expected in ((True, ["eager+captured", "eager+captured"]), (None, ["eager+captured", "-"])):
+        FakeGraph.made = []
+        replay = gr.GraphReplay()
+        log = []
+        for _ in range(2):
+            ran = []
+            replay.replay("a", lambda: ran.append("captured" if any(g.capturing for g in FakeGraph.made) else "eager")
+                          or torch.ones(1), on_capture=lambda graph, out: holder_only)
+            log.append("+".join(ran) or "-")
+            replay.replayed_elsewhere()  # (the holder launched it in between)
+        assert log == expected
+        assert all(g.replays == 0 for g in FakeGraph.made) or not holder_only
+
+
 def test_at_most_keep_graphs_are_held_least_recent_dropped(gr):
     replay = gr.GraphReplay(keep=2)
     _run(replay, ["a", "a", "b", "b", "a", "c", "c"])  # "a" replayed before "c" arrives: "b" is the oldest

@@ -159,14 +159,17 @@ def test_generated_submission_passes_every_official_case(moe, tmp_path):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("knobs", [KNOBS[0], KNOBS[2], {"KBENCH_MOE_PY_KEY": "1", "KBENCH_MOE_FAST_REPLAY": "0"},
-                                   {"KBENCH_MOE_FAST_REPLAY": "0"}, {"KBENCH_MOE_PUBLISH_KERNEL": "1"}],
-                         ids=[KNOB_IDS[0], KNOB_IDS[2], "py-key", "py-replay", "publish-kernel"])
+                                   {"KBENCH_MOE_FAST_REPLAY": "0"},
+                                   {"KBENCH_MOE_PUBLISH_KERNEL": "1", "KBENCH_MOE_LATE_OUTPUT": "0"},
+                                   {"KBENCH_MOE_LATE_OUTPUT": "0"}],
+                         ids=[KNOB_IDS[0], KNOB_IDS[2], "py-key", "py-replay", "publish-kernel", "early-output"])
 def test_graph_replays_follow_the_inputs(moe, knobs, monkeypatch):
     """The shipped graph path as benchmark mode calls it: the same tensors call after call, their values rewritten in
     place between calls (x and every weight). Each call must pass the reference's check and match the eager path
     (KBENCH_MOE_GRAPH=0); it is captured after the first call and replayed from the second (by the binding's fast
     path where it is on: the default); each call returns its own tensor (with red_combine: a new output each call,
-    which the replayed graph finds through the device slot)."""
+    which the replayed graph finds through the device slot; on the fast path by default it makes that output after the
+    launch, late_output)."""
     import torch
 
     for name, value in knobs.items():
@@ -192,10 +195,12 @@ def test_graph_replays_follow_the_inputs(moe, knobs, monkeypatch):
         ratio = benchlib.tolerance_ratio(out, expected, 1e-2, 1e-2)
         assert ratio <= 1, f"call {call}: the graph's output is {ratio:.2f}x the tolerance from the eager path's"
         outputs.append(out)
-    assert len(moe._graphs) == 1, "captured once, after the first call"
-    assert len({o.data_ptr() for o in outputs}) == len(outputs), "each call returns its own tensor"
     # the last call's replay came from the fast path exactly where it is on (red_combine, no Python-path knob)
     fast = "KBENCH_MOE_RED_COMBINE" not in knobs and "KBENCH_MOE_FAST_REPLAY" not in knobs
+    late = fast and "KBENCH_MOE_LATE_OUTPUT" not in knobs
+    # captured once, after the first call; a graph that takes its output late is the binding's alone
+    assert len(moe._graphs) == (0 if late else 1)
+    assert len({o.data_ptr() for o in outputs}) == len(outputs), "each call returns its own tensor"
     assert moe.ext.moe_fast_replays() == (1 if fast else 0)
 
 
@@ -224,7 +229,8 @@ def test_the_fast_path_launches_a_held_graph_only_on_its_own_inputs(moe, monkeyp
     assert fast_replays(data) == 0, "the first call runs eagerly (and is captured)"
     assert fast_replays(data) == 1, "the next is launched by the fast path"
     steps = moe.ext.moe_replay_steps()  # its host time a step (moe_launch_phases.py's replay:* columns)
-    assert [name for name, _ in steps] == ["knobs", "describe", "find", "output", "launch"], steps
+    # (late_output: the output is made after the launch)
+    assert [name for name, _ in steps] == ["knobs", "describe", "find", "launch", "output"], steps
     assert all(0 <= us < 1e6 for _, us in steps), steps
     monkeypatch.setenv("KBENCH_MOE_BK32", "7")  # the same inputs, another configuration
     assert fast_replays(data) == 0
@@ -240,6 +246,54 @@ def test_the_fast_path_launches_a_held_graph_only_on_its_own_inputs(moe, monkeyp
     assert fast_replays(data) == 1, "the good inputs again"
     monkeypatch.setattr(moe, "_graphs", type(moe._graphs)())  # another GraphReplay: not its graphs
     assert fast_replays(data) == 0
+
+
+@pytest.mark.gpu
+def test_late_outputs_reach_their_own_launches_while_the_host_runs_ahead(moe, monkeypatch):
+    """late_output (the shipped fast path): each held graph's launch takes the address of the output its own call
+    makes after the launch, through a ring of kLateRing = 64 words. 150 calls are queued behind a 0.2 s GPU sleep,
+    so the host runs more than 64 calls ahead and must wait for the GPU in publish() instead of overwriting an
+    address not yet taken; x is rewritten in place between calls (three values in turn), an eager call
+    (KBENCH_MOE_GRAPH=0, which takes no address) sits in the middle, and every output is kept, poisoned first, and
+    compared with the eager result for its x: a launch that took another call's address leaves NaN or the wrong
+    values."""
+    import torch
+
+    ref = problems.load_modules("moe").reference
+    data = ref.generate_input(dhidden=1024, dexpert=256, nroutedexperts=8, nsharedexperts=1, nexpertspertoken=4,
+                              bs=1, seqlen=1024, seed=21)
+    x, weights, config = data
+    monkeypatch.setattr(moe, "_graphs", type(moe._graphs)())
+    values = [torch.randn_like(x) for _ in range(3)]
+    expected = []
+    monkeypatch.setenv("KBENCH_MOE_GRAPH", "0")
+    for v in values:
+        x.copy_(v)
+        expected.append(moe.custom_kernel(data).clone())
+    monkeypatch.delenv("KBENCH_MOE_GRAPH")
+    for _ in range(2):  # eager and captured, then held by the binding
+        moe.custom_kernel(data)
+    moe.ext.moe_fast_replays()  # from zero
+    torch.cuda.synchronize()
+    benchlib.poison_allocator()
+    outputs, taken = [], []
+    torch.cuda._sleep(300_000_000)  # ~0.2 s of GPU time: the host queues every call below before the GPU runs one
+    for call in range(150):
+        x.copy_(values[call % 3])
+        if call == 75:
+            monkeypatch.setenv("KBENCH_MOE_GRAPH", "0")
+            outputs.append(moe.custom_kernel(data))
+            monkeypatch.delenv("KBENCH_MOE_GRAPH")
+        else:
+            outputs.append(moe.custom_kernel(data))
+        taken.append(call % 3)
+    torch.cuda.synchronize()
+    # every call but the eager one launched a held graph; the eager call's Python path read (and reset) the count of
+    # the 75 before it
+    assert moe.ext.moe_fast_replays() == 74
+    for call, (out, which) in enumerate(zip(outputs, taken)):
+        ratio = benchlib.tolerance_ratio(out, expected[which], 1e-2, 1e-2)
+        assert ratio <= 1, f"call {call}: {ratio:.2f}x the tolerance from its own input's eager result"
 
 
 @pytest.mark.gpu

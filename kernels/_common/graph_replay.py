@@ -89,7 +89,8 @@ class GraphReplay:
 
     `replay(..., on_capture=f)`: f(graph, output) gets each new capture and its output buffers, for a binding that
     holds it and launches it itself in later calls (`held_graphs.h`: one extension call from the call to the
-    launch); that caller then tells this object with `replayed_elsewhere()`."""
+    launch); that caller then tells this object with `replayed_elsewhere()`. Where f returns True, only that caller
+    may launch the graph (it hands the graph a value after the launch): this object keeps no copy to replay."""
 
     def __init__(self, keep: int = 2):
         self._graphs: collections.OrderedDict = collections.OrderedDict()  # key -> (CUDAGraph, output, verify())
@@ -123,8 +124,9 @@ class GraphReplay:
         if self._trusted or key == self._last_eager:
             graph, graph_out = self._capture(key, step, verify)
             self._last_eager = None
-            if on_capture is not None:  # (a caller that launches the graph itself: its output is graph_out's buffers)
-                on_capture(graph, graph_out)
+            # (a caller that launches the graph itself: its output is graph_out's buffers)
+            if on_capture is not None and on_capture(graph, graph_out) is True:
+                del self._graphs[key]
         else:
             self._last_eager = key
         return out

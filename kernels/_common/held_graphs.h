@@ -52,6 +52,7 @@ struct HeldGraph {
   cudaGraphExec_t exec = nullptr;
   std::vector<int64_t> inputs;  // the binding's description of the call's inputs at capture
   std::string config;           // the binding's text of the knobs at capture
+  bool late = false;            // takes its output's address after the launch (late_address.h)
 };
 
 // At most `keep` graphs (as many as GraphReplay keeps), newest first. One a binding (held_graphs()); the GIL

@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstring>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <utility>
@@ -15,6 +16,7 @@
 
 #include "held_graphs.h"
 #include "knobs.h"
+#include "late_address.h"
 #include "moe_api.h"
 #include "torch_check.h"
 
@@ -65,9 +67,12 @@ Workspaces workspaces(const torch::Tensor& x, int64_t T, int64_t K, int64_t E, i
 }
 
 // red_combine's output slot: one device word per device holding the address of the output GEMM 2 adds into, and
-// the address last written there (so moe_experts can refuse an output that was not published).
+// the address last written there (so moe_experts can refuse an output that was not published). With late_output,
+// the graphs the binding launches take that address from `late` after their launch (late_address.h).
 struct OutputSlot {
-  torch::Tensor word;  // int64 [1] on the device; never freed (its address is baked into captured graphs)
+  torch::Tensor word;   // int64 [1] on the device; never freed (its address is baked into captured graphs)
+  torch::Tensor taken;  // int64 [1] on the device: late's count of the calls the device took an address for
+  std::unique_ptr<kb::LateAddressRing> late;
   void* published = nullptr;
 };
 
@@ -76,9 +81,24 @@ OutputSlot& output_slot(const torch::Tensor& like) {
   static auto* slots = new std::map<int, OutputSlot>();  // never destroyed: see workspaces()
   std::lock_guard<std::mutex> lock(mu);
   OutputSlot& slot = (*slots)[like.get_device()];
-  if (!slot.word.defined()) slot.word = torch::zeros({1}, like.options().dtype(torch::kLong));
+  if (!slot.word.defined()) {  // (first made by an eager call: moe_output runs before any capture)
+    slot.word = torch::zeros({1}, like.options().dtype(torch::kLong));
+    slot.taken = torch::zeros({1}, like.options().dtype(torch::kLong));
+    slot.late = std::make_unique<kb::LateAddressRing>(reinterpret_cast<void**>(slot.word.data_ptr()),
+                                                      reinterpret_cast<unsigned long long*>(slot.taken.data_ptr()));
+  }
   return slot;
 }
+
+// Whether moe_replay launches held graphs (else entry.py's Python path replays them).
+bool fast_replay_on() {
+  return !kb::env_is("KBENCH_MOE_FAST_REPLAY", "0") && !kb::env_is("KBENCH_MOE_GRAPH", "0") &&
+         !kb::env_is("KBENCH_MOE_FULL_KEY", "1") && !kb::env_is("KBENCH_MOE_PY_KEY", "1");
+}
+
+// Whether the graph captured last takes its output's address late (run_moe sets it in each capture, moe_hold_graph
+// reads it): such a graph must be launched only by moe_replay, which publishes the address.
+bool last_capture_late = false;
 
 // A new output [T, d] fp16 whose address is written to x's device's slot on the current stream.
 torch::Tensor publish_output(const torch::Tensor& x, OutputSlot& slot) {
@@ -198,6 +218,14 @@ static torch::Tensor run_moe(torch::Tensor x, torch::Tensor experts, torch::Tens
   a.out_slot = slot ? reinterpret_cast<void* const*>(slot->word.data_ptr()) : nullptr;
   a.shared_done = pre != nullptr;
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  C10_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
+  if (capture == cudaStreamCaptureStatusActive) {
+    // a graph moe_replay will launch takes its output's address after the launch; one the Python path replays reads
+    // the slot the host wrote before it
+    last_capture_late = slot && !combine && config.late_output && fast_replay_on();
+    if (last_capture_late) a.late = slot->late->view();
+  }
   cudaEvent_t events[6];
   if (stage_ms)
     for (auto& e : events) cudaEventCreate(&e);
@@ -277,26 +305,29 @@ std::string config_text(int64_t T, int64_t K, int64_t E) {
 }  // namespace
 
 // entry.py, after GraphReplay captured the call (red_combine only: the graph adds into the output the slot names):
-// `graph` (its cudaGraphExec_t as an integer, `exec`) held for moe_replay.
-void moe_hold_graph(py::object owner, py::object graph, int64_t exec, torch::Tensor x, py::dict weights, int64_t K,
+// `graph` (its cudaGraphExec_t as an integer, `exec`) held for moe_replay. Returns whether it takes its output's
+// address late (then only moe_replay may launch it: GraphReplay drops its own copy).
+bool moe_hold_graph(py::object owner, py::object graph, int64_t exec, torch::Tensor x, py::dict weights, int64_t K,
                     int64_t E) {
   kb::HeldGraph held{owner, graph, py::none(), reinterpret_cast<cudaGraphExec_t>(exec), {}, {}};
   TORCH_CHECK(describe_inputs(x, weights, K, E, held.inputs), "moe_hold_graph: every weight must be a tensor");
   held.config = config_text(x.numel() / x.size(-1), K, E);
+  const bool late = held.late = last_capture_late;
+  last_capture_late = false;
   kb::held_graphs().hold(std::move(held));
+  return late;
 }
 
 // The fast path of custom_kernel: where `owner` holds a graph captured on these very inputs (the same tensors'
 // addresses, dtypes, shapes and strides, K, E and knobs), a new output (x's shape) published to the slot and the
-// graph launched on the current stream; else None (entry.py's own path runs). Off with KBENCH_MOE_FAST_REPLAY=0
+// graph launched on the current stream (late_output: launched first, then the output made and its address handed to
+// the graph's routing through the late ring); else None (entry.py's own path runs). Off with KBENCH_MOE_FAST_REPLAY=0
 // and on the paths that key the graph in Python (KBENCH_MOE_GRAPH=0, KBENCH_MOE_FULL_KEY=1, KBENCH_MOE_PY_KEY=1).
 c10::optional<torch::Tensor> moe_replay(py::object owner, torch::Tensor x, py::dict weights, int64_t K, int64_t E) {
   kb::StepTimes& steps = kb::replay_steps();
   steps.start();
   kb::HeldGraphs& held = kb::held_graphs();
-  if (held.empty() || kb::env_is("KBENCH_MOE_FAST_REPLAY", "0") || kb::env_is("KBENCH_MOE_GRAPH", "0") ||
-      kb::env_is("KBENCH_MOE_FULL_KEY", "1") || kb::env_is("KBENCH_MOE_PY_KEY", "1") || x.dim() < 2)
-    return c10::nullopt;
+  if (held.empty() || !fast_replay_on() || x.dim() < 2) return c10::nullopt;
   steps.mark("knobs");
   static std::vector<int64_t> now;  // (the GIL serialises callers)
   if (!describe_inputs(x, weights, K, E, now)) return c10::nullopt;
@@ -306,11 +337,23 @@ c10::optional<torch::Tensor> moe_replay(py::object owner, torch::Tensor x, py::d
   steps.mark("find");
   const c10::cuda::CUDAGuard guard(x.device());
   const torch::Tensor x2 = x.view({-1, x.size(-1)});
-  torch::Tensor out = publish_output(x2, output_slot(x2));
-  steps.mark("output");
+  OutputSlot& slot = output_slot(x2);
+  if (!graph->late) {
+    torch::Tensor out = publish_output(x2, slot);
+    steps.mark("output");
+    kb::launch(*graph);
+    steps.mark("launch");
+    return out.view(x.sizes());
+  }
+  // late_output: the GPU routes while the host makes the output. (Should the output's allocation fail now, the
+  // launched graph's routing traps after 2 s without its address.)
   kb::launch(*graph);
   steps.mark("launch");
-  return out.view(x.sizes());
+  torch::Tensor out = torch::empty(x.sizes(), x.options());
+  slot.late->publish(out.data_ptr());
+  slot.published = out.data_ptr();
+  steps.mark("output");
+  return out;
 }
 
 // (step, host us) of each step moe_replay's last call passed: knobs, describe, find, output, launch (all five where it

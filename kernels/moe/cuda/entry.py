@@ -8,7 +8,8 @@ The call is replayed as one CUDA graph while the inputs stay at their addresses 
 of the inputs lands at the same addresses run after run), which takes the host's launches and its per-call work on
 99 weights out of the timed call; the graph launches on the inputs' addresses and their full key is checked behind
 the launch. The output is a new tensor every call: moe_output makes it before the launch and writes its address to
-device memory, where the graph's kernels read it. Once captured, a graph is also held by the binding, whose
+device memory, where the graph's kernels read it (a held graph's launch: moe_replay makes it after the launch, and
+the graph's routing takes its address from mapped host memory, _common/late_address.h). Once captured, a graph is also held by the binding, whose
 moe_replay checks the inputs against it, makes the output and launches the graph in one call (the fast path;
 KBENCH_MOE_FAST_REPLAY=0: the Python path, candidate `py-replay`). (KBENCH_MOE_RED_COMBINE=0, the previous path:
 the graph writes the experts' outputs to its own buffer Y and moe_combine makes the output from it after the launch.)
@@ -27,7 +28,7 @@ _KNOBS = ("KBENCH_MOE_SKIP_EMPTY_HALVES", "KBENCH_MOE_KEEP_WORKSPACES", "KBENCH_
           "KBENCH_MOE_SPLIT_ROUTE", "KBENCH_MOE_ASYNC_EPILOGUE", "KBENCH_MOE_SHARED_FIRST",
           "KBENCH_MOE_SHARED_GATHER", "KBENCH_MOE_GATHER_LSU", "KBENCH_MOE_BAND",
           "KBENCH_MOE_BK32", "KBENCH_MOE_DECODE_AHEAD",
-          "KBENCH_MOE_PUBLISH_KERNEL")  # (used before the launch, outside the graph; keyed like every knob moe.cu reads)
+          "KBENCH_MOE_LATE_OUTPUT", "KBENCH_MOE_PUBLISH_KERNEL")  # (used before the launch, outside the graph; keyed like every knob moe.cu reads)
 _PY_KEY = ("KBENCH_MOE_PY_KEY",)  # (how the key is read, not what the graph holds: no part of the key)
 _ON = (b"1", "1")  # env_values gives bytes where it reads os.environ's own dict
 
@@ -71,11 +72,17 @@ def prepare(x: torch.Tensor, weights: dict, n_experts: int, k: int) -> tuple:
 
 
 def _hold(x: torch.Tensor, weights: dict, n_experts: int, k: int):
-    """GraphReplay's on_capture: the new graph also held by the binding, for moe_replay."""
+    """GraphReplay's on_capture: the new graph also held by the binding, for moe_replay. True where the graph takes
+    its output's address after the launch (MoeConfig::late_output): then only moe_replay launches it."""
     def hold(graph, _output):  # (the output is the slot's tensor, made anew by moe_replay)
-        if hasattr(graph, "raw_cuda_graph_exec"):  # (torch >= 2.7; older ones keep the Python path)
-            ext.moe_hold_graph(_graphs, graph, graph.raw_cuda_graph_exec(), x, weights, k, n_experts)  # noqa: F821
+        return ext.moe_hold_graph(_graphs, graph, graph.raw_cuda_graph_exec(), x, weights, k,  # noqa: F821
+                                  n_experts)
     return hold
+
+
+if not hasattr(torch.cuda.CUDAGraph, "raw_cuda_graph_exec"):
+    # torch < 2.7: the binding cannot launch graphs, so they replay from Python, where no output address comes late
+    os.environ.setdefault("KBENCH_MOE_LATE_OUTPUT", "0")
 
 
 def custom_kernel(data: input_t) -> output_t:
@@ -105,8 +112,9 @@ def custom_kernel(data: input_t) -> output_t:
     elif os.environ.get("KBENCH_MOE_FULL_KEY") == "1":  # the whole key before the launch, as before verify=
         y, top_scores = _graphs.replay(full_key() + _host_values(x, n_experts, k), step)
     else:
+        can_hold = out is not None and hasattr(torch.cuda.CUDAGraph, "raw_cuda_graph_exec")
         y, top_scores = _graphs.replay(key, step, verify=full_key,
-                                       on_capture=_hold(x, weights, n_experts, k) if out is not None else None)
+                                       on_capture=_hold(x, weights, n_experts, k) if can_hold else None)
     if out is None:
         out = ext.moe_combine(y, top_scores)  # noqa: F821 (ext: template)
     return out.view(x.shape)

@@ -193,7 +193,9 @@ MoeConfig moe_config(int T, int K, int E) {
                    // k 32 stages only where both GEMMs hand their epilogue over (6 stages beside the staging); the
                    // routed GEMM 1 keeps k 64 (at k 32 it ran at a lower clock, docs/moe-notes.md)
                    async_epilogue == 3 ? kb::env_int("KBENCH_MOE_BK32", 5) & 7 : 0,
-                   kb::env_int("KBENCH_MOE_DECODE_AHEAD", 1) != 0};
+                   kb::env_int("KBENCH_MOE_DECODE_AHEAD", 1) != 0,
+                   kb::env_int("KBENCH_MOE_LATE_OUTPUT", 1) != 0 && kb::env_int("KBENCH_MOE_RED_COMBINE", 1) != 0 &&
+                       kb::env_int("KBENCH_MOE_SPLIT_ROUTE", 1) != 0};
 }
 
 void moe_describe(const MoeConfig& c, char* buf, int size) {
@@ -215,7 +217,7 @@ const char* moe_run(const MoeArgs& a, cudaStream_t stream, cudaEvent_t* events) 
   mark(0);
   if (a.split_route) {
     const int blocks = route_blocks(pairs);
-    route_count_kernel<<<blocks, kRouteThreads, 0, stream>>>(a.experts, pairs, a.E, a.route_hist);
+    route_count_kernel<<<blocks, kRouteThreads, 0, stream>>>(a.experts, pairs, a.E, a.route_hist, a.late);
     route_place_kernel<<<blocks, kRouteThreads, 0, stream>>>(a.experts, a.T, a.K, a.E, a.route_hist, blocks, a.meta,
                                                              a.rows_pair, a.pair_row);
   } else {

@@ -4,6 +4,8 @@
 
 #include <cstdint>
 
+#include "late_address.h"
+
 constexpr int kMoeMaxRouted = 64;  // routed experts the kernels take (the shared expert is one more group)
 
 struct MoeArgs {
@@ -39,6 +41,9 @@ struct MoeArgs {
   int band;               // MoeConfig::band
   int bk32;               // MoeConfig::bk32
   int decode_ahead;       // MoeConfig::decode_ahead
+  // MoeConfig::late_output, in a graph's capture only: the routing's first launch takes the output's address from the
+  // host after the launch (late_address.h) and writes it to *out_slot; a null ring: out_slot already holds it
+  kb::LateAddress late;
 };
 
 // A named configuration (KBENCH_PRINT_CONFIG=1 prints the one picked for each shape). The defaults are the measured
@@ -73,6 +78,9 @@ struct MoeConfig {
   bool decode_ahead;       // the GEMM consumers decode their next unit under the current one's last MMAs, every role's
                            // scan for a unit's group from the previous unit's (KBENCH_MOE_DECODE_AHEAD; on since the
                            // twenty-seventh session, 0 the build before)
+  bool late_output;        // graphs the binding launches itself take the output's address from the host after their
+                           // launch (late_address.h), so the host makes the output while the GPU routes
+                           // (KBENCH_MOE_LATE_OUTPUT; with split_route and red_combine only; 0 the build before)
 };
 MoeConfig moe_config(int T, int K, int E);
 void moe_describe(const MoeConfig& c, char* buf, int size);

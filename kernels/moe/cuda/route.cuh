@@ -11,6 +11,7 @@
 #include <cuda_fp16.h>
 
 #include "grouped_gemm.cuh"  // kMaxGroups, kBM
+#include "late_address.h"
 
 namespace moe {
 
@@ -104,9 +105,12 @@ __device__ __forceinline__ void load_chunk(const int64_t* __restrict__ experts, 
   }
 }
 
-// hist[b][e] = how many pairs of chunk b chose expert e (hist: [route_blocks(pairs)][E]).
+// hist[b][e] = how many pairs of chunk b chose expert e (hist: [route_blocks(pairs)][E]). late (a graph's launch
+// with MoeConfig::late_output): block 0's first thread also takes the call's output address from the host and writes
+// it where the later launches read it (the gather zeroes the output two launches on).
 __global__ void __launch_bounds__(kRouteThreads) route_count_kernel(const int64_t* __restrict__ experts, int pairs,
-                                                                    int E, int* __restrict__ hist) {
+                                                                    int E, int* __restrict__ hist,
+                                                                    kb::LateAddress late) {
   __shared__ int cnt[kMaxGroups];
   for (int i = threadIdx.x; i < E; i += blockDim.x) cnt[i] = 0;
   int e[kRoutePerThread];
@@ -117,6 +121,7 @@ __global__ void __launch_bounds__(kRouteThreads) route_count_kernel(const int64_
     if (e[j] >= 0 && e[j] < E) atomicAdd(&cnt[e[j]], 1);
   __syncthreads();
   for (int i = threadIdx.x; i < E; i += blockDim.x) hist[blockIdx.x * E + i] = cnt[i];
+  if (late.ring && blockIdx.x == 0 && threadIdx.x == 0) kb::take_late_address(late);
 }
 
 // route_kernel's outputs from the chunks' counts: expert e's rows start at the sum of all smaller experts' counts,

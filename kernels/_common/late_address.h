@@ -1,0 +1,103 @@
+// An address the host decides after it has launched the graph that uses it (a new output tensor).
+// Why: a host-timed call pays every host step before its graph launch, since the GPU is idle until then. Making the
+// output (torch::empty) and writing its address into device memory by a stream write cost 13-20 us of host time
+// right after the official timer's synchronize (docs/moe-notes.md, thirty-second session). Here the graph launches
+// first. The host then makes the output and stores its address in mapped host memory. A kernel early in the graph
+// (long before anything writes the output) waits for that store and copies the address to the device word the later
+// kernels read.
+//
+// Call s (counted from 1 on each device) takes ring word s % kLateRing, tagged with the low 16 bits of s. The device
+// counts the calls it took in `taken`, so a graph launched for call s takes call s's address even while the host has
+// gone on to later calls. Every launch of a graph that takes an address must be paired with exactly one publish(),
+// in launch order, on one stream; eager calls take nothing.
+#pragma once
+#include <cuda_runtime_api.h>
+
+#include <chrono>
+#include <cstdint>
+#include <stdexcept>
+#include <thread>
+
+namespace kb {
+
+constexpr unsigned long long kLateRing = 64;  // calls the host may run ahead of the GPU before publish() waits
+constexpr unsigned long long kLateAddressBits = 48;
+constexpr unsigned long long kLateAddressMask = (1ull << kLateAddressBits) - 1;
+
+// What a kernel needs to take its call's address. A null ring: nothing to take (eager calls, older builds).
+struct LateAddress {
+  const unsigned long long* ring = nullptr;  // mapped host memory [kLateRing]: (s & 0xffff) << 48 | address
+  unsigned long long* taken = nullptr;       // device memory: how many calls the device took an address for
+  unsigned long long* taken_host = nullptr;  // mapped host memory: taken's copy, read by publish()
+  void** slot = nullptr;                     // device memory: where the later kernels read the address
+};
+
+#ifdef __CUDACC__
+// One thread: wait for the next call's address, then write it to l.slot. Traps after 2 s without it (a launch the host
+// never published for), so that a mismatch fails loudly instead of hanging.
+__device__ inline void take_late_address(const LateAddress& l) {
+  const unsigned long long s = *l.taken + 1;
+  const unsigned long long tag = (s & 0xffffull) << kLateAddressBits;
+  const unsigned long long* at = l.ring + s % kLateRing;
+  unsigned long long word, t0, t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+  for (;;) {
+    asm volatile("ld.relaxed.sys.global.u64 %0, [%1];" : "=l"(word) : "l"(at) : "memory");
+    if ((word & ~kLateAddressMask) == tag) break;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    if (t - t0 > 2000000000ull) {
+      printf("kbench: call %llu's output address never arrived (a graph launched without its publish)\n", s);
+      __trap();
+    }
+    __nanosleep(256);
+  }
+  *l.slot = reinterpret_cast<void*>(word & kLateAddressMask);
+  *l.taken = s;
+  asm volatile("st.relaxed.sys.global.u64 [%0], %1;" ::"l"(l.taken_host), "l"(s) : "memory");
+}
+#endif
+
+// The host side, one a device (made on that device, never freed: captured graphs hold its addresses).
+class LateAddressRing {
+ public:
+  // slot: the device word the kernels read the address from; taken: a zeroed device word of 8 bytes (both on the
+  // device this ring serves, allocated by the caller outside any stream capture).
+  LateAddressRing(void** slot, unsigned long long* taken) : slot_(slot), taken_(taken) {
+    void* ring = nullptr;
+    void* host = nullptr;
+    if (cudaHostAlloc(&ring, kLateRing * 8, cudaHostAllocMapped | cudaHostAllocPortable) != cudaSuccess ||
+        cudaHostAlloc(&host, 8, cudaHostAllocMapped | cudaHostAllocPortable) != cudaSuccess)
+      throw std::runtime_error("late address: no mapped host memory (cudaHostAlloc failed)");
+    ring_ = static_cast<unsigned long long*>(ring);
+    taken_host_ = static_cast<unsigned long long*>(host);
+    for (unsigned long long i = 0; i < kLateRing; ++i) ring_[i] = 0;  // tag 0: call 0, which never comes
+    *taken_host_ = 0;
+  }
+
+  LateAddress view() const { return {ring_, taken_, taken_host_, slot_}; }
+
+  // The address of the graph launched last (call s = the calls published so far + 1). Waits while the GPU has not
+  // yet taken call s - kLateRing's address (the word s reuses); throws after 10 s of that.
+  void publish(const void* address) {
+    const auto a = reinterpret_cast<unsigned long long>(address);
+    if (a & ~kLateAddressMask) throw std::runtime_error("late address: an address above 2^48");
+    const unsigned long long s = issued_ + 1;
+    const auto start = std::chrono::steady_clock::now();
+    while (s > __atomic_load_n(taken_host_, __ATOMIC_ACQUIRE) + kLateRing) {
+      if (std::chrono::steady_clock::now() - start > std::chrono::seconds(10))
+        throw std::runtime_error("late address: the GPU took no output address for 10 s");
+      std::this_thread::yield();
+    }
+    __atomic_store_n(&ring_[s % kLateRing], ((s & 0xffffull) << kLateAddressBits) | a, __ATOMIC_RELEASE);
+    issued_ = s;
+  }
+
+ private:
+  void** slot_;
+  unsigned long long* taken_;
+  unsigned long long* ring_ = nullptr;
+  unsigned long long* taken_host_ = nullptr;
+  unsigned long long issued_ = 0;
+};
+
+}  // namespace kb
