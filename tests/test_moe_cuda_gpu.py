@@ -338,7 +338,8 @@ def test_a_graph_launched_on_reshaped_inputs_is_thrown_away(moe, knobs, monkeypa
     monkeypatch.setattr(moe, "_graphs", type(moe._graphs)())  # none held from earlier tests
     for _ in range(2):  # eager and captured, then replayed
         moe.custom_kernel(data)
-    assert len(moe._graphs) == 1
+    late = "KBENCH_MOE_RED_COMBINE" not in knobs  # (a late-output graph is the binding's alone)
+    assert len(moe._graphs) == (0 if late else 1)
     fewer = (x[:, :40], weights, config)  # same address, 40 of the 64 tokens
     out = moe.custom_kernel(fewer)
     torch.cuda.synchronize()

@@ -62,7 +62,7 @@ inline void print_config_once(const std::string& line) {
 template <class Describe, std::enable_if_t<std::is_invocable_v<Describe&, char*, int>, int> = 0>
 inline void print_config_once(Describe&& describe) {
   if (!printing_configs()) return;
-  char buf[256];
+  char buf[512];
   describe(buf, static_cast<int>(sizeof(buf)));
   print_config_once(std::string(buf));
 }
