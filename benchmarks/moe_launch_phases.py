@@ -33,7 +33,7 @@ from kbench import benchlib, problems
 from kbench.evaluator import guards
 
 guards.torch = torch  # the harness sets it when it starts; guards.clone needs it
-PHASES = ("fast-replay", "prepare", "graph-launch", "verify", "gpu-rest", "to-launch")
+PHASES = ("fast-replay", "prepare", "graph-launch", "verify", "gpu-rest", "to-launch", "total", "late-wait")
 NO_CLONE = "cuda[no-clone]"
 # candidate name -> knobs: the host paths before this one (kernels/moe/cuda/entry.py): the Python path with the key
 # read in C++ (py-replay, the build before the thirtieth session) or through Python's data_ptr() (py-key); the
@@ -42,7 +42,9 @@ NO_CLONE = "cuda[no-clone]"
 CANDIDATES = {"py-key": {"KBENCH_MOE_FAST_REPLAY": "0", "KBENCH_MOE_PY_KEY": "1"},
               "py-replay": {"KBENCH_MOE_FAST_REPLAY": "0"},
               "publish-kernel": {"KBENCH_MOE_PUBLISH_KERNEL": "1", "KBENCH_MOE_LATE_OUTPUT": "0"},
-              "early-output": {"KBENCH_MOE_LATE_OUTPUT": "0"}}
+              "early-output": {"KBENCH_MOE_LATE_OUTPUT": "0"},
+              # the output made and its address put in the late ring before the launch (no stream write, no wait)
+              "ring-first": {"KBENCH_MOE_LATE_OUTPUT": "2"}}
 
 
 def phases_of_one_call(mod, data) -> dict[str, float]:
@@ -72,6 +74,10 @@ def phases_of_one_call(mod, data) -> dict[str, float]:
     phases, before = {}, t0
     for name, at in t.items():
         phases[name], before = (at - before) / 1e3, at
+    phases["total"] = (t["gpu-rest"] - t0) / 1e3
+    if "fast-replay" in t and os.environ.get("KBENCH_MOE_LATE_OUTPUT") != "0":
+        # how long the graph's routing waited for the output's address (late_address.h; >= one PCIe read)
+        phases["late-wait"] = mod.ext.moe_late_wait_us(x.view(-1, x.shape[-1]))
     # what the GPU waits for: the host's work up to the launch (late_output: the fast path's steps after its launch
     # run while the GPU works)
     after_launch = list(steps)[list(steps).index("launch") + 1:] if "fast-replay" in t and "launch" in steps else []

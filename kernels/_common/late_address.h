@@ -28,7 +28,9 @@ constexpr unsigned long long kLateAddressMask = (1ull << kLateAddressBits) - 1;
 struct LateAddress {
   const unsigned long long* ring = nullptr;  // mapped host memory [kLateRing]: (s & 0xffff) << 48 | address
   unsigned long long* taken = nullptr;       // device memory: how many calls the device took an address for
-  unsigned long long* taken_host = nullptr;  // mapped host memory: taken's copy, read by publish()
+  unsigned long long* taken_host = nullptr;  // mapped host memory [2]: taken's copy, read by publish(); then the ns
+                                             // the last take waited from its first read of the ring (a benchmark's
+                                             // figure: how long the GPU waited for the host)
   void** slot = nullptr;                     // device memory: where the later kernels read the address
 };
 
@@ -53,6 +55,8 @@ __device__ inline void take_late_address(const LateAddress& l) {
   }
   *l.slot = reinterpret_cast<void*>(word & kLateAddressMask);
   *l.taken = s;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  asm volatile("st.relaxed.sys.global.u64 [%0], %1;" ::"l"(l.taken_host + 1), "l"(t - t0) : "memory");
   asm volatile("st.relaxed.sys.global.u64 [%0], %1;" ::"l"(l.taken_host), "l"(s) : "memory");
 }
 #endif
@@ -66,18 +70,23 @@ class LateAddressRing {
     void* ring = nullptr;
     void* host = nullptr;
     if (cudaHostAlloc(&ring, kLateRing * 8, cudaHostAllocMapped | cudaHostAllocPortable) != cudaSuccess ||
-        cudaHostAlloc(&host, 8, cudaHostAllocMapped | cudaHostAllocPortable) != cudaSuccess)
+        cudaHostAlloc(&host, 16, cudaHostAllocMapped | cudaHostAllocPortable) != cudaSuccess)
       throw std::runtime_error("late address: no mapped host memory (cudaHostAlloc failed)");
     ring_ = static_cast<unsigned long long*>(ring);
     taken_host_ = static_cast<unsigned long long*>(host);
     for (unsigned long long i = 0; i < kLateRing; ++i) ring_[i] = 0;  // tag 0: call 0, which never comes
-    *taken_host_ = 0;
+    taken_host_[0] = taken_host_[1] = 0;
   }
 
   LateAddress view() const { return {ring_, taken_, taken_host_, slot_}; }
 
-  // The address of the graph launched last (call s = the calls published so far + 1). Waits while the GPU has not
-  // yet taken call s - kLateRing's address (the word s reuses); throws after 10 s of that.
+  // The us the GPU's last take waited for its address (from its first read of the ring: at least one read across
+  // PCIe, ~1-2 us), as far as the GPU has got.
+  double last_wait_us() const { return __atomic_load_n(taken_host_ + 1, __ATOMIC_ACQUIRE) / 1e3; }
+
+  // Call s's address (s = the calls published so far + 1): the graph launched last, or the one about to be
+  // launched. Waits while the GPU has not yet taken call s - kLateRing's address (the word s reuses); throws after
+  // 10 s of that.
   void publish(const void* address) {
     const auto a = reinterpret_cast<unsigned long long>(address);
     if (a & ~kLateAddressMask) throw std::runtime_error("late address: an address above 2^48");
@@ -90,6 +99,12 @@ class LateAddressRing {
     }
     __atomic_store_n(&ring_[s % kLateRing], ((s & 0xffffull) << kLateAddressBits) | a, __ATOMIC_RELEASE);
     issued_ = s;
+  }
+
+  // Takes back the last publish() where its graph was never launched (its word cleared, its call number given again).
+  void retract() {
+    __atomic_store_n(&ring_[issued_ % kLateRing], 0ull, __ATOMIC_RELEASE);
+    --issued_;
   }
 
  private:
