@@ -86,8 +86,6 @@ CANDIDATES = {
     # the thirty-fifth session; late-output: the graph launched first, the output made behind it, its address taken
     # by the graph's routing from mapped host memory, _common/late_address.h)
     "early-output": {"KBENCH_MOE_LATE_OUTPUT": "0"},
-    # the output made and its address put in the late ring before the launch (no stream write; the routing never waits)
-    "ring-first": {"KBENCH_MOE_LATE_OUTPUT": "2"},
 }
 
 

@@ -84,9 +84,8 @@ class LateAddressRing {
   // PCIe, ~1-2 us), as far as the GPU has got.
   double last_wait_us() const { return __atomic_load_n(taken_host_ + 1, __ATOMIC_ACQUIRE) / 1e3; }
 
-  // Call s's address (s = the calls published so far + 1): the graph launched last, or the one about to be
-  // launched. Waits while the GPU has not yet taken call s - kLateRing's address (the word s reuses); throws after
-  // 10 s of that.
+  // Call s's address (s = the calls published so far + 1): the graph launched last. Waits while the GPU has not
+  // yet taken call s - kLateRing's address (the word s reuses); throws after 10 s of that.
   void publish(const void* address) {
     const auto a = reinterpret_cast<unsigned long long>(address);
     if (a & ~kLateAddressMask) throw std::runtime_error("late address: an address above 2^48");
@@ -99,12 +98,6 @@ class LateAddressRing {
     }
     __atomic_store_n(&ring_[s % kLateRing], ((s & 0xffffull) << kLateAddressBits) | a, __ATOMIC_RELEASE);
     issued_ = s;
-  }
-
-  // Takes back the last publish() where its graph was never launched (its word cleared, its call number given again).
-  void retract() {
-    __atomic_store_n(&ring_[issued_ % kLateRing], 0ull, __ATOMIC_RELEASE);
-    --issued_;
   }
 
  private:

@@ -345,20 +345,6 @@ c10::optional<torch::Tensor> moe_replay(py::object owner, torch::Tensor x, py::d
     steps.mark("launch");
     return out.view(x.sizes());
   }
-  if (kb::env_is("KBENCH_MOE_LATE_OUTPUT", "2")) {  // candidate ring-first: the address in the ring before the launch
-    torch::Tensor out = torch::empty(x.sizes(), x.options());
-    slot.late->publish(out.data_ptr());
-    slot.published = out.data_ptr();
-    steps.mark("output");
-    try {
-      kb::launch(*graph);
-    } catch (...) {
-      slot.late->retract();  // no launch takes it: the next call's launch must not find this address
-      throw;
-    }
-    steps.mark("launch");
-    return out;
-  }
   // late_output: the GPU routes while the host makes the output. (Should the output's allocation fail now, the
   // launched graph's routing traps after 2 s without its address.)
   kb::launch(*graph);
