@@ -86,9 +86,6 @@ CANDIDATES = {
     # the thirty-fifth session; late-output: the graph launched first, the output made behind it, its address taken
     # by the graph's routing from mapped host memory, _common/late_address.h)
     "early-output": {"KBENCH_MOE_LATE_OUTPUT": "0"},
-    # the fast path's knobs read from the environment on every call (the build before the thirty-fifth session's
-    # cache on kb::env_fingerprint)
-    "env-reads": {"KBENCH_MOE_ENV_CACHE": "0"},
 }
 
 

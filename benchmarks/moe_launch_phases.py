@@ -42,9 +42,7 @@ NO_CLONE = "cuda[no-clone]"
 CANDIDATES = {"py-key": {"KBENCH_MOE_FAST_REPLAY": "0", "KBENCH_MOE_PY_KEY": "1"},
               "py-replay": {"KBENCH_MOE_FAST_REPLAY": "0"},
               "publish-kernel": {"KBENCH_MOE_PUBLISH_KERNEL": "1", "KBENCH_MOE_LATE_OUTPUT": "0"},
-              "early-output": {"KBENCH_MOE_LATE_OUTPUT": "0"},
-              # every knob read from the environment on every call (the build before the thirty-fifth session's cache)
-              "env-reads": {"KBENCH_MOE_ENV_CACHE": "0"}}
+              "early-output": {"KBENCH_MOE_LATE_OUTPUT": "0"}}
 
 
 def phases_of_one_call(mod, data) -> dict[str, float]:

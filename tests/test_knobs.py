@@ -255,35 +255,3 @@ def test_every_config_knob_keys_the_captured_graph(problem, config_sources, key_
     keyed = re.search(rf"{key_tuple} = \(([^)]*)\)", (backend / "entry.py").read_text())
     assert read and keyed
     assert read == set(re.findall(rf'"({prefix}\w+)"', keyed.group(1)))
-
-
-FINGERPRINT_PROGRAM = r"""
-#include <cstdio>
-#include <cstdlib>
-#include "knobs.h"
-int main() {
-  const unsigned long long f0 = kb::env_fingerprint();
-  const bool stable = f0 == kb::env_fingerprint();
-  setenv("KBENCH_T_FP", "1", 1);
-  const unsigned long long f1 = kb::env_fingerprint();
-  setenv("KBENCH_T_FP", "0", 1);
-  const unsigned long long f2 = kb::env_fingerprint();
-  setenv("KBENCH_T_FP", "1", 1);
-  const unsigned long long f3 = kb::env_fingerprint();
-  setenv("KBENCH_T_OTHER", "1", 1);
-  const unsigned long long f4 = kb::env_fingerprint();
-  unsetenv("KBENCH_T_FP");
-  const unsigned long long f5 = kb::env_fingerprint();
-  printf("stable=%d new=%d changed=%d back=%d another=%d unset=%d\n", stable, f1 != f0, f2 != f1, f3 != f2, f4 != f3,
-         f5 != f4);
-  return 0;
-}
-"""
-
-
-def test_the_environment_fingerprint_moves_with_every_set_and_unset(tmp_path):
-    """kb::env_fingerprint (the moe fast path reuses its knobs' text while it is unchanged): equal while nothing is
-    set, different after a new variable, a changed value, a value set back (against the value before it), another
-    variable, an unset."""
-    run = _compile_and_run(tmp_path, FINGERPRINT_PROGRAM)
-    assert run.stdout == "stable=1 new=1 changed=1 back=1 another=1 unset=1\n"

@@ -11,7 +11,6 @@
 #include <set>
 #include <string>
 #include <type_traits>
-#include <unistd.h>
 #include <vector>
 
 namespace kb {
@@ -29,21 +28,6 @@ inline int env_int(const char* name, int fallback) {
 inline bool env_is(const char* name, const char* value) {
   const char* v = std::getenv(name);
   return v != nullptr && std::strcmp(v, value) == 0;
-}
-
-// A fingerprint of the whole environment that changes whenever a variable is set or unset: the addresses of its
-// "name=value" strings. Why addresses suffice: Python (3.9+) sets variables through setenv, and glibc's setenv
-// never frees or rewrites a string it made (it reuses one only for the identical "name=value"), so equal
-// fingerprints mean equal environments. (A caller of putenv that later rewrites its own buffer would defeat it.)
-// Lets a hot path reuse what it read from the knobs (~100 ns here against 1-15 us for a dozen getenv calls on a
-// cold host, docs/moe-notes.md, thirty-fifth session).
-inline unsigned long long env_fingerprint() {
-  unsigned long long h = 1469598103934665603ull;  // FNV-1a over the pointers
-  for (char** e = environ; e && *e; ++e) {
-    h ^= reinterpret_cast<unsigned long long>(*e);
-    h *= 1099511628211ull;
-  }
-  return h ^ reinterpret_cast<unsigned long long>(environ);
 }
 
 // The environment's values of `names` as one text ("name=value;", "name;" where unset): a graph's knobs.

@@ -5,7 +5,6 @@
 #include <c10/cuda/CUDAStream.h>
 #include <torch/extension.h>
 
-#include <array>
 #include <cstdio>
 #include <cstring>
 #include <map>
@@ -92,18 +91,9 @@ OutputSlot& output_slot(const torch::Tensor& like) {
 }
 
 // Whether moe_replay launches held graphs (else entry.py's Python path replays them).
-// Read again only where the environment changed (kb::env_fingerprint).
 bool fast_replay_on() {
-  static unsigned long long seen = 0;
-  static bool on = false, cached = false;
-  const unsigned long long now = kb::env_fingerprint();
-  if (now != seen || !cached) {
-    cached = !kb::env_is("KBENCH_MOE_ENV_CACHE", "0");  // candidate env-reads: every knob read on every call
-    on = !kb::env_is("KBENCH_MOE_FAST_REPLAY", "0") && !kb::env_is("KBENCH_MOE_GRAPH", "0") &&
+  return !kb::env_is("KBENCH_MOE_FAST_REPLAY", "0") && !kb::env_is("KBENCH_MOE_GRAPH", "0") &&
          !kb::env_is("KBENCH_MOE_FULL_KEY", "1") && !kb::env_is("KBENCH_MOE_PY_KEY", "1");
-    seen = now;
-  }
-  return on;
 }
 
 // Whether the graph captured last takes its output's address late (run_moe sets it in each capture, moe_hold_graph
@@ -312,22 +302,6 @@ std::string config_text(int64_t T, int64_t K, int64_t E) {
   return buf;
 }
 
-// config_text, read again only where the shape or the environment changed (kb::env_fingerprint): the fast path's
-// find step, whose dozen getenv calls cost 7-15 us of a cold host's time before the launch.
-const std::string& current_config_text(int64_t T, int64_t K, int64_t E) {
-  static std::array<unsigned long long, 4> seen{};
-  static std::string text;
-  const std::array<unsigned long long, 4> now{kb::env_fingerprint(), static_cast<unsigned long long>(T),
-                                              static_cast<unsigned long long>(K), static_cast<unsigned long long>(E)};
-  static bool cached = false;
-  if (now != seen || !cached) {
-    cached = !kb::env_is("KBENCH_MOE_ENV_CACHE", "0");  // candidate env-reads: every knob read on every call
-    text = config_text(T, K, E);
-    seen = now;
-  }
-  return text;
-}
-
 }  // namespace
 
 // entry.py, after GraphReplay captured the call (red_combine only: the graph adds into the output the slot names):
@@ -358,8 +332,7 @@ c10::optional<torch::Tensor> moe_replay(py::object owner, torch::Tensor x, py::d
   static std::vector<int64_t> now;  // (the GIL serialises callers)
   if (!describe_inputs(x, weights, K, E, now)) return c10::nullopt;
   steps.mark("describe");
-  const kb::HeldGraph* graph =
-      held.find(owner, now, [&] { return current_config_text(x.numel() / x.size(-1), K, E); });
+  const kb::HeldGraph* graph = held.find(owner, now, [&] { return config_text(x.numel() / x.size(-1), K, E); });
   if (!graph) return c10::nullopt;
   steps.mark("find");
   const c10::cuda::CUDAGuard guard(x.device());
