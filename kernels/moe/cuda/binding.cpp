@@ -363,8 +363,8 @@ double moe_late_wait_us(torch::Tensor x) {
   return slot.late ? slot.late->last_wait_us() : -1.0;
 }
 
-// (step, host us) of each step moe_replay's last call passed: knobs, describe, find, output, launch (all five where it
-// launched; fewer where it returned None).
+// (step, host us) of each step moe_replay's last call passed: knobs, describe, find, launch, output (output before
+// launch where the graph does not take its address late); all five where it launched, fewer where it returned None.
 std::vector<std::pair<std::string, double>> moe_replay_steps() { return kb::replay_steps().last(); }
 
 // How many calls moe_replay served since the last time this was asked (entry.py tells its GraphReplay).
