@@ -8,11 +8,12 @@ The call is replayed as one CUDA graph while the inputs stay at their addresses 
 of the inputs lands at the same addresses run after run), which takes the host's launches and its per-call work on
 99 weights out of the timed call; the graph launches on the inputs' addresses and their full key is checked behind
 the launch. The output is a new tensor every call: moe_output makes it before the launch and writes its address to
-device memory, where the graph's kernels read it (a held graph's launch: moe_replay makes it after the launch, and
-the graph's routing takes its address from mapped host memory, _common/late_address.h). Once captured, a graph is also held by the binding, whose
-moe_replay checks the inputs against it, makes the output and launches the graph in one call (the fast path;
-KBENCH_MOE_FAST_REPLAY=0: the Python path, candidate `py-replay`). (KBENCH_MOE_RED_COMBINE=0, the previous path:
-the graph writes the experts' outputs to its own buffer Y and moe_combine makes the output from it after the launch.)
+device memory, where the graph's kernels read it. Once captured, a graph is also held by the binding, whose
+moe_replay checks the inputs against it, launches the graph and then makes the output in one call (the fast path;
+the graph's routing takes the output's address from mapped host memory, _common/late_address.h, so such a graph is
+the binding's alone; KBENCH_MOE_FAST_REPLAY=0: the Python path, candidate `py-replay`). (KBENCH_MOE_RED_COMBINE=0,
+the previous path: the graph writes the experts' outputs to its own buffer Y and moe_combine makes the output from
+it after the launch.)
 """
 import functools
 import os
@@ -27,8 +28,9 @@ _graphs = graph_replay.GraphReplay()
 _KNOBS = ("KBENCH_MOE_SKIP_EMPTY_HALVES", "KBENCH_MOE_KEEP_WORKSPACES", "KBENCH_MOE_STAGES", "KBENCH_MOE_RED_COMBINE",
           "KBENCH_MOE_SPLIT_ROUTE", "KBENCH_MOE_ASYNC_EPILOGUE", "KBENCH_MOE_SHARED_FIRST",
           "KBENCH_MOE_SHARED_GATHER", "KBENCH_MOE_GATHER_LSU", "KBENCH_MOE_BAND",
-          "KBENCH_MOE_BK32", "KBENCH_MOE_DECODE_AHEAD",
-          "KBENCH_MOE_LATE_OUTPUT", "KBENCH_MOE_PUBLISH_KERNEL")  # (used before the launch, outside the graph; keyed like every knob moe.cu reads)
+          "KBENCH_MOE_BK32", "KBENCH_MOE_DECODE_AHEAD", "KBENCH_MOE_LATE_OUTPUT",
+          # (used before the launch, outside the graph; keyed like every knob moe.cu reads)
+          "KBENCH_MOE_PUBLISH_KERNEL")
 _PY_KEY = ("KBENCH_MOE_PY_KEY",)  # (how the key is read, not what the graph holds: no part of the key)
 _ON = (b"1", "1")  # env_values gives bytes where it reads os.environ's own dict
 
