@@ -276,7 +276,7 @@ def test_late_outputs_reach_their_own_launches_while_the_host_runs_ahead(moe, mo
     moe.ext.moe_fast_replays()  # from zero
     torch.cuda.synchronize()
     benchlib.poison_allocator()
-    outputs, taken = [], []
+    outputs, which_x = [], []
     torch.cuda._sleep(300_000_000)  # ~0.2 s of GPU time: the host queues every call below before the GPU runs one
     for call in range(150):
         x.copy_(values[call % 3])
@@ -286,12 +286,12 @@ def test_late_outputs_reach_their_own_launches_while_the_host_runs_ahead(moe, mo
             monkeypatch.delenv("KBENCH_MOE_GRAPH")
         else:
             outputs.append(moe.custom_kernel(data))
-        taken.append(call % 3)
+        which_x.append(call % 3)
     torch.cuda.synchronize()
     # every call but the eager one launched a held graph; the eager call's Python path read (and reset) the count of
     # the 75 before it
     assert moe.ext.moe_fast_replays() == 74
-    for call, (out, which) in enumerate(zip(outputs, taken)):
+    for call, (out, which) in enumerate(zip(outputs, which_x)):
         ratio = benchlib.tolerance_ratio(out, expected[which], 1e-2, 1e-2)
         assert ratio <= 1, f"call {call}: {ratio:.2f}x the tolerance from its own input's eager result"
 

@@ -28,9 +28,9 @@ constexpr unsigned long long kLateAddressMask = (1ull << kLateAddressBits) - 1;
 struct LateAddress {
   const unsigned long long* ring = nullptr;  // mapped host memory [kLateRing]: (s & 0xffff) << 48 | address
   unsigned long long* taken = nullptr;       // device memory: how many calls the device took an address for
-  unsigned long long* taken_host = nullptr;  // mapped host memory [2]: taken's copy, read by publish(); then the ns
-                                             // the last take waited from its first read of the ring (a benchmark's
-                                             // figure: how long the GPU waited for the host)
+  unsigned long long* taken_host = nullptr;  // mapped host memory: taken's copy, read by publish()
+  unsigned long long* waited_host = nullptr;  // mapped host memory: the ns the last take waited from its first read
+                                              // of the ring (a benchmark's figure: how long the GPU waited)
   void** slot = nullptr;                     // device memory: where the later kernels read the address
 };
 
@@ -56,7 +56,7 @@ __device__ inline void take_late_address(const LateAddress& l) {
   *l.slot = reinterpret_cast<void*>(word & kLateAddressMask);
   *l.taken = s;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  asm volatile("st.relaxed.sys.global.u64 [%0], %1;" ::"l"(l.taken_host + 1), "l"(t - t0) : "memory");
+  asm volatile("st.relaxed.sys.global.u64 [%0], %1;" ::"l"(l.waited_host), "l"(t - t0) : "memory");
   asm volatile("st.relaxed.sys.global.u64 [%0], %1;" ::"l"(l.taken_host), "l"(s) : "memory");
 }
 #endif
@@ -74,15 +74,16 @@ class LateAddressRing {
       throw std::runtime_error("late address: no mapped host memory (cudaHostAlloc failed)");
     ring_ = static_cast<unsigned long long*>(ring);
     taken_host_ = static_cast<unsigned long long*>(host);
+    waited_host_ = taken_host_ + 1;
     for (unsigned long long i = 0; i < kLateRing; ++i) ring_[i] = 0;  // tag 0: call 0, which never comes
-    taken_host_[0] = taken_host_[1] = 0;
+    *taken_host_ = *waited_host_ = 0;
   }
 
-  LateAddress view() const { return {ring_, taken_, taken_host_, slot_}; }
+  LateAddress view() const { return {ring_, taken_, taken_host_, waited_host_, slot_}; }
 
   // The us the GPU's last take waited for its address (from its first read of the ring: at least one read across
   // PCIe, ~1-2 us), as far as the GPU has got.
-  double last_wait_us() const { return __atomic_load_n(taken_host_ + 1, __ATOMIC_ACQUIRE) / 1e3; }
+  double last_wait_us() const { return __atomic_load_n(waited_host_, __ATOMIC_ACQUIRE) / 1e3; }
 
   // Call s's address (s = the calls published so far + 1): the graph launched last. Waits while the GPU has not
   // yet taken call s - kLateRing's address (the word s reuses); throws after 10 s of that.
@@ -105,6 +106,7 @@ class LateAddressRing {
   unsigned long long* taken_;
   unsigned long long* ring_ = nullptr;
   unsigned long long* taken_host_ = nullptr;
+  unsigned long long* waited_host_ = nullptr;  // (taken_host_'s allocation, its second word)
   unsigned long long issued_ = 0;
 };
 

@@ -81,8 +81,10 @@ def _hold(x: torch.Tensor, weights: dict, n_experts: int, k: int):
     return hold
 
 
-if not hasattr(torch.cuda.CUDAGraph, "raw_cuda_graph_exec"):
-    # torch < 2.7: the binding cannot launch graphs, so they replay from Python, where no output address comes late
+# torch >= 2.7 hands the binding a graph's executable; older ones replay from Python, where no output address comes
+# late
+_BINDING_LAUNCHES = hasattr(torch.cuda.CUDAGraph, "raw_cuda_graph_exec")
+if not _BINDING_LAUNCHES:
     os.environ.setdefault("KBENCH_MOE_LATE_OUTPUT", "0")
 
 
@@ -113,9 +115,8 @@ def custom_kernel(data: input_t) -> output_t:
     elif os.environ.get("KBENCH_MOE_FULL_KEY") == "1":  # the whole key before the launch, as before verify=
         y, top_scores = _graphs.replay(full_key() + _host_values(x, n_experts, k), step)
     else:
-        can_hold = out is not None and hasattr(torch.cuda.CUDAGraph, "raw_cuda_graph_exec")
-        y, top_scores = _graphs.replay(key, step, verify=full_key,
-                                       on_capture=_hold(x, weights, n_experts, k) if can_hold else None)
+        y, top_scores = _graphs.replay(key, step, verify=full_key, on_capture=_hold(x, weights, n_experts, k)
+                                       if out is not None and _BINDING_LAUNCHES else None)
     if out is None:
         out = ext.moe_combine(y, top_scores)  # noqa: F821 (ext: template)
     return out.view(x.shape)
