@@ -52,7 +52,10 @@ CANDIDATES = {"eager": {"KBENCH_MLA_GRAPH": "0"},
               "wide-tail": {"KBENCH_MLA_NARROW_TAIL": "0"},
               # the step's graph found and launched by entry.py's Python path (the build before the thirtieth session;
               # mla_replay: the inputs checked, the length written and the graph launched in one extension call)
-              "py-replay": {"KBENCH_MLA_FAST_REPLAY": "0"}}
+              "py-replay": {"KBENCH_MLA_FAST_REPLAY": "0"},
+              # the fast path writing the cache length by the stream before the launch and copying the graph's output
+              # after it (the build before the thirty-sixth session's late length and output)
+              "early-length": {"KBENCH_MLA_LATE": "0"}}
 # The step's projections at the official dims (batch 128): name -> (n, k) of W [n, k]; x is [128, k].
 PROJECTIONS = {"kv_down": (576, 7168), "q_down": (1536, 7168), "q_up": (24576, 1536), "wo": (7168, 16384)}
 

@@ -356,7 +356,9 @@ def test_graph_replays_follow_the_inputs_and_the_growing_cache(mla, monkeypatch,
         ratio = benchlib.tolerance_ratio(out, expected, 2e-2, 8e-3)  # cuBLAS may pick other algorithms in a graph
         assert ratio <= 1, f"call {call}: the graph's output is {ratio:.2f}x the tolerance from the eager path's"
         outputs.append(out)
-    assert len(mla._graphs) == 1, "captured once, after the first call"
+    # captured once, after the first call; a graph that takes its output and length late is the binding's alone
+    # (KBENCH_MLA_LATE needs the fast path and wo on linear.cuh)
+    assert len(mla._graphs) == (0 if knobs == "" else 1)
     assert len({o.data_ptr() for o in outputs}) == len(outputs), "each call returns its own tensor"
     assert mla.ext.mla_fast_replays() == (0 if knobs == "FAST_REPLAY=0" else 1), "the last call's replay"
 
@@ -398,6 +400,58 @@ def test_the_fast_path_launches_a_held_graph_only_on_its_own_inputs(mla, monkeyp
     assert fast_replays((config, x, cache)) == 0
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("knobs", ["", "LATE=0"])
+def test_late_lengths_and_outputs_reach_their_own_launches_while_the_host_runs_ahead(mla, monkeypatch, knobs):
+    """KBENCH_MLA_LATE (the shipped fast path): each held graph's launch takes its own call's cache length and output
+    address, published after the launch through a ring of kLateRing = 64 calls (late_address.h). 150 calls are
+    queued behind a 0.2 s GPU sleep, so the host runs more than 64 calls ahead and must wait for the GPU instead of
+    overwriting a call not yet taken. Call i writes x_j and the cache length seq0 + j (j = i % 3): its append goes to
+    row seq0 + j and its attention reads rows [0, seq0 + j], so a launch that took another call's length or address
+    differs bit for bit from the eager result for j (or is NaN: outputs poisoned). An eager call (KBENCH_MLA_GRAPH=0,
+    which takes nothing) sits in the middle. LATE=0: the same with the length written by the stream."""
+    import torch
+
+    _set_knobs(monkeypatch, None, knobs)
+    monkeypatch.setattr(mla, "_graphs", type(mla._graphs)())
+    ref = problems.load_modules("mla-decode").reference
+    config, x, cache = ref.generate_input(batchsize=16, dim=7168, dq=1536, prefill=1100, seed=9)
+    seq0 = cache.seq_len
+    values = [torch.randn_like(x) for _ in range(3)]
+
+    def call(j: int) -> torch.Tensor:
+        x.copy_(values[j])
+        cache.seq_len = seq0 + j
+        return mla.custom_kernel((config, x, cache))[0]
+
+    monkeypatch.setenv("KBENCH_MLA_GRAPH", "0")
+    expected = [call(j).clone() for j in range(3)]  # (rows seq0 + j then hold x_j's row, as after every later cycle)
+    monkeypatch.delenv("KBENCH_MLA_GRAPH")
+    for _ in range(2):  # eager and captured, then launched by the binding
+        call(0)
+    mla.ext.mla_fast_replays()  # from zero
+    torch.cuda.synchronize()
+    benchlib.poison_allocator()
+    outputs = []
+    torch.cuda._sleep(300_000_000)  # ~0.2 s of GPU time: the host queues every call below before the GPU runs one
+    for i in range(150):
+        if i == 75:
+            monkeypatch.setenv("KBENCH_MLA_GRAPH", "0")
+            outputs.append(call(i % 3))
+            monkeypatch.delenv("KBENCH_MLA_GRAPH")
+        else:
+            outputs.append(call(i % 3))
+    torch.cuda.synchronize()
+    # every call but the eager one launched a held graph; the eager call's Python path read (and reset) the count of
+    # the 75 before it
+    assert mla.ext.mla_fast_replays() == 74
+    assert len(mla._graphs) == (0 if knobs == "" else 1), "a late graph is the binding's alone"
+    for i, out in enumerate(outputs):
+        assert torch.equal(out, expected[i % 3]), f"call {i} differs from the eager result for its x and length"
+    if knobs == "":
+        assert 0 < mla.ext.mla_late_wait_us(x) < 1e6
+
+
 # Three calls of one step in a process that has made no CUDA library call before: the first runs eagerly and is
 # captured behind (graph_replay), the next two replay the graph.
 _FRESH_PROCESS_STEP = textwrap.dedent("""
@@ -412,7 +466,7 @@ _FRESH_PROCESS_STEP = textwrap.dedent("""
         out, _ = mod.custom_kernel((config, x, cache))
         outs.append(out.clone())
     torch.cuda.synchronize()
-    assert len(mod._graphs) == 1, "captured once, on the first call"
+    assert mod.ext.mla_fast_replays() == 2, "captured once, on the first call, and launched by the next two"
     for i, out in enumerate(outs[1:], 1):
         assert torch.equal(out, outs[0]), f"call {i} (a replay) differs from the eager first call"
     print("three calls ok")

@@ -6,6 +6,9 @@
 // (long before anything writes the output) waits for that store and copies the address to the device word the later
 // kernels read.
 //
+// A call may also hand the graph a 32-bit value it knew before the launch (mla-decode's cache length): publishing it
+// with the address spares the host a stream write, a driver call of its own, before the launch.
+//
 // Call s (counted from 1 on each device) takes ring word s % kLateRing, tagged with the low 16 bits of s. The device
 // counts the calls it took in `taken`, so a graph launched for call s takes call s's address even while the host has
 // gone on to later calls. Every launch of a graph that takes an address must be paired with exactly one publish(),
@@ -26,17 +29,19 @@ constexpr unsigned long long kLateAddressMask = (1ull << kLateAddressBits) - 1;
 
 // What a kernel needs to take its call's address. A null ring: nothing to take (eager calls, older builds).
 struct LateAddress {
-  const unsigned long long* ring = nullptr;  // mapped host memory [kLateRing]: (s & 0xffff) << 48 | address
+  const unsigned long long* ring = nullptr;  // mapped host memory [2 * kLateRing]: (s & 0xffff) << 48 | address, then
+                                             // [kLateRing + s % kLateRing] the call's value
   unsigned long long* taken = nullptr;       // device memory: how many calls the device took an address for
   unsigned long long* taken_host = nullptr;  // mapped host memory: taken's copy, read by publish()
   unsigned long long* waited_host = nullptr;  // mapped host memory: the ns the last take waited from its first read
                                               // of the ring (a benchmark's figure: how long the GPU waited)
   void** slot = nullptr;                     // device memory: where the later kernels read the address
+  unsigned* value_slot = nullptr;            // device memory: where they read the call's value (null: none taken)
 };
 
 #ifdef __CUDACC__
-// One thread: wait for the next call's address, then write it to l.slot. Traps after 2 s without it (a launch the host
-// never published for), so that a mismatch fails loudly instead of hanging.
+// One thread: wait for the next call's address, then write it to l.slot (and its value to l.value_slot). Traps after
+// 2 s without it (a launch the host never published for), so that a mismatch fails loudly instead of hanging.
 __device__ inline void take_late_address(const LateAddress& l) {
   const unsigned long long s = *l.taken + 1;
   const unsigned long long tag = (s & 0xffffull) << kLateAddressBits;
@@ -44,7 +49,11 @@ __device__ inline void take_late_address(const LateAddress& l) {
   unsigned long long word, t0, t;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
   for (;;) {
-    asm volatile("ld.relaxed.sys.global.u64 %0, [%1];" : "=l"(word) : "l"(at) : "memory");
+    // acquire where a value follows: publish() stores the value before the tagged word
+    if (l.value_slot)
+      asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(word) : "l"(at) : "memory");
+    else
+      asm volatile("ld.relaxed.sys.global.u64 %0, [%1];" : "=l"(word) : "l"(at) : "memory");
     if ((word & ~kLateAddressMask) == tag) break;
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
     if (t - t0 > 2000000000ull) {
@@ -54,6 +63,11 @@ __device__ inline void take_late_address(const LateAddress& l) {
     __nanosleep(256);
   }
   *l.slot = reinterpret_cast<void*>(word & kLateAddressMask);
+  if (l.value_slot) {
+    unsigned long long value;
+    asm volatile("ld.relaxed.sys.global.u64 %0, [%1];" : "=l"(value) : "l"(at + kLateRing) : "memory");
+    *l.value_slot = static_cast<unsigned>(value);
+  }
   *l.taken = s;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
   asm volatile("st.relaxed.sys.global.u64 [%0], %1;" ::"l"(l.waited_host), "l"(t - t0) : "memory");
@@ -69,25 +83,28 @@ class LateAddressRing {
   LateAddressRing(void** slot, unsigned long long* taken) : slot_(slot), taken_(taken) {
     void* ring = nullptr;
     void* host = nullptr;
-    if (cudaHostAlloc(&ring, kLateRing * 8, cudaHostAllocMapped | cudaHostAllocPortable) != cudaSuccess ||
+    if (cudaHostAlloc(&ring, 2 * kLateRing * 8, cudaHostAllocMapped | cudaHostAllocPortable) != cudaSuccess ||
         cudaHostAlloc(&host, 16, cudaHostAllocMapped | cudaHostAllocPortable) != cudaSuccess)
       throw std::runtime_error("late address: no mapped host memory (cudaHostAlloc failed)");
     ring_ = static_cast<unsigned long long*>(ring);
     taken_host_ = static_cast<unsigned long long*>(host);
     waited_host_ = taken_host_ + 1;
-    for (unsigned long long i = 0; i < kLateRing; ++i) ring_[i] = 0;  // tag 0: call 0, which never comes
+    for (unsigned long long i = 0; i < 2 * kLateRing; ++i) ring_[i] = 0;  // tag 0: call 0, which never comes
     *taken_host_ = *waited_host_ = 0;
   }
 
-  LateAddress view() const { return {ring_, taken_, taken_host_, waited_host_, slot_}; }
+  // value_slot: where the graph's kernels read the value publish() hands them (null: they take none).
+  LateAddress view(unsigned* value_slot = nullptr) const {
+    return {ring_, taken_, taken_host_, waited_host_, slot_, value_slot};
+  }
 
   // The us the GPU's last take waited for its address (from its first read of the ring: at least one read across
   // PCIe, ~1-2 us), as far as the GPU has got.
   double last_wait_us() const { return __atomic_load_n(waited_host_, __ATOMIC_ACQUIRE) / 1e3; }
 
-  // Call s's address (s = the calls published so far + 1): the graph launched last. Waits while the GPU has not
-  // yet taken call s - kLateRing's address (the word s reuses); throws after 10 s of that.
-  void publish(const void* address) {
+  // Call s's address and value (s = the calls published so far + 1): the graph launched last. Waits while the GPU
+  // has not yet taken call s - kLateRing's address (the words s reuses); throws after 10 s of that.
+  void publish(const void* address, unsigned value = 0) {
     const auto a = reinterpret_cast<unsigned long long>(address);
     if (a & ~kLateAddressMask) throw std::runtime_error("late address: an address above 2^48");
     const unsigned long long s = issued_ + 1;
@@ -97,6 +114,7 @@ class LateAddressRing {
         throw std::runtime_error("late address: the GPU took no output address for 10 s");
       std::this_thread::yield();
     }
+    __atomic_store_n(&ring_[kLateRing + s % kLateRing], static_cast<unsigned long long>(value), __ATOMIC_RELAXED);
     __atomic_store_n(&ring_[s % kLateRing], ((s & 0xffffull) << kLateAddressBits) | a, __ATOMIC_RELEASE);
     issued_ = s;
   }

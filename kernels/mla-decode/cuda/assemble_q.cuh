@@ -7,6 +7,8 @@
 #include <cstdint>
 #include <cuda_bf16.h>
 
+#include "late_address.h"
+
 namespace mla {
 
 constexpr int kAssembleThreads = 256;  // one thread per 8 output elements: 72 per (b, h) row
@@ -64,14 +66,22 @@ __global__ void __launch_bounds__(kAssembleThreads) assemble_q_kernel(const __nv
 }
 
 // KVCache.forward's append: cache[b][kv_len - 1][:] = row[b][:] (576 bf16 each), kv_len read from device memory so
-// that a captured graph appends at each call's row. One thread per 16 bytes: 72 a batch row.
+// that a captured graph appends at each call's row. 16 bytes a thread a step: 72 a batch row. With late.ring (a
+// graph the binding launches, one block): thread 0 first takes the call's output address and cache length from the
+// late ring (late_address.h), and writes the length to kv_len for the kernels after this one.
 __global__ void __launch_bounds__(kAssembleThreads) append_row_kernel(const uint4* __restrict__ row,
                                                                       uint4* __restrict__ cache, int bs, int max_seq,
-                                                                      const int* __restrict__ kv_len) {
-  const int i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i >= bs * 72) return;
-  const int b = i / 72, chunk = i % 72;
-  cache[(static_cast<long long>(b) * max_seq + (kv_len[0] - 1)) * 72 + chunk] = row[i];
+                                                                      const int* kv_len, kb::LateAddress late) {
+  __shared__ int len;
+  if (threadIdx.x == 0) {
+    if (late.ring) take_late_address(late);  // (late.value_slot is kv_len)
+    len = *reinterpret_cast<const volatile int*>(kv_len);
+  }
+  __syncthreads();
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < bs * 72; i += gridDim.x * blockDim.x) {
+    const int b = i / 72, chunk = i % 72;
+    cache[(static_cast<long long>(b) * max_seq + (len - 1)) * 72 + chunk] = row[i];
+  }
 }
 
 }  // namespace mla

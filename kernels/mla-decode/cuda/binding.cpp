@@ -5,6 +5,9 @@
 #include <torch/extension.h>
 
 #include <cstdio>
+#include <map>
+#include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -124,19 +127,25 @@ void mla_rope_q(torch::Tensor q_full, torch::Tensor q, torch::Tensor cos, torch:
   TORCH_CHECK(err == nullptr, err ? err : "");
 }
 
-// The decode step's projections: x [..., k] bf16 (contiguous, at most 128 rows in all), w [n, k] bf16 (contiguous).
-// Returns x w^T [..., n] bf16, F.linear's result, from linear.cuh; through at::linear (cuBLAS) where no
-// configuration of that kernel fits the shape (more rows, k not a multiple of 64, n not of 4).
-torch::Tensor mla_linear(torch::Tensor x, torch::Tensor w) {
+// The configuration mla_linear runs x [..., k] w [n, k]^T with: linear.cuh's, or bn 0 (cuBLAS) where none fits the
+// shape (more than 128 rows, k not a multiple of 64, n not of 4) or the tensors are not contiguous and aligned.
+static LinearConfig linear_plan(const torch::Tensor& x, const torch::Tensor& w) {
+  const int64_t k = w.size(1), n = w.size(0), m = x.numel() / std::max<int64_t>(k, 1);
+  const bool aligned = x.is_contiguous() && w.is_contiguous() && (reinterpret_cast<uintptr_t>(x.data_ptr()) % 16) == 0 &&
+                       (reinterpret_cast<uintptr_t>(w.data_ptr()) % 16) == 0;
+  return aligned && m <= 128 ? mla_linear_config(static_cast<int>(m), static_cast<int>(n), static_cast<int>(k))
+                             : LinearConfig{0, 0, false};
+}
+
+// mla_linear with y_slot (a late output, late_address.h): the kernel stores to the address that device word holds
+// then, and the returned tensor is never written (linear.cuh only: the caller checks linear_plan first).
+static torch::Tensor linear_out(const torch::Tensor& x, const torch::Tensor& w, void* const* y_slot) {
   TORCH_CHECK(x.is_cuda() && x.scalar_type() == at::kBFloat16 && w.scalar_type() == at::kBFloat16 &&
                   w.device() == x.device() && w.dim() == 2 && x.size(-1) == w.size(1),
               "mla_linear: x [..., k] and w [n, k] must be bf16 CUDA tensors on one device");
   const int64_t k = w.size(1), n = w.size(0), m = x.numel() / std::max<int64_t>(k, 1);
-  const bool aligned = x.is_contiguous() && w.is_contiguous() && (reinterpret_cast<uintptr_t>(x.data_ptr()) % 16) == 0 &&
-                       (reinterpret_cast<uintptr_t>(w.data_ptr()) % 16) == 0;
-  const LinearConfig config = aligned && m <= 128 ? mla_linear_config(static_cast<int>(m), static_cast<int>(n),
-                                                                      static_cast<int>(k))
-                                                  : LinearConfig{0, 0, false};
+  const LinearConfig config = linear_plan(x, w);
+  TORCH_CHECK(config.bn || !y_slot, "mla_linear: a late output needs linear.cuh, and no configuration fits");
   kb::print_config_once([&](char* buf, int size) {
     const int len = snprintf(buf, size, "mla_linear m=%lld n=%lld k=%lld: ", (long long)m, (long long)n, (long long)k);
     if (config.bn) linear_describe(config, buf + len, size - len);
@@ -148,10 +157,50 @@ torch::Tensor mla_linear(torch::Tensor x, torch::Tensor w) {
   sizes.back() = n;
   torch::Tensor y = torch::empty(sizes, x.options());
   const char* err = launch_mla_linear(config, x.data_ptr(), w.data_ptr(), y.data_ptr(), static_cast<int>(m),
-                                      static_cast<int>(n), static_cast<int>(k), c10::cuda::getCurrentCUDAStream().stream());
+                                      static_cast<int>(n), static_cast<int>(k), c10::cuda::getCurrentCUDAStream().stream(),
+                                      y_slot);
   TORCH_CHECK(err == nullptr, err ? err : "");
   return y;
 }
+
+// The decode step's projections: x [..., k] bf16 (contiguous, at most 128 rows in all), w [n, k] bf16 (contiguous).
+// Returns x w^T [..., n] bf16, F.linear's result, from linear.cuh; through at::linear (cuBLAS) where no
+// configuration of that kernel fits the shape (more rows, k not a multiple of 64, n not of 4).
+torch::Tensor mla_linear(torch::Tensor x, torch::Tensor w) { return linear_out(x, w, nullptr); }
+
+namespace {
+// The fast path's late ring on each device (late_address.h): a graph only mla_replay launches takes each call's
+// output address and cache length after its launch, so the host writes nothing by the stream before it, and the
+// wo projection stores into the call's own output (no copy of the graph's buffer after it).
+struct LateStep {
+  torch::Tensor word;   // int64 [1] on the device: the output address the wo projection stores to
+  torch::Tensor taken;  // int64 [1] on the device: the ring's count of calls the device took
+  std::unique_ptr<kb::LateAddressRing> ring;
+};
+
+// `like`'s device's ring; made where `make` (never inside a stream capture: it allocates), else null where none is.
+LateStep* late_step(const torch::Tensor& like, bool make) {
+  static std::mutex mu;
+  static auto* steps = new std::map<int, LateStep>();  // never destroyed: captured graphs hold its addresses
+  std::lock_guard<std::mutex> lock(mu);
+  const auto it = steps->find(like.get_device());
+  if (it != steps->end()) return &it->second;
+  if (!make) return nullptr;
+  LateStep& step = (*steps)[like.get_device()];
+  step.word = torch::zeros({1}, like.options().dtype(torch::kLong));
+  step.taken = torch::zeros({1}, like.options().dtype(torch::kLong));
+  step.ring = std::make_unique<kb::LateAddressRing>(reinterpret_cast<void**>(step.word.data_ptr()),
+                                                    reinterpret_cast<unsigned long long*>(step.taken.data_ptr()));
+  return &step;
+}
+
+// Whether mla_replay launches held graphs (else entry.py's Python path replays them).
+bool fast_replay_on() { return !kb::env_is("KBENCH_MLA_FAST_REPLAY", "0") && !kb::env_is("KBENCH_MLA_GRAPH", "0"); }
+
+// Whether the step captured last takes its output and length late (mla_step sets it in each capture,
+// mla_hold_graph reads it): such a graph must be launched only by mla_replay, which publishes them.
+bool last_capture_late = false;
+}  // namespace
 
 // c [H, m, n] = a [H, m, k] . b [H, k, n] per head (bf16), at::bmm_out's contract for the step's two per-head GEMMs,
 // through head_gemm.cuh (KBENCH_MLA_HEAD_GEMM=0: at::bmm_out, cuBLAS). a and c: the last dim contiguous, any row and
@@ -222,16 +271,27 @@ torch::Tensor mla_step(torch::Tensor x, torch::Tensor cache, torch::Tensor w_kv_
   const c10::cuda::CUDAGuard guard(x.device());
   const int64_t bs = x.size(0);
   const torch::Tensor x2 = x.view({bs, x.size(2)});
-  auto append = [&] {
-    const torch::Tensor row = mla_linear(x2, w_kv_down);  // [bs, 576]
-    const char* err = launch_mla_append_row(row.data_ptr(), cache.data_ptr(), static_cast<int>(bs),
-                                            static_cast<int>(cache.size(1)), lens.data_ptr<int>(),
-                                            c10::cuda::getCurrentCUDAStream().stream());
-    TORCH_CHECK(err == nullptr, err ? err : "");
-  };
   const c10::cuda::CUDAStream main = c10::cuda::getCurrentCUDAStream();
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
   C10_CUDA_CHECK(cudaStreamIsCapturing(main.stream(), &capture));
+  // KBENCH_MLA_LATE (on): a capture for mla_replay takes the call's output address and cache length from the late
+  // ring after its launch. Its ring is made by the eager call before the capture (GraphReplay runs one first).
+  const bool want_late = kb::env_int("KBENCH_MLA_LATE", 1) != 0 && fast_replay_on();
+  LateStep* late_ring = want_late ? late_step(x, capture == cudaStreamCaptureStatusNone) : nullptr;
+  // y [bs, H, v]: the W_UV bmm's output, which wo reads as [bs, H * v] (made here: whether wo runs on linear.cuh,
+  // which a late output needs, depends on it)
+  torch::Tensor y = torch::empty({bs, kH, kV}, x.options());
+  kb::LateAddress late{};
+  if (capture == cudaStreamCaptureStatusActive && late_ring && linear_plan(y.view({bs, 1, kH * kV}), w_o).bn)
+    late = late_ring->ring->view(reinterpret_cast<unsigned*>(lens.data_ptr<int>()));
+  if (capture == cudaStreamCaptureStatusActive) last_capture_late = late.ring != nullptr;
+  auto append = [&] {
+    const torch::Tensor row = mla_linear(x2, w_kv_down);  // [bs, 576]
+    const char* err = launch_mla_append_row(row.data_ptr(), cache.data_ptr(), static_cast<int>(bs),
+                                            static_cast<int>(cache.size(1)), lens.data_ptr<int>(), late,
+                                            c10::cuda::getCurrentCUDAStream().stream());
+    TORCH_CHECK(err == nullptr, err ? err : "");
+  };
   // events for the fork and the join (a capture turns them into the graph's edges; destroyed once recorded)
   cudaEvent_t forked = nullptr, appended = nullptr;
   if (capture == cudaStreamCaptureStatusActive) {
@@ -256,18 +316,23 @@ torch::Tensor mla_step(torch::Tensor x, torch::Tensor cache, torch::Tensor w_kv_
   torch::Tensor q_full = torch::empty({bs, kH, kLora + kRope}, x.options());
   torch::Tensor q_latent = q_full.narrow(2, 0, kLora).transpose(0, 1);
   mla_bmm_out(q_latent, q.narrow(2, 0, kNope).transpose(0, 1), w_kvu.narrow(1, 0, kNope));
-  mla_rope_q(q_full, q, cos, sin, lens);
-  if (appended) {  // the attention reads the new row
+  auto join = [&] {  // the attention reads the new row (and, late, the query's RoPE the length the append took)
+    if (!appended) return;
     C10_CUDA_CHECK(cudaStreamWaitEvent(main.stream(), appended, 0));
     C10_CUDA_CHECK(cudaEventDestroy(forked));
     C10_CUDA_CHECK(cudaEventDestroy(appended));
-  }
+    appended = nullptr;
+  };
+  if (late.ring) join();
+  mla_rope_q(q_full, q, cos, sin, lens);
+  join();
   const torch::Tensor o_latent = mla_attention(q_full, cache, kv_len, cos, sin, lens);  // [bs, H, 512]
-  // y [bs, H, v] written by the per-head bmm through a transposed view: wo reads it as [bs, H * v] in place
-  torch::Tensor y = torch::empty({bs, kH, kV}, x.options());
+  // y written by the per-head bmm through a transposed view: wo reads it as [bs, H * v] in place
   torch::Tensor y_heads = y.transpose(0, 1);
   mla_bmm_out(y_heads, o_latent.transpose(0, 1), w_kvu.narrow(1, kNope, kV).transpose(1, 2));
-  return mla_linear(y.view({bs, 1, kH * kV}), w_o);
+  // late: the graph's own output tensor is never written; each call's is the one mla_replay publishes
+  return linear_out(y.view({bs, 1, kH * kV}), w_o,
+                    late.ring ? reinterpret_cast<void* const*>(late_ring->word.data_ptr()) : nullptr);
 }
 
 // ---- entry.py's fast path: a held graph of mla_step launched from here (_common/held_graphs.h says why) ----
@@ -287,33 +352,55 @@ bool describe_step(const py::tuple& inputs, std::vector<int64_t>& out) {
 
 // entry.py, after GraphReplay captured the step: `graph` (its cudaGraphExec_t as an integer, `exec`) held for
 // mla_replay with the captured step's output (the graph's own buffer) and the knobs `knobs` as they are now.
-void mla_hold_graph(py::object owner, py::object graph, int64_t exec, torch::Tensor output, py::tuple inputs,
+// Returns whether it takes its output and cache length late (then only mla_replay may launch it: GraphReplay drops
+// its own copy).
+bool mla_hold_graph(py::object owner, py::object graph, int64_t exec, torch::Tensor output, py::tuple inputs,
                     std::vector<std::string> knobs) {
   kb::HeldGraph held{owner, graph, py::cast(output), reinterpret_cast<cudaGraphExec_t>(exec), {}, {}};
   TORCH_CHECK(describe_step(inputs, held.inputs), "mla_hold_graph: pass the step's ten input tensors");
   graph_knobs = std::move(knobs);
   held.config = kb::env_text(graph_knobs);
+  const bool late = held.late = last_capture_late;
+  last_capture_late = false;
   kb::held_graphs().hold(std::move(held));
+  return late;
 }
 
 // The fast path of custom_kernel: where `owner` holds a graph of mla_step captured on these very inputs (the same
-// tensors' addresses, dtypes, shapes and strides, and knobs), the cache length kv_len written to `lens` (the last
-// input) by the stream, the graph launched on the current stream and a copy of its output returned; else None
-// (entry.py's own path runs). Off with KBENCH_MLA_FAST_REPLAY=0 and with KBENCH_MLA_GRAPH=0.
+// tensors' addresses, dtypes, shapes and strides, and knobs), the graph launched on the current stream; else None
+// (entry.py's own path runs). A late graph (KBENCH_MLA_LATE) is launched first, then a new output made and its
+// address published with kv_len through the late ring; otherwise kv_len is written to `lens` (the last input) by
+// the stream before the launch and a copy of the graph's output returned. Off with KBENCH_MLA_FAST_REPLAY=0 and with
+// KBENCH_MLA_GRAPH=0.
 c10::optional<torch::Tensor> mla_replay(py::object owner, py::tuple inputs, int64_t kv_len) {
   kb::HeldGraphs& held = kb::held_graphs();
-  if (held.empty() || kb::env_is("KBENCH_MLA_FAST_REPLAY", "0") || kb::env_is("KBENCH_MLA_GRAPH", "0"))
-    return c10::nullopt;
+  if (held.empty() || !fast_replay_on()) return c10::nullopt;
   static std::vector<int64_t> now;  // (the GIL serialises callers)
   if (!describe_step(inputs, now)) return c10::nullopt;
   const kb::HeldGraph* graph = held.find(owner, now, [] { return kb::env_text(graph_knobs); });
   if (!graph) return c10::nullopt;
   const torch::Tensor lens = THPVariable_Unpack(inputs[9].ptr());
   const c10::cuda::CUDAGuard guard(lens.device());
+  if (graph->late) {
+    // The GPU starts on the q projections while the host makes the output. (Should the allocation fail now, the
+    // launched graph's append traps after 2 s without its address.)
+    kb::launch(*graph);
+    const torch::Tensor x = THPVariable_Unpack(inputs[0].ptr());
+    torch::Tensor out = torch::empty(x.sizes(), x.options());  // [bs, 1, dim], as wo's output
+    late_step(x, false)->ring->publish(out.data_ptr(), static_cast<unsigned>(kv_len));
+    return out;
+  }
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
   if (!kb::stream_write(stream, lens.data_ptr(), static_cast<uint32_t>(kv_len))) lens.fill_(kv_len);
   kb::launch(*graph);
   return graph->output.cast<torch::Tensor>().clone();  // the graph's buffer is overwritten by its next replay
+}
+
+// How long (us) the last late graph waited on the GPU for its call's address and length (x's device; call after a
+// synchronize), or 0 where none has run there.
+double mla_late_wait_us(torch::Tensor x) {
+  const LateStep* step = late_step(x, false);
+  return step ? step->ring->last_wait_us() : 0.0;
 }
 
 // How many calls mla_replay served since the last time this was asked (entry.py tells its GraphReplay).

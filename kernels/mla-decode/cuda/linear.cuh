@@ -45,6 +45,7 @@ struct LinearShape {
 
 struct LinearParams {
   __nv_bfloat16* y;  // [m][n], row pitch n
+  void* const* y_slot;  // null, or the device word holding y's address instead (read at the store: a late output)
   int m, n;
   int kblocks;       // k-blocks per split (k / 64 / splits)
   int splits;        // = the cluster size
@@ -166,6 +167,7 @@ __global__ void __launch_bounds__(kLinearThreads, 1)
     const int rows = 128 / p.splits, row0 = split * rows;
     const int n0 = nt * kBN;
     constexpr int kQuads = kBN / 4;
+    __nv_bfloat16* const y = p.y_slot ? static_cast<__nv_bfloat16*>(*p.y_slot) : p.y;
     for (int e = threadIdx.x - 128; e < rows * kQuads; e += 256) {
       const int r = row0 + e / kQuads, c = 4 * (e % kQuads);
       if (r >= p.m || n0 + c >= p.n) continue;
@@ -182,7 +184,7 @@ __global__ void __launch_bounds__(kLinearThreads, 1)
       uint2 packed;
       packed.x = *reinterpret_cast<const uint32_t*>(&lo);
       packed.y = *reinterpret_cast<const uint32_t*>(&hi);
-      *reinterpret_cast<uint2*>(p.y + static_cast<long long>(r) * p.n + n0 + c) = packed;  // n % 4 == 0 (host check)
+      *reinterpret_cast<uint2*>(y + static_cast<long long>(r) * p.n + n0 + c) = packed;  // n % 4 == 0 (host check)
     }
     // No CTA may leave while another still reads its shared memory.
     cluster_sync();

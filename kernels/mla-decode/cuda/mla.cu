@@ -122,9 +122,11 @@ const char* launch_mla_assemble_q(const void* qn, const void* q, const void* cos
 }
 
 const char* launch_mla_append_row(const void* row, void* cache, int bs, int max_seq, const int* kv_len_dev,
-                                  cudaStream_t stream) {
-  append_row_kernel<<<(bs * 72 + kAssembleThreads - 1) / kAssembleThreads, kAssembleThreads, 0, stream>>>(
-      static_cast<const uint4*>(row), static_cast<uint4*>(cache), bs, max_seq, kv_len_dev);
+                                  const kb::LateAddress& late, cudaStream_t stream) {
+  // one block where it takes the length from the ring: every thread reads it after thread 0 has
+  const int blocks = late.ring ? 1 : (bs * 72 + kAssembleThreads - 1) / kAssembleThreads;
+  append_row_kernel<<<blocks, kAssembleThreads, 0, stream>>>(static_cast<const uint4*>(row), static_cast<uint4*>(cache),
+                                                             bs, max_seq, kv_len_dev, late);
   return kb::launch_error("mla_append_row");
 }
 
@@ -227,7 +229,7 @@ LinearConfig mla_linear_config(int m, int n, int k) {
 }
 
 const char* launch_mla_linear(const LinearConfig& c, const void* x, const void* w, void* y, int m, int n, int k,
-                              cudaStream_t stream) {
+                              cudaStream_t stream, void* const* y_slot) {
   if (m < 1 || m > 128 || k % kLinearBK || n % 4 || c.splits < 1 || (k / kLinearBK) % c.splits)
     return "mla_linear: need 1 <= m <= 128, k % 64 == 0, n % 4 == 0 and the k-blocks divisible by the splits";
   const char* err = "mla_linear: no kernel for this configuration";
@@ -241,7 +243,7 @@ const char* launch_mla_linear(const LinearConfig& c, const void* x, const void* 
       err = "mla_linear: cuTensorMapEncodeTiled failed (driver entry point missing or misaligned tensors)";
       return;
     }
-    LinearParams p{static_cast<__nv_bfloat16*>(y), m, n, k / kLinearBK / c.splits, c.splits};
+    LinearParams p{static_cast<__nv_bfloat16*>(y), y_slot, m, n, k / kLinearBK / c.splits, c.splits};
     cudaLaunchAttribute attr[2];
     cudaLaunchConfig_t cfg = linear_launch_config<kBN>((n + kBN - 1) / kBN * c.splits, c.splits, attr);
     cfg.stream = stream;

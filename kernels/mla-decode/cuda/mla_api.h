@@ -4,6 +4,7 @@
 
 #include <cstdint>
 
+#include "late_address.h"
 #include "linear_config.h"
 #include "mla_config.h"
 
@@ -36,14 +37,17 @@ const char* launch_mla_assemble_q(const void* qn, const void* q, const void* cos
 
 // The cache append: cache bf16 [bs][max_seq][576] (16-byte aligned) gets row bf16 [bs][576] at row kv_len - 1 of
 // every batch row, kv_len read from device memory (kv_len_dev, int32 [1], 1 <= kv_len <= max_seq: the caller checks).
+// late.ring set (a graph only mla_replay launches): the launch first takes its call's output address and cache length
+// from the ring, the length into kv_len_dev (late.value_slot).
 const char* launch_mla_append_row(const void* row, void* cache, int bs, int max_seq, const int* kv_len_dev,
-                                  cudaStream_t stream);
+                                  const kb::LateAddress& late, cudaStream_t stream);
 
 // The projections: y bf16 [m][n] = x bf16 [m][k] w bf16 [n][k]^T (row-major, 16-byte aligned), m <= 128.
-// mla_linear_config picks the configuration (bn == 0: none fits this shape or GPU; use cuBLAS).
+// mla_linear_config picks the configuration (bn == 0: none fits this shape or GPU; use cuBLAS). y_slot set: y is
+// the address the device word y_slot holds when the kernel stores (a late output, late_address.h), not `y`.
 LinearConfig mla_linear_config(int m, int n, int k);
 const char* launch_mla_linear(const LinearConfig& c, const void* x, const void* w, void* y, int m, int n, int k,
-                              cudaStream_t stream);
+                              cudaStream_t stream, void* const* y_slot = nullptr);
 
 // The per-head GEMMs (head_gemm.cuh): c[h] bf16 [m][n] = a[h] [m][k] . b[h] for h < heads, strides in elements
 // (rows of a and c, and b's stored rows: k rows of n, or with b_k_major n rows of k). m <= 128, n % 128 == 0,
