@@ -21,11 +21,13 @@ import argparse
 import importlib.util
 import math
 import os
+import statistics
 import sys
 
 import torch
 
 from kbench import benchlib, problems
+from kbench.evaluator import timing
 
 BF16_FLOPS, HBM_BPS = 790e12, 3.0e12
 # candidate name -> knobs (kernels/mla-decode/cuda/mla_api.h: MlaConfig); predictions in docs/mla-decode-notes.md.
@@ -157,6 +159,38 @@ def time_case(case, cuda_mod, torch_mod, ref, runs, candidates, revisions) -> di
     # the shipped attention once more, last: a drift across the run shows as the two figures' difference
     row["attention (again)"] = timer(lambda: attention(cuda_mod), runs)
     return row
+
+
+def windows(runs: int, rounds: int, candidates: dict) -> None:
+    """--windows: the official benchmark loop's windows in one process (synchronize, host clock, call, synchronize,
+    host clock; the same input objects every call and the cache one row longer each, as benchmark mode runs them),
+    the shipped path and each candidate alternating in rounds (benchlib.interleaved_samples): a host-path change too
+    small for kbench perf's spread between processes. Rows: metric host-loop, backend "cuda[windows]" and
+    "cuda+<name>[windows]", the median window (us)."""
+    gpu = torch.cuda.get_device_name()
+    ref = problems.load_modules("mla-decode").reference
+    mod = benchlib.build("mla-decode", "cuda")
+    clock = timing.Clock(sync=torch.cuda.synchronize)
+    variants = {"cuda[windows]": {}} | {f"cuda+{n}[windows]": k for n, k in candidates.items()}
+    rows, table = [], []
+    for case in problems.load_spec("mla-decode").benchmarks:
+        data = ref.generate_input(**problems.official_case(case))
+        call = lambda: mod.custom_kernel(data)  # noqa: E731 (the cache grows a row a call)
+
+        def sample(fn, n: int, warmup: int) -> list:
+            for _ in range(warmup):  # (a candidate's first calls capture its graph)
+                fn()
+            return [timing.host_window(clock, fn)[0] / 1e3 for _ in range(n)]
+
+        got = benchlib.interleaved_samples(sample, {name: (call, k) for name, k in variants.items()}, runs, rounds)
+        label = problems.format_case(case)
+        rows += [benchlib.Row(gpu, 1, name, "host-loop", label, statistics.median(v)) for name, v in got.items()]
+        table += [[label.split("; seed")[0], name, statistics.median(v), statistics.fmean(v), min(v), len(v)]
+                  for name, v in got.items()]
+        del data
+    benchlib.record("mla-decode", rows)
+    benchlib.table(f"mla-decode: official-style windows in one process, alternating ({gpu}; us)",
+                   ["case", "variant", "median", "mean", "best", "runs"], table)
 
 
 # --scaling: the attention kernel alone over cache lengths and batch sizes; batch 66 is one wave of 132 CTAs on an
@@ -546,6 +580,9 @@ def main():
     ap.add_argument("--energy", action="store_true",
                     help="instead: the attention kernel alone back to back, joules a call and the SM clock (NVML)")
     ap.add_argument("--seconds", type=float, default=3.0, help="with --energy: each variant's loop a round")
+    ap.add_argument("--windows", action="store_true",
+                    help="instead: official-style host windows in one process, the shipped path and the candidates "
+                         "alternating in --rounds rounds of --runs calls each in all")
     args = ap.parse_args()
     if args.rope_cost:
         rope_cost(args.runs)
@@ -564,6 +601,9 @@ def main():
         return
     if args.energy:
         attention_energy(args.seconds, args.rounds, benchlib.selected(CANDIDATES, args.candidates))
+        return
+    if args.windows:
+        windows(args.runs, max(args.rounds, 2), benchlib.selected(CANDIDATES, args.candidates))
         return
     if args.official:
         benchlib.official_figures("mla-decode", "cuda", benchlib.selected(CANDIDATES, args.candidates),
