@@ -13,6 +13,8 @@
 #   candidates, comma-separated, default all); host-gap (benchmarks/host_gap.py for GAP_PROBLEMS: the official
 #   window with CUDA events inside it); energy (benchmarks/energy.py ENERGY_ARGS, default moe: J a call, SM clock);
 #   mla-energy (the attention kernel alone: J a call, SM clock, power cap; ENERGY_ROUNDS, BENCH_CANDIDATES);
+#   mla-windows (official-style host windows in one process, BENCH_CANDIDATES alternating with the shipped path in
+#   WINDOW_ROUNDS rounds, BENCH_RUNS calls each);
 #   moe-peer (benchmarks/moe.py with FlashInfer's fused MoE: the wheels in PEER_WHEELS, default .whl, and the module
 #   benchmarks/flashinfer_moe_build.py made, PEER_MODULE, default .whl/fused_moe_90.tgz; carry .whl);
 #   moe-phases (benchmarks/moe_launch_phases.py: custom_kernel's host steps before
@@ -91,6 +93,8 @@ for part in "$@"; do
             step "${BENCH_S:-400}" moe_peer env PYTHONPATH="$fi" FLASHINFER_WORKSPACE_BASE="$W/fiws" \
               LD_LIBRARY_PATH="$nvlibs:/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
               python3 benchmarks/moe.py --runs "${BENCH_RUNS:-15}" --candidates "${BENCH_CANDIDATES:-}" ;;
+  mla-windows) step "${BENCH_S:-300}" mla_windows python3 benchmarks/mla_decode.py --windows --runs "${BENCH_RUNS:-150}" \
+                 --rounds "${WINDOW_ROUNDS:-6}" --candidates "${BENCH_CANDIDATES:-}" ;;
   mla-bench) step "${BENCH_S:-400}" mla_bench python3 benchmarks/mla_decode.py \
                ${BENCH_CANDIDATES+--candidates "$BENCH_CANDIDATES"} ${BENCH_REV:+--rev "$BENCH_REV"} ;;
   moe-phases) step "${PHASES_S:-200}" moe_phases python3 benchmarks/moe_launch_phases.py --runs "${PHASES_RUNS:-30}" \
