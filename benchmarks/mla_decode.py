@@ -165,8 +165,10 @@ def windows(runs: int, rounds: int, candidates: dict) -> None:
     """--windows: the official benchmark loop's windows in one process (synchronize, host clock, call, synchronize,
     host clock; the same input objects every call and the cache one row longer each, as benchmark mode runs them),
     the shipped path and each candidate alternating in rounds (benchlib.interleaved_samples): a host-path change too
-    small for kbench perf's spread between processes. Rows: metric host-loop, backend "cuda[windows]" and
-    "cuda+<name>[windows]", the median window (us)."""
+    small for kbench perf's spread between processes. Also the fast path's own steps (ext.mla_replay_steps: host us
+    from the call's entry into the binding to its return) and, for a late graph, how long the GPU waited for the
+    call's address and length (ext.mla_late_wait_us). Rows: metric host-loop, backend "cuda[windows]" and
+    "cuda+<name>[windows]", the median window (us), and "<that>/replay:<step>", "<that>/late-wait", their medians."""
     gpu = torch.cuda.get_device_name()
     ref = problems.load_modules("mla-decode").reference
     mod = benchlib.build("mla-decode", "cuda")
@@ -180,17 +182,34 @@ def windows(runs: int, rounds: int, candidates: dict) -> None:
         def sample(fn, n: int, warmup: int) -> list:
             for _ in range(warmup):  # (a candidate's first calls capture its graph)
                 fn()
-            return [timing.host_window(clock, fn)[0] / 1e3 for _ in range(n)]
+            got = []
+            for _ in range(n):
+                us = timing.host_window(clock, fn)[0] / 1e3
+                steps = dict(mod.ext.mla_replay_steps())
+                # a late graph launched (no stream write of the length): the wait figure is then this call's
+                late = "output" in steps and "length" not in steps
+                got.append((us, steps, mod.ext.mla_late_wait_us(data[1]) if late else None))
+            return got
 
         got = benchlib.interleaved_samples(sample, {name: (call, k) for name, k in variants.items()}, runs, rounds)
         label = problems.format_case(case)
-        rows += [benchlib.Row(gpu, 1, name, "host-loop", label, statistics.median(v)) for name, v in got.items()]
-        table += [[label.split("; seed")[0], name, statistics.median(v), statistics.fmean(v), min(v), len(v)]
-                  for name, v in got.items()]
+        for name, samples in got.items():
+            windows_us = [us for us, _, _ in samples]
+            figures = {name: statistics.median(windows_us)}
+            for step in dict.fromkeys(k for _, s, _ in samples for k in s):  # (steps in the order taken)
+                figures[f"{name}/replay:{step}"] = statistics.median(s[step] for _, s, _ in samples if step in s)
+            waits = [w for *_, w in samples if w is not None]
+            if waits:
+                figures[f"{name}/late-wait"] = statistics.median(waits)
+            rows += [benchlib.Row(gpu, 1, b, "host-loop", label, us) for b, us in figures.items()]
+            steps = "  ".join(f"{b.split('/')[-1]} {us:.1f}" for b, us in figures.items() if "/" in b)
+            table.append([label.split("; seed")[0], name, figures[name], statistics.fmean(windows_us),
+                          min(windows_us), len(windows_us), steps])
         del data
     benchlib.record("mla-decode", rows)
     benchlib.table(f"mla-decode: official-style windows in one process, alternating ({gpu}; us)",
-                   ["case", "variant", "median", "mean", "best", "runs"], table)
+                   ["case", "variant", "median", "mean", "best", "runs", "fast path's steps, late wait (medians)"],
+                   table)
 
 
 # --scaling: the attention kernel alone over cache lengths and batch sizes; batch 66 is one wave of 132 CTAs on an

@@ -446,6 +446,10 @@ def test_late_lengths_and_outputs_reach_their_own_launches_while_the_host_runs_a
     # the 75 before it
     assert mla.ext.mla_fast_replays() == 74
     assert len(mla._graphs) == (0 if knobs == "" else 1), "a late graph is the binding's alone"
+    # the last call's steps in the fast path (benchmarks/mla_decode.py --windows reads them)
+    assert [step for step, _ in mla.ext.mla_replay_steps()] == (
+        ["knobs", "describe", "find", "launch", "output"] if knobs == "" else
+        ["knobs", "describe", "find", "length", "launch", "output"])
     for i, out in enumerate(outputs):
         assert torch.equal(out, expected[i % 3]), f"call {i} differs from the eager result for its x and length"
     if knobs == "":

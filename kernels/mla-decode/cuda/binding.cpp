@@ -373,28 +373,43 @@ bool mla_hold_graph(py::object owner, py::object graph, int64_t exec, torch::Ten
 // the stream before the launch and a copy of the graph's output returned. Off with KBENCH_MLA_FAST_REPLAY=0 and with
 // KBENCH_MLA_GRAPH=0.
 c10::optional<torch::Tensor> mla_replay(py::object owner, py::tuple inputs, int64_t kv_len) {
+  kb::StepTimes& steps = kb::replay_steps();
+  steps.start();
   kb::HeldGraphs& held = kb::held_graphs();
   if (held.empty() || !fast_replay_on()) return c10::nullopt;
+  steps.mark("knobs");
   static std::vector<int64_t> now;  // (the GIL serialises callers)
   if (!describe_step(inputs, now)) return c10::nullopt;
+  steps.mark("describe");
   const kb::HeldGraph* graph = held.find(owner, now, [] { return kb::env_text(graph_knobs); });
   if (!graph) return c10::nullopt;
+  steps.mark("find");
   const torch::Tensor lens = THPVariable_Unpack(inputs[9].ptr());
   const c10::cuda::CUDAGuard guard(lens.device());
   if (graph->late) {
     // The GPU starts on the q projections while the host makes the output. (Should the allocation fail now, the
     // launched graph's append traps after 2 s without its address.)
     kb::launch(*graph);
+    steps.mark("launch");
     const torch::Tensor x = THPVariable_Unpack(inputs[0].ptr());
     torch::Tensor out = torch::empty(x.sizes(), x.options());  // [bs, 1, dim], as wo's output
     late_step(x, false)->ring->publish(out.data_ptr(), static_cast<unsigned>(kv_len));
+    steps.mark("output");
     return out;
   }
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
   if (!kb::stream_write(stream, lens.data_ptr(), static_cast<uint32_t>(kv_len))) lens.fill_(kv_len);
+  steps.mark("length");
   kb::launch(*graph);
-  return graph->output.cast<torch::Tensor>().clone();  // the graph's buffer is overwritten by its next replay
+  steps.mark("launch");
+  torch::Tensor out = graph->output.cast<torch::Tensor>().clone();  // the graph's buffer: overwritten by its next replay
+  steps.mark("output");
+  return out;
 }
+
+// (step, host us) of each step mla_replay's last call passed: knobs, describe, find, then launch and output (late),
+// or length, launch and output (the copy); all where it launched, fewer where it returned None.
+std::vector<std::pair<std::string, double>> mla_replay_steps() { return kb::replay_steps().last(); }
 
 // How long (us) the last late graph waited on the GPU for its call's address and length (x's device; call after a
 // synchronize), or 0 where none has run there.
