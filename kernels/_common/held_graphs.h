@@ -99,7 +99,11 @@ class HeldGraphs {
   int64_t replays_ = 0;
 };
 
-inline HeldGraphs& held_graphs() {
+// static: g++ marks the static local of an inline function with external linkage STB_GNU_UNIQUE (readelf shows it),
+// which glibc binds to one object a process whichever module loads it, so every extension in one process (moe and
+// mla-decode in one pytest run, a benchmark's --rev builds) would share one store of `keep` graphs and one replay
+// count. Internal linkage gives each binding its own (binding.cpp is the one file that includes this).
+static inline HeldGraphs& held_graphs() {
   static auto* held = new HeldGraphs(2);  // never destroyed: Python objects must not die after Python
   return *held;
 }
@@ -130,7 +134,7 @@ class StepTimes {
   std::chrono::steady_clock::time_point last_;
 };
 
-inline StepTimes& replay_steps() {
+static inline StepTimes& replay_steps() {  // (static: one a binding, as held_graphs())
   static StepTimes steps;
   return steps;
 }
