@@ -21,6 +21,10 @@ from typing import Callable, Hashable, Sequence
 
 import torch
 
+# torch >= 2.7 hands out a captured graph's executable (raw_cuda_graph_exec), so a binding can hold and launch it
+# itself (held_graphs.h); older ones replay from Python only, where nothing can reach a graph after its launch
+BINDING_LAUNCHES = hasattr(torch.cuda.CUDAGraph, "raw_cuda_graph_exec")
+
 # os.environ.get costs ~1 us a name (it encodes the name and decodes the value); the mapping behind it is a dict
 _ENV_DATA = getattr(os.environ, "_data", None) if os.name == "posix" else None
 

@@ -34,9 +34,7 @@ _CONFIG_KNOBS = ("KBENCH_MLA_SPLITS", "KBENCH_MLA_PREFETCH_TABLES", "KBENCH_MLA_
                  "KBENCH_MLA_SEESAW", "KBENCH_MLA_LINEAR", "KBENCH_MLA_LINEAR_BN", "KBENCH_MLA_LINEAR_SPLITS",
                  "KBENCH_MLA_LINEAR_PDL", "KBENCH_MLA_HEAD_GEMM", "KBENCH_MLA_BULK_STORE",
                  "KBENCH_MLA_STAGED_ST", "KBENCH_MLA_PERSISTENT", "KBENCH_MLA_NARROW_TAIL", "KBENCH_MLA_LATE")
-# torch >= 2.7 hands the binding a graph's executable; older ones replay from Python, where nothing comes late
-_BINDING_LAUNCHES = hasattr(torch.cuda.CUDAGraph, "raw_cuda_graph_exec")
-if not _BINDING_LAUNCHES:
+if not graph_replay.BINDING_LAUNCHES:  # (a graph replayed from Python takes nothing late)
     os.environ.setdefault("KBENCH_MLA_LATE", "0")
 
 
@@ -114,7 +112,7 @@ def _python_path(inputs: tuple, kv_len: int) -> torch.Tensor:
 def _hold(graph, output: torch.Tensor, inputs: tuple) -> bool:
     """GraphReplay's on_capture: the new graph also held by the binding, for mla_replay. True where the graph takes
     its output's address and the cache length after the launch (KBENCH_MLA_LATE): then only mla_replay launches it."""
-    if not _BINDING_LAUNCHES:  # (older torch keeps the Python path)
+    if not graph_replay.BINDING_LAUNCHES:  # (older torch keeps the Python path)
         return False
     return ext.mla_hold_graph(_graphs, graph, graph.raw_cuda_graph_exec(), output, inputs,  # noqa: F821
                               list(_CONFIG_KNOBS))

@@ -81,10 +81,7 @@ def _hold(x: torch.Tensor, weights: dict, n_experts: int, k: int):
     return hold
 
 
-# torch >= 2.7 hands the binding a graph's executable; older ones replay from Python, where no output address comes
-# late
-_BINDING_LAUNCHES = hasattr(torch.cuda.CUDAGraph, "raw_cuda_graph_exec")
-if not _BINDING_LAUNCHES:
+if not graph_replay.BINDING_LAUNCHES:  # (a graph replayed from Python takes no output address late)
     os.environ.setdefault("KBENCH_MOE_LATE_OUTPUT", "0")
 
 
@@ -116,7 +113,7 @@ def custom_kernel(data: input_t) -> output_t:
         y, top_scores = _graphs.replay(full_key() + _host_values(x, n_experts, k), step)
     else:
         y, top_scores = _graphs.replay(key, step, verify=full_key, on_capture=_hold(x, weights, n_experts, k)
-                                       if out is not None and _BINDING_LAUNCHES else None)
+                                       if out is not None and graph_replay.BINDING_LAUNCHES else None)
     if out is None:
         out = ext.moe_combine(y, top_scores)  # noqa: F821 (ext: template)
     return out.view(x.shape)
