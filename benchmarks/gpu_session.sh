@@ -11,10 +11,11 @@
 #   matching NCU_KERNELS in benchmarks/calls.py NCU_PROBLEM: NCU_SKIP launches skipped, NCU_COUNT profiled), moe-official, mla-official (kbench perf of the
 #   shipped build and of each candidate, in the modes OFFICIAL_MODES, default benchmark; OFFICIAL_CANDIDATES = which
 #   candidates, comma-separated, default all); host-gap (benchmarks/host_gap.py for GAP_PROBLEMS: the official
-#   window with CUDA events inside it); energy (benchmarks/energy.py ENERGY_ARGS, default moe: J a call, SM clock);
+#   window with CUDA events inside it; GAP_LEADERBOARD=1: inputs regenerated and checked every run, as leaderboard mode
+#   does; GAP_ADDRESSES=1: which inputs move between runs, and the graphs the binding launched); energy (benchmarks/energy.py ENERGY_ARGS, default moe: J a call, SM clock);
 #   mla-energy (the attention kernel alone: J a call, SM clock, power cap; ENERGY_ROUNDS, BENCH_CANDIDATES);
 #   mla-windows (official-style host windows in one process, BENCH_CANDIDATES alternating with the shipped path in
-#   WINDOW_ROUNDS rounds, BENCH_RUNS calls each);
+#   WINDOW_ROUNDS rounds, BENCH_RUNS calls each; WINDOW_LEADERBOARD=1: inputs regenerated and checked every window);
 #   moe-peer (benchmarks/moe.py with FlashInfer's fused MoE: the wheels in PEER_WHEELS, default .whl, and the module
 #   benchmarks/flashinfer_moe_build.py made, PEER_MODULE, default .whl/fused_moe_90.tgz; carry .whl);
 #   moe-phases (benchmarks/moe_launch_phases.py: custom_kernel's host steps before
@@ -94,7 +95,7 @@ for part in "$@"; do
               LD_LIBRARY_PATH="$nvlibs:/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
               python3 benchmarks/moe.py --runs "${BENCH_RUNS:-15}" --candidates "${BENCH_CANDIDATES:-}" ;;
   mla-windows) step "${BENCH_S:-300}" mla_windows python3 benchmarks/mla_decode.py --windows --runs "${BENCH_RUNS:-150}" \
-                 --rounds "${WINDOW_ROUNDS:-6}" --candidates "${BENCH_CANDIDATES:-}" ;;
+                 --rounds "${WINDOW_ROUNDS:-6}" --candidates "${BENCH_CANDIDATES:-}" ${WINDOW_LEADERBOARD:+--leaderboard} ;;
   mla-bench) step "${BENCH_S:-400}" mla_bench python3 benchmarks/mla_decode.py \
                ${BENCH_CANDIDATES+--candidates "$BENCH_CANDIDATES"} ${BENCH_REV:+--rev "$BENCH_REV"} ;;
   moe-phases) step "${PHASES_S:-200}" moe_phases python3 benchmarks/moe_launch_phases.py --runs "${PHASES_RUNS:-30}" \
@@ -103,7 +104,7 @@ for part in "$@"; do
   # GAP_NO_CLONE=1: the inputs not cloned between windows)
   host-gap) for p in ${GAP_PROBLEMS:-mla-decode moe}; do  # the official window with CUDA events inside it
               step "${GAP_S:-300}" "host_gap_$p" python3 benchmarks/host_gap.py "$p" --runs "${GAP_RUNS:-40}" --profile "${GAP_PROFILE:-0}" ${GAP_CPROFILE:+--cprofile} ${GAP_HOST_TRACE:+--host-trace "$GAP_HOST_TRACE"} \
-                ${GAP_NO_CLONE:+--no-clone}
+                ${GAP_NO_CLONE:+--no-clone} ${GAP_LEADERBOARD:+--leaderboard --check-each} ${GAP_ADDRESSES:+--addresses}
             done ;;
   energy) step "${ENERGY_S:-300}" energy python3 benchmarks/energy.py ${ENERGY_ARGS:-moe} ;;  # J a call (NVML)
   mla-energy) step "${ENERGY_S:-300}" mla_energy python3 benchmarks/mla_decode.py --energy \

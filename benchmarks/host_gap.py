@@ -26,6 +26,9 @@ rows under "<backend>[leaderboard]/..." (the flushed column then regenerates too
 checked after its window too, as leaderboard mode does (rows "<backend>[leaderboard+check]/...").
 --profile N: then N more runs of the official window under the torch profiler, and per kernel (CUPTI's trace: the
 kernels inside a replayed graph count) the launches a run and the mean / min / max duration: which kernel varies.
+--addresses: per case, the input address sets of the timed runs as letters (a set seen before gets its first letter
+again: "ABAB..." alternates between two), the inputs whose addresses moved, and the graphs the binding launched
+(its fast-replay count, where the backend has one): whether a graph keyed on addresses can ever replay in that loop.
 --host-trace N: then N more runs under the profiler with the host's side recorded too: per top-level torch op and
 CUDA runtime call inside the window, the calls a run and the mean host time, longest total first (a call that blocks
 the host, an allocation that reaches cudaMalloc, a slow launch), and the last window's timeline (host events and
@@ -59,12 +62,15 @@ def sm_clock():
         return lambda: None
 
 
-def timed_runs(call, given_for_run, runs: int, flush=None, clock=lambda: None):
+def timed_runs(call, given_for_run, runs: int, flush=None, clock=lambda: None, seen=None):
     """runs x (host us, device us, SM MHz, issue us): the official host window with CUDA events inside it; issue is
-    the host time until the call returned (before the closing synchronize)."""
+    the host time until the call returned (before the closing synchronize). seen: a list that gets each run's
+    inputs as ((path, address), ...) (read before the window)."""
     out = []
     for _ in range(runs):
         given = given_for_run()
+        if seen is not None:
+            seen.append(tuple((path, t.data_ptr()) for path, t in guards.leaves(given)))
         if flush is not None:
             flush()
         torch.cuda.synchronize()
@@ -107,6 +113,23 @@ def reseeded_inputs(ref, case, data, clone_inputs: bool, step: int, check_each: 
             raise SystemExit(f"leaderboard run {held['i']} fails: {msg}")
     given.check = check if check_each else None
     return given
+
+
+def address_pattern(sets: list) -> tuple[str, list[str]]:
+    """(one letter a run, a new letter for each address set not seen before; the paths whose address changed at
+    least once), from timed_runs' seen list."""
+    letters, names = {}, []
+    for s in sets:
+        letters.setdefault(tuple(a for _, a in s), chr(ord("A") + len(letters) % 26) if len(letters) < 26 else "*")
+        names.append(letters[tuple(a for _, a in s)])
+    moved = [path for i, (path, a) in enumerate(sets[0]) if any(s[i][1] != a for s in sets[1:])] if sets else []
+    return "".join(names), moved
+
+
+def fast_replays(mod) -> int | None:
+    """The graphs the backend's binding launched itself since the last read (its *_fast_replays()), or None."""
+    fn = next((getattr(mod.ext, n) for n in dir(getattr(mod, "ext", None)) if n.endswith("_fast_replays")), None)
+    return fn() if fn is not None else None
 
 
 def kernel_spread(call, given_for_run, runs: int) -> list[list[str]]:
@@ -185,6 +208,8 @@ def main():
     ap.add_argument("--no-clone", action="store_true",
                     help="the same input objects every run where the protocol clones them before each (rows under "
                          "'<backend>[no-clone]/...'): what the clone between windows does to the call after it")
+    ap.add_argument("--addresses", action="store_true",
+                    help="the timed runs' input address sets as letters, the inputs that moved, the fast replays")
     ap.add_argument("--leaderboard", action="store_true",
                     help="regenerate the inputs every run as leaderboard mode does (they move between runs)")
     args = ap.parse_args()
@@ -226,7 +251,14 @@ def main():
         profiler = cProfile.Profile() if args.cprofile else None
         if profiler:
             profiler.enable()
-        plain = timed_runs(mod.custom_kernel, next_given, args.runs, clock=clock)
+        seen = [] if args.addresses else None
+        fast_replays(mod)
+        plain = timed_runs(mod.custom_kernel, next_given, args.runs, clock=clock, seen=seen)
+        if seen is not None:
+            pattern, moved = address_pattern(seen)
+            print(f"addresses of {args.runs} runs, {line}: {pattern}; fast replays {fast_replays(mod)}; moved "
+                  f"({len(moved)} of {len(seen[0]) if seen else 0}): {', '.join(moved[:8])}"
+                  f"{' ...' if len(moved) > 8 else ''}", flush=True)
         if profiler:
             profiler.disable()
             print(f"cProfile of {args.runs} timed runs, {line}:")

@@ -18,16 +18,17 @@ carry its wheel (device README; flashinfer-python 0.5.3 with apache-tvm-ffi) and
 from __future__ import annotations
 
 import argparse
+import gc
 import importlib.util
 import math
 import os
 import statistics
 import sys
+import time
 
 import torch
 
 from kbench import benchlib, problems
-from kbench.evaluator import timing
 
 BF16_FLOPS, HBM_BPS = 790e12, 3.0e12
 # candidate name -> knobs (kernels/mla-decode/cuda/mla_api.h: MlaConfig); predictions in docs/mla-decode-notes.md.
@@ -57,7 +58,13 @@ CANDIDATES = {"eager": {"KBENCH_MLA_GRAPH": "0"},
               "py-replay": {"KBENCH_MLA_FAST_REPLAY": "0"},
               # the fast path writing the cache length by the stream before the launch and copying the graph's output
               # after it (the build before the thirty-sixth session's late length and output)
-              "early-length": {"KBENCH_MLA_LATE": "0"}}
+              "early-length": {"KBENCH_MLA_LATE": "0"},
+              # a distrusted key captured only when it comes twice in a row (graph_replay's policy before the
+              # thirty-seventh session; now when it comes back within two calls)
+              "twice-in-a-row": {"KBENCH_GRAPH_RECUR": "1"},
+              # the Python path's length written (fill_) and its key read before an eager step's launches (the build
+              # before the thirty-seventh session)
+              "key-first": {"KBENCH_MLA_EAGER_FIRST": "0"}}
 # The step's projections at the official dims (batch 128): name -> (n, k) of W [n, k]; x is [128, k].
 PROJECTIONS = {"kv_down": (576, 7168), "q_down": (1536, 7168), "q_up": (24576, 1536), "wo": (7168, 16384)}
 
@@ -161,55 +168,114 @@ def time_case(case, cuda_mod, torch_mod, ref, runs, candidates, revisions) -> di
     return row
 
 
-def windows(runs: int, rounds: int, candidates: dict) -> None:
+class _EntryStamps:
+    """The extension module as custom_kernel sees it (its global `ext`), each function stamping when it was first
+    entered in a call (perf_counter ns, into `entered`): where the host time before mla_step goes (~1 us a call)."""
+
+    def __init__(self, ext, entered: dict):
+        self._ext, self._entered = ext, entered
+
+    def __getattr__(self, name):
+        fn = getattr(self._ext, name)
+        if not callable(fn) or name in ("mla_eager_steps", "mla_replay_steps", "mla_late_wait_us"):
+            return fn
+
+        def stamped(*args, **kwargs):
+            self._entered.setdefault(name, time.perf_counter_ns())
+            return fn(*args, **kwargs)
+        return stamped
+
+
+def windows(runs: int, rounds: int, candidates: dict, leaderboard: bool = False) -> None:
     """--windows: the official benchmark loop's windows in one process (synchronize, host clock, call, synchronize,
     host clock; the same input objects every call and the cache one row longer each, as benchmark mode runs them),
     the shipped path and each candidate alternating in rounds (benchlib.interleaved_samples): a host-path change too
     small for kbench perf's spread between processes. Also the fast path's own steps (ext.mla_replay_steps: host us
     from the call's entry into the binding to its return) and, for a late graph, how long the GPU waited for the
     call's address and length (ext.mla_late_wait_us). Rows: metric host-loop, backend "cuda[windows]" and
-    "cuda+<name>[windows]", the median window (us), and "<that>/replay:<step>", "<that>/late-wait", their medians."""
+    "cuda+<name>[windows]", the median window (us), and "<that>/replay:<step>", "<that>/late-wait", their medians.
+    leaderboard: every window's inputs regenerated first (the case seed + 13 a run, while the previous run's are
+    still held) and its output checked after it, as leaderboard mode runs them; the calls run eagerly, so the steps
+    are the eager step's (ext.mla_eager_steps: "to-step" the host time from the window's start to mla_step, then
+    mla_step's own steps; "eager:<step>" rows), "enter:<function>" the time from the window's start to each
+    extension function's first entry, and "cudaMalloc calls" the caching allocator's new segments in the window (a
+    count); rows under "...[leaderboard-windows]"."""
     gpu = torch.cuda.get_device_name()
     ref = problems.load_modules("mla-decode").reference
     mod = benchlib.build("mla-decode", "cuda")
-    clock = timing.Clock(sync=torch.cuda.synchronize)
-    variants = {"cuda[windows]": {}} | {f"cuda+{n}[windows]": k for n, k in candidates.items()}
+    entered = {}  # leaderboard: when (perf_counter ns) the call entered each extension function it called, first time
+    if leaderboard:
+        mod.ext = _EntryStamps(mod.ext, entered)
+    tag = "[leaderboard-windows]" if leaderboard else "[windows]"
+    variants = {f"cuda{tag}": {}} | {f"cuda+{n}{tag}": k for n, k in candidates.items()}
+    reseed = problems.load_spec("mla-decode").protocol.reseed_step
     rows, table = [], []
     for case in problems.load_spec("mla-decode").benchmarks:
-        data = ref.generate_input(**problems.official_case(case))
-        call = lambda: mod.custom_kernel(data)  # noqa: E731 (the cache grows a row a call)
+        base = problems.official_case(case)
+        held = {"data": ref.generate_input(**base), "runs": 0}
+
+        def next_inputs():
+            if leaderboard:  # (the harness rebinds its data after generating: both sets are held meanwhile)
+                held["runs"] += 1
+                held["data"] = ref.generate_input(**dict(base, seed=base["seed"] + reseed * held["runs"]))
+            return held["data"]
 
         def sample(fn, n: int, warmup: int) -> list:
             for _ in range(warmup):  # (a candidate's first calls capture its graph)
-                fn()
+                mod.custom_kernel(next_inputs())
             got = []
             for _ in range(n):
-                us = timing.host_window(clock, fn)[0] / 1e3
-                steps = dict(mod.ext.mla_replay_steps())
+                data = next_inputs()  # (benchmark mode: the same objects, the cache a row longer each call)
+                check = ref.copy_data(data) if leaderboard else None
+                entered.clear()
+                segments = torch.cuda.memory_stats().get("segment.all.allocated", 0)
+                collections = sum(g["collections"] for g in gc.get_stats())
+                torch.cuda.synchronize()
+                t0 = time.perf_counter_ns()
+                out = mod.custom_kernel(data)
+                torch.cuda.synchronize()
+                us = (time.perf_counter_ns() - t0) / 1e3
+                steps = {f"replay:{k}": v for k, v in mod.ext.mla_replay_steps()}
+                if "replay:launch" not in steps:  # ran eagerly: mla_step's steps, and the host time before it
+                    eager, start_ns = mod.ext.mla_eager_steps()
+                    steps = ({f"enter:{name}": (ns - t0) / 1e3 for name, ns in entered.items()} |
+                             {"to-step": (start_ns - t0) / 1e3} | {f"eager:{k}": v for k, v in eager})
+                    # new segments: the caching allocator called cudaMalloc inside the window (a count, not us)
+                    steps["cudaMalloc calls"] = torch.cuda.memory_stats().get("segment.all.allocated", 0) - segments
+                    steps["gc calls"] = sum(g["collections"] for g in gc.get_stats()) - collections  # Python's
                 # a late graph launched (no stream write of the length): the wait figure is then this call's
-                late = "output" in steps and "length" not in steps
+                late = "replay:output" in steps and "replay:length" not in steps
                 got.append((us, steps, mod.ext.mla_late_wait_us(data[1]) if late else None))
+                if check is not None:
+                    ok, msg = ref.check_implementation(check, out)
+                    if not ok:
+                        raise SystemExit(f"leaderboard window {held['runs']} fails: {msg}")
             return got
 
-        got = benchlib.interleaved_samples(sample, {name: (call, k) for name, k in variants.items()}, runs, rounds)
+        got = benchlib.interleaved_samples(sample, {name: (None, k) for name, k in variants.items()}, runs, rounds)
         label = problems.format_case(case)
         for name, samples in got.items():
             windows_us = [us for us, _, _ in samples]
             figures = {name: statistics.median(windows_us)}
             for step in dict.fromkeys(k for _, s, _ in samples for k in s):  # (steps in the order taken)
-                figures[f"{name}/replay:{step}"] = statistics.median(s[step] for _, s, _ in samples if step in s)
+                figures[f"{name}/{step}"] = statistics.median(s[step] for _, s, _ in samples if step in s)
             waits = [w for *_, w in samples if w is not None]
             if waits:
                 figures[f"{name}/late-wait"] = statistics.median(waits)
-            rows += [benchlib.Row(gpu, 1, b, "host-loop", label, us) for b, us in figures.items()]
+            rows += [benchlib.Row(gpu, 1, b, "host-loop", label, us) for b, us in figures.items()
+                     if not b.endswith(" calls")]  # (a count is no time: table only)
+            if leaderboard:  # what the slowest windows did (a capture shows as enter:mla_hold_graph)
+                for us, steps, _ in sorted(samples, key=lambda sample: -sample[0])[:4]:
+                    print(f"slow window {name} {label[:40]}: {us:.1f} us; " +
+                          " ".join(f"{k} {v:.1f}" for k, v in steps.items()), flush=True)
             steps = "  ".join(f"{b.split('/')[-1]} {us:.1f}" for b, us in figures.items() if "/" in b)
             table.append([label.split("; seed")[0], name, figures[name], statistics.fmean(windows_us),
                           min(windows_us), len(windows_us), steps])
-        del data
+        del held
     benchlib.record("mla-decode", rows)
-    benchlib.table(f"mla-decode: official-style windows in one process, alternating ({gpu}; us)",
-                   ["case", "variant", "median", "mean", "best", "runs", "fast path's steps, late wait (medians)"],
-                   table)
+    benchlib.table(f"mla-decode: official-style {'leaderboard ' if leaderboard else ''}windows in one process, "
+                   f"alternating ({gpu}; us)",
+                   ["case", "variant", "median", "mean", "best", "runs", "the steps, late wait (medians)"], table)
 
 
 # --scaling: the attention kernel alone over cache lengths and batch sizes; batch 66 is one wave of 132 CTAs on an
@@ -602,6 +668,9 @@ def main():
     ap.add_argument("--windows", action="store_true",
                     help="instead: official-style host windows in one process, the shipped path and the candidates "
                          "alternating in --rounds rounds of --runs calls each in all")
+    ap.add_argument("--leaderboard", action="store_true",
+                    help="with --windows: each window's inputs regenerated before it and its output checked after "
+                         "it, as leaderboard mode does (the eager path's steps)")
     args = ap.parse_args()
     if args.rope_cost:
         rope_cost(args.runs)
@@ -622,7 +691,7 @@ def main():
         attention_energy(args.seconds, args.rounds, benchlib.selected(CANDIDATES, args.candidates))
         return
     if args.windows:
-        windows(args.runs, max(args.rounds, 2), benchlib.selected(CANDIDATES, args.candidates))
+        windows(args.runs, max(args.rounds, 2), benchlib.selected(CANDIDATES, args.candidates), args.leaderboard)
         return
     if args.official:
         benchlib.official_figures("mla-decode", "cuda", benchlib.selected(CANDIDATES, args.candidates),

@@ -1,6 +1,6 @@
 """kernels/_common/graph_replay.py, the policy (CPU tier): a key's first call runs eagerly and is captured for the
 next (while captures pay off), replays after; once a capture goes unreplayed (inputs that move every call) a key is
-captured only when it comes twice in a row; at most `keep` graphs are held; tensor_key tells tensors apart by
+captured only when it comes again within `keep` calls; at most `keep` graphs are held; tensor_key tells tensors apart by
 address, shape, strides and dtype. torch.cuda's graph and stream API is replaced by a recorder (the GPU tests in
 test_mla_cuda_gpu.py and test_moe_cuda_gpu.py run the real one)."""
 import contextlib
@@ -78,6 +78,45 @@ def test_inputs_that_move_every_call_stop_the_captures(gr):
     # "a" is captured but never replayed: from "b" on, only a key seen twice in a row is captured
     assert _run(replay, ["a", "b", "c", "c", "c", "d"]) == ["eager+captured", "eager", "eager", "eager+captured",
                                                            "-", "eager+captured"]
+
+
+def test_inputs_that_alternate_between_two_address_sets_are_served_after_each_comes_back(gr):
+    """Leaderboard mode's regenerated moe inputs (a clone each run) settle into two address sets in turn: with the
+    captures distrusted, each set is captured once it comes back, then both replay. Keys that never come back
+    within `keep` calls are never captured."""
+    replay = gr.GraphReplay(keep=2)
+    assert _run(replay, ["x", "a", "b", "a", "b", "a", "b"]) == ["eager+captured", "eager", "eager", "eager+captured",
+                                                                "eager+captured", "-", "-"]
+    replay = gr.GraphReplay(keep=2)
+    assert _run(replay, ["x", "a", "b", "c", "a", "b", "c"]) == ["eager+captured"] + ["eager"] * 6, \
+        "a period longer than keep is never captured (the graphs could not all be held)"
+    replay = gr.GraphReplay(keep=2, recur=1)  # KBENCH_GRAPH_RECUR=1, the policy before: twice in a row only
+    assert _run(replay, ["x", "a", "b", "a", "b", "a", "a", "a"]) == ["eager+captured"] + ["eager"] * 5 + \
+        ["eager+captured", "-"]
+
+
+def test_a_key_given_as_a_function_is_read_after_the_eager_step_where_nothing_is_held(gr):
+    """mla-decode's Python path passes its key as a function: holding no graph (the binding holds the late ones),
+    replay() runs step() first and reads the key after it, so an eager call launches without waiting for the key;
+    holding one, it reads the key first to look it up. The policy is the same as with the key itself."""
+    order = []
+
+    def key(k):
+        return lambda: order.append("key") or k
+
+    def step():
+        order.append("step")
+        return torch.ones(1)
+
+    replay = gr.GraphReplay()
+    replay.replay(key("a"), step)                    # nothing held: the step (and its capture), then the key
+    assert order == ["step", "key", "step"], order   # (the capture runs step() again)
+    order.clear()
+    replay.replay(key("a"), step)                    # "a" held: the key first, then a replay
+    assert order == ["key"] and replay.replayed, order
+    order.clear()
+    replay.replay(key("b"), step)                    # a graph is held: the key first; "b" runs eagerly, captured
+    assert order == ["key", "step", "step"], order
 
 
 def test_on_capture_gets_each_new_graph_and_a_replay_elsewhere_keeps_captures_trusted(gr):

@@ -249,6 +249,40 @@ def test_the_fast_path_launches_a_held_graph_only_on_its_own_inputs(moe, monkeyp
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("recur", ["", "1"], ids=["shipped", "RECUR=1"])
+def test_inputs_regenerated_at_two_addresses_in_turn_reach_the_fast_path(moe, monkeypatch, recur):
+    """Leaderboard mode regenerates the inputs every run, and the allocator soon hands them two address sets in turn
+    (host_gap.py --addresses: ABCDEFEFEF). After a capture that never came back (set X), each of the sets A and B is
+    captured when it comes back, then both run on the fast path. Every call's inputs are new values written in place
+    (as a regeneration at the same address), every output poisoned first and checked by the reference.
+    KBENCH_GRAPH_RECUR=1 (the policy before: twice in a row only) never captures them."""
+    import torch
+
+    ref = problems.load_modules("moe").reference
+    case = dict(dhidden=1024, dexpert=256, nroutedexperts=8, nsharedexperts=1, nexpertspertoken=4, bs=1, seqlen=256)
+    sets = {name: ref.generate_input(**case, seed=seed) for name, seed in (("X", 1), ("A", 2), ("B", 3))}
+    if recur:
+        monkeypatch.setenv("KBENCH_GRAPH_RECUR", recur)
+    monkeypatch.setattr(moe, "_graphs", type(moe._graphs)())
+    moe.ext.moe_fast_replays()  # from zero
+    fast = []
+    for call, name in enumerate("XABABABAB"):
+        x, weights, config = sets[name]
+        fresh_x, fresh_weights, _ = ref.generate_input(**case, seed=100 + call)  # the run's new values, in place
+        x.copy_(fresh_x)
+        for key, w in weights.items():
+            w.copy_(fresh_weights[key])
+        benchlib.poison_allocator()
+        out = moe.custom_kernel(sets[name])
+        torch.cuda.synchronize()
+        ok, msg = ref.check_implementation(sets[name], out)
+        assert ok, f"call {call} ({name}): {msg}"
+        fast.append(moe.ext.moe_fast_replays())
+    # X captured, never back; A, B eager; A, B come back: captured; then both launched by the fast path
+    assert fast == ([0] * 5 + [1] * 4 if not recur else [0] * 9), fast
+
+
+@pytest.mark.gpu
 def test_late_outputs_reach_their_own_launches_while_the_host_runs_ahead(moe, monkeypatch):
     """late_output (the shipped fast path): each held graph's launch takes the address of the output its own call
     makes after the launch, through a ring of kLateRing = 64 words. 150 calls are queued behind a 0.2 s GPU sleep,

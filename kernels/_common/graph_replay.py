@@ -10,8 +10,9 @@ are. Values that change every call (a growing cache length) must reach the kerne
 A call whose key has no graph runs eagerly; then, while captures pay off, the same step is captured for the next call
 (host time only, no GPU work: on the harness's untimed first call of a case, not in a timed one). A capture that
 is never replayed shows inputs that move every call (fresh allocations): from then on a key is captured only when
-it comes twice in a row, so such a caller pays for no further captures. At most `keep` graphs are held (each holds
-its intermediates in a private memory pool).
+it comes again within `keep` calls, so such a caller pays for no further captures, while inputs that come back at a
+few addresses in turn are still served (leaderboard mode's regenerated moe inputs settle into two alternating sets
+after a few runs: notes). At most `keep` graphs are held (each holds its intermediates in a private memory pool).
 """
 import collections
 import functools
@@ -91,25 +92,37 @@ class GraphReplay:
     step() eagerly, whose output is returned. (A graph launched on inputs whose shapes changed at the same
     addresses reads them with the captured shapes before its output is thrown away.)
 
+    `replay(key_fn, step, ...)` with a function for key: where this object holds no graph (nothing to look up: a
+    binding holds the late graphs), step() runs before key_fn() is called, so an eager call's launches are not kept
+    waiting for the key (leaderboard mode's eager calls: its inputs move every run).
+
     `replay(..., on_capture=f)`: f(graph, output) gets each new capture and its output buffers, for a binding that
     holds it and launches it itself in later calls (`held_graphs.h`: one extension call from the call to the
     launch); that caller then tells this object with `replayed_elsewhere()`. Where f returns True, only that caller
     may launch the graph (it hands the graph a value after the launch): this object keeps no copy to replay."""
 
-    def __init__(self, keep: int = 2):
+    def __init__(self, keep: int = 2, recur: int | None = None):
         self._graphs: collections.OrderedDict = collections.OrderedDict()  # key -> (CUDAGraph, output, verify())
-        self._keep = keep
-        self._last_eager: Hashable = None
+        self.keep = keep  # (also how many of this object's graphs a binding holds: held_graphs.h)
+        # distrusted, a key is captured when it comes back within `recur` eager calls (KBENCH_GRAPH_RECUR=1: only
+        # twice in a row, the policy before leaderboard mode's alternating inputs were seen)
+        recur = recur or int(os.environ.get("KBENCH_GRAPH_RECUR") or keep)
+        self._recent_eager: collections.deque = collections.deque(maxlen=max(1, recur))  # keys run eagerly
         self._unreplayed: Hashable = None  # the newest capture, until it is replayed
         self._trusted = True               # captures have paid off (or none has failed to yet)
         self._stream = None                # capture needs a stream other than the legacy default
         self.replayed = False              # whether the last replay() returned a graph's buffers (else step()'s)
 
-    def replay(self, key: Hashable, step: Callable[[], torch.Tensor],
+    def replay(self, key: Hashable | Callable[[], Hashable], step: Callable[[], torch.Tensor],
                verify: Callable[[], Hashable] | None = None,
                on_capture: Callable[[torch.cuda.CUDAGraph, object], object] | None = None) -> torch.Tensor:
-        held = self._graphs.get(key)
         self.replayed = False
+        if callable(key):  # read only where needed: holding no graph to look up, step() launches first
+            if not self._graphs:
+                out = step()
+                return self._after_eager(key(), out, step, verify, on_capture)
+            key = key()
+        held = self._graphs.get(key)
         if held is not None:
             self._graphs.move_to_end(key)
             held[0].replay()
@@ -122,17 +135,23 @@ class GraphReplay:
             torch.cuda.current_stream().synchronize()
             del self._graphs[key]
             return step()
+        return self._after_eager(key, step(), step, verify, on_capture)
+
+    def _after_eager(self, key: Hashable, out, step: Callable[[], torch.Tensor],
+                     verify: Callable[[], Hashable] | None,
+                     on_capture: Callable[[torch.cuda.CUDAGraph, object], object] | None):
+        """After an eager step() for key (no graph held for it): capture it where captures pay off; returns out."""
         if self._unreplayed is not None:  # the previous capture never ran: inputs move between calls
             self._unreplayed, self._trusted = None, False
-        out = step()
-        if self._trusted or key == self._last_eager:
+        if self._trusted or key in self._recent_eager:
             graph, graph_out = self._capture(key, step, verify)
-            self._last_eager = None
+            if key in self._recent_eager:
+                self._recent_eager.remove(key)
             # (a caller that launches the graph itself: its output is graph_out's buffers)
             if on_capture is not None and on_capture(graph, graph_out) is True:
                 del self._graphs[key]
         else:
-            self._last_eager = key
+            self._recent_eager.append(key)
         return out
 
     def _capture(self, key: Hashable, step: Callable[[], torch.Tensor],
@@ -151,7 +170,7 @@ class GraphReplay:
         torch.cuda.current_stream().wait_stream(self._stream)
         self._graphs[key] = (graph, out, verify() if verify is not None else None)
         self._unreplayed = key
-        while len(self._graphs) > self._keep:
+        while len(self._graphs) > self.keep:
             self._graphs.popitem(last=False)
         return graph, out
 

@@ -55,16 +55,24 @@ struct HeldGraph {
   bool late = false;            // takes its output's address after the launch (late_address.h)
 };
 
-// At most `keep` graphs (as many as GraphReplay keeps), newest first. One a binding (held_graphs()); the GIL
-// serialises its callers.
+// The graphs of one GraphReplay (the newest capture's owner), at most as many as it keeps (its `keep`), newest
+// first: a capture for another owner (a test's fresh GraphReplay) lets the previous owner's graphs and their memory
+// pools go. One store a binding (held_graphs()); the GIL serialises its callers.
 class HeldGraphs {
  public:
-  explicit HeldGraphs(size_t keep) : keep_(keep) {}
-
   void hold(HeldGraph held) {
     TORCH_CHECK(held.exec != nullptr && !held.inputs.empty(), "held graph: no executable graph or no inputs");
+    const size_t keep = py::hasattr(held.owner, "keep") ? held.owner.attr("keep").cast<size_t>() : 2;
+    const py::object owner = held.owner;
     all_.insert(all_.begin(), std::move(held));
-    if (all_.size() > keep_) all_.pop_back();
+    size_t mine = 0;
+    for (auto it = all_.begin(); it != all_.end();) {
+      if (it->owner.is(owner) && ++mine <= keep) {
+        ++it;
+      } else {
+        it = all_.erase(it);
+      }
+    }
   }
 
   bool empty() const { return all_.empty(); }
@@ -94,17 +102,16 @@ class HeldGraphs {
   }
 
  private:
-  size_t keep_;
   std::vector<HeldGraph> all_;
   int64_t replays_ = 0;
 };
 
 // static: g++ marks the static local of an inline function with external linkage STB_GNU_UNIQUE (readelf shows it),
 // which glibc binds to one object a process whichever module loads it, so every extension in one process (moe and
-// mla-decode in one pytest run, a benchmark's --rev builds) would share one store of `keep` graphs and one replay
+// mla-decode in one pytest run, a benchmark's --rev builds) would share one store of graphs and one replay
 // count. Internal linkage gives each binding its own (binding.cpp is the one file that includes this).
 static inline HeldGraphs& held_graphs() {
-  static auto* held = new HeldGraphs(2);  // never destroyed: Python objects must not die after Python
+  static auto* held = new HeldGraphs;  // never destroyed: Python objects must not die after Python
   return *held;
 }
 
@@ -115,7 +122,7 @@ class StepTimes {
  public:
   void start() {
     n_ = 0;
-    last_ = std::chrono::steady_clock::now();
+    first_ = last_ = std::chrono::steady_clock::now();
   }
   // `name` (a literal) took the time since start() or the previous mark.
   void mark(const char* name) {
@@ -127,11 +134,16 @@ class StepTimes {
   std::vector<std::pair<std::string, double>> last() const {
     return {steps_.begin(), steps_.begin() + static_cast<std::ptrdiff_t>(n_)};
   }
+  // When the last call's start() ran, in ns of the monotonic clock Python's time.perf_counter_ns reads (Linux):
+  // the host time before the call reached the binding is the caller's window start subtracted from it.
+  int64_t start_ns() const {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(first_.time_since_epoch()).count();
+  }
 
  private:
-  std::array<std::pair<const char*, double>, 8> steps_{};
+  std::array<std::pair<const char*, double>, 16> steps_{};
   size_t n_ = 0;
-  std::chrono::steady_clock::time_point last_;
+  std::chrono::steady_clock::time_point first_, last_;
 };
 
 static inline StepTimes& replay_steps() {  // (static: one a binding, as held_graphs())

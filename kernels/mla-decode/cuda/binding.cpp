@@ -242,11 +242,19 @@ std::vector<int64_t> mla_linear_plan(int64_t m, int64_t n, int64_t k) {
   return {c.bn, c.splits, c.pdl ? 1 : 0};
 }
 
+// The host time of each step of the last eager mla_step (not a capture), for benchmarks/mla_decode.py --windows
+// --leaderboard: where an eager window's time goes before the attention is launched.
+static inline kb::StepTimes& eager_steps() {
+  static kb::StepTimes steps;
+  return steps;
+}
+
 // One decode step, the whole of it (entry.py's docstring has the maths): x [bs, 1, dim] bf16; cache [bs, max_seq,
 // 576] bf16 holding kv_len - 1 rows (row kv_len - 1 is written here); the config's weights as it holds them
 // (w_kv_down [576, dim], w_q_down [dq, dim], w_q_up [128 * 192, dq], w_kv_up [128 * 256, 512], w_o [dim, 128 * 128],
-// bf16); cos/sin the RoPE tables; lens int32 [1] holding kv_len on the device (the caller fills it). Returns out
-// [bs, 1, dim] bf16.
+// bf16); cos/sin the RoPE tables; lens int32 [1] on the device: written with kv_len here when not capturing (a
+// graph reads it as it is at its launch: the caller writes it, or a late graph takes it). Returns out [bs, 1, dim]
+// bf16.
 // Why one C++ call: leaderboard mode hands new inputs every run, so no graph replays and the step runs eagerly; from
 // Python its ~12 launches cost the host ~1 ms while the GPU waited (docs/mla-decode-notes.md, finding 31). The
 // projections go through mla_linear (linear.cuh) and the per-head GEMMs through mla_bmm_out (head_gemm.cuh) rather
@@ -274,6 +282,12 @@ torch::Tensor mla_step(torch::Tensor x, torch::Tensor cache, torch::Tensor w_kv_
   const c10::cuda::CUDAStream main = c10::cuda::getCurrentCUDAStream();
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
   C10_CUDA_CHECK(cudaStreamIsCapturing(main.stream(), &capture));
+  kb::StepTimes no_steps, &steps = capture == cudaStreamCaptureStatusNone ? eager_steps() : no_steps;
+  steps.start();
+  if (capture == cudaStreamCaptureStatusNone &&
+      !kb::stream_write(main.stream(), lens.data_ptr(), static_cast<uint32_t>(kv_len)))
+    lens.fill_(kv_len);
+  steps.mark("length");
   // KBENCH_MLA_LATE (on): a capture for mla_replay takes the call's output address and cache length from the late
   // ring after its launch. Its ring is made by the eager call before the capture (GraphReplay runs one first).
   const bool want_late = kb::env_int("KBENCH_MLA_LATE", 1) != 0 && fast_replay_on();
@@ -285,12 +299,15 @@ torch::Tensor mla_step(torch::Tensor x, torch::Tensor cache, torch::Tensor w_kv_
   if (capture == cudaStreamCaptureStatusActive && late_ring && linear_plan(y.view({bs, 1, kH * kV}), w_o).bn)
     late = late_ring->ring->view(reinterpret_cast<unsigned*>(lens.data_ptr<int>()));
   if (capture == cudaStreamCaptureStatusActive) last_capture_late = late.ring != nullptr;
+  steps.mark("late+y");
   auto append = [&] {
     const torch::Tensor row = mla_linear(x2, w_kv_down);  // [bs, 576]
+    steps.mark("kv_down");
     const char* err = launch_mla_append_row(row.data_ptr(), cache.data_ptr(), static_cast<int>(bs),
                                             static_cast<int>(cache.size(1)), lens.data_ptr<int>(), late,
                                             c10::cuda::getCurrentCUDAStream().stream());
     TORCH_CHECK(err == nullptr, err ? err : "");
+    steps.mark("append");
   };
   // events for the fork and the join (a capture turns them into the graph's edges; destroyed once recorded)
   cudaEvent_t forked = nullptr, appended = nullptr;
@@ -309,13 +326,17 @@ torch::Tensor mla_step(torch::Tensor x, torch::Tensor cache, torch::Tensor w_kv_
   // The per-head GEMMs through head_gemm.cuh, eager or captured: cuBLAS spent ~190 us of host time before its first
   // launch in an eager window (finding 32), and inside a capture it would be the process's first cuBLAS call (the
   // projections run on linear.cuh), which fails there: its set-up is not capturable (finding 33).
-  const torch::Tensor q = mla_linear(mla_linear(x2, w_q_down), w_q_up).view({bs, kH, kNope + kRope});
+  const torch::Tensor q_low = mla_linear(x2, w_q_down);
+  steps.mark("q_down");
+  const torch::Tensor q = mla_linear(q_low, w_q_up).view({bs, kH, kNope + kRope});
+  steps.mark("q_up");
   const torch::Tensor w_kvu = w_kv_up.view({kH, kNope + kV, kLora});
   // q_full [bs, H, 576] = (q_nope W_UK) | roped q_rope: the per-head bmm writes its [H, bs, 512] result straight into
   // the latent columns (a strided output: rows H * 576 apart), mla_rope_q the rope columns
   torch::Tensor q_full = torch::empty({bs, kH, kLora + kRope}, x.options());
   torch::Tensor q_latent = q_full.narrow(2, 0, kLora).transpose(0, 1);
   mla_bmm_out(q_latent, q.narrow(2, 0, kNope).transpose(0, 1), w_kvu.narrow(1, 0, kNope));
+  steps.mark("bmm_uk");
   auto join = [&] {  // the attention reads the new row (and, late, the query's RoPE the length the append took)
     if (!appended) return;
     C10_CUDA_CHECK(cudaStreamWaitEvent(main.stream(), appended, 0));
@@ -326,13 +347,24 @@ torch::Tensor mla_step(torch::Tensor x, torch::Tensor cache, torch::Tensor w_kv_
   if (late.ring) join();
   mla_rope_q(q_full, q, cos, sin, lens);
   join();
+  steps.mark("rope_q");
   const torch::Tensor o_latent = mla_attention(q_full, cache, kv_len, cos, sin, lens);  // [bs, H, 512]
+  steps.mark("attention");
   // y written by the per-head bmm through a transposed view: wo reads it as [bs, H * v] in place
   torch::Tensor y_heads = y.transpose(0, 1);
   mla_bmm_out(y_heads, o_latent.transpose(0, 1), w_kvu.narrow(1, kNope, kV).transpose(1, 2));
+  steps.mark("bmm_uv");
   // late: the graph's own output tensor is never written; each call's is the one mla_replay publishes
-  return linear_out(y.view({bs, 1, kH * kV}), w_o,
-                    late.ring ? reinterpret_cast<void* const*>(late_ring->word.data_ptr()) : nullptr);
+  torch::Tensor out = linear_out(y.view({bs, 1, kH * kV}), w_o,
+                                 late.ring ? reinterpret_cast<void* const*>(late_ring->word.data_ptr()) : nullptr);
+  steps.mark("wo");
+  return out;
+}
+
+// (step, host us) of the last eager mla_step (length, late+y, kv_down, append, q_down, q_up, bmm_uk, rope_q,
+// attention, bmm_uv, wo), and when it started (ns of the clock time.perf_counter_ns reads): for the benchmarks.
+std::pair<std::vector<std::pair<std::string, double>>, int64_t> mla_eager_steps() {
+  return {eager_steps().last(), eager_steps().start_ns()};
 }
 
 // ---- entry.py's fast path: a held graph of mla_step launched from here (_common/held_graphs.h says why) ----

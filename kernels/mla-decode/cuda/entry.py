@@ -11,7 +11,8 @@ from device memory; the module's counter advanced on the host), is replayed as o
 at their addresses (graph_replay: benchmark mode calls with the same tensors): the GPU starts ~40 us after the call
 does, where the host's launches up to the attention kernel used to keep it idle ~300 us (notes, finding 11); one
 graph serves the growing cache. Where the inputs move every call (leaderboard mode) the step runs eagerly, one C++
-call issuing its ~12 launches (Python between them had kept the GPU waiting ~0.5-1 ms: notes, finding 31).
+call issuing its ~12 launches (Python between them had kept the GPU waiting ~0.5-1 ms: notes, finding 31); inputs
+that come back within two calls are captured then (graph_replay), which leaderboard mode's do not (notes, finding 50).
 Tiny problems (under 256 MB of per-head keys and values, e.g. prefill 1 at batch 16) follow the reference's op order
 instead (kernels/mla-decode/_shared/reference_order.py): there its bf16 roundings are as large as the tolerance.
 """
@@ -34,6 +35,8 @@ _CONFIG_KNOBS = ("KBENCH_MLA_SPLITS", "KBENCH_MLA_PREFETCH_TABLES", "KBENCH_MLA_
                  "KBENCH_MLA_SEESAW", "KBENCH_MLA_LINEAR", "KBENCH_MLA_LINEAR_BN", "KBENCH_MLA_LINEAR_SPLITS",
                  "KBENCH_MLA_LINEAR_PDL", "KBENCH_MLA_HEAD_GEMM", "KBENCH_MLA_BULK_STORE",
                  "KBENCH_MLA_STAGED_ST", "KBENCH_MLA_PERSISTENT", "KBENCH_MLA_NARROW_TAIL", "KBENCH_MLA_LATE")
+_EAGER_FIRST = ("KBENCH_MLA_EAGER_FIRST",)  # (how the Python path orders its work, not what a graph holds)
+_OFF = (b"0", "0")  # env_values gives bytes where it reads os.environ's own dict
 if not graph_replay.BINDING_LAUNCHES:  # (a graph replayed from Python takes nothing late)
     os.environ.setdefault("KBENCH_MLA_LATE", "0")
 
@@ -97,12 +100,18 @@ def custom_kernel(data: input_t) -> output_t:
 
 def _python_path(inputs: tuple, kv_len: int) -> torch.Tensor:
     """The step through graph_replay (captured on a key's first call, replayed after; each capture also held by the
-    binding for mla_replay), or eagerly with KBENCH_MLA_GRAPH=0. inputs: x, cache, the five weights, cos, sin, lens."""
-    inputs[-1].fill_(kv_len)
+    binding for mla_replay), or eagerly with KBENCH_MLA_GRAPH=0. inputs: x, cache, the five weights, cos, sin, lens.
+    An eager mla_step writes the length itself; a graph replayed from here reads it from lens, written first. Where
+    GraphReplay holds no graph (the binding holds the late ones), the step launches before the key is read
+    (leaderboard mode's calls, eager: notes, finding 50; KBENCH_MLA_EAGER_FIRST=0, candidate `key-first`: the key
+    and the length first, the build before)."""
     step = lambda: ext.mla_step(*inputs[:7], kv_len, *inputs[7:])  # noqa: E731,F821 (ext: template)
     if os.environ.get("KBENCH_MLA_GRAPH") == "0":  # the launches one by one (docs/mla-decode-notes.md)
         return step()
-    key = _input_key(inputs, graph_replay.env_values(_CONFIG_KNOBS))
+    key = lambda: _input_key(inputs, graph_replay.env_values(_CONFIG_KNOBS))  # noqa: E731
+    if len(_graphs) or graph_replay.env_values(_EAGER_FIRST)[0] in _OFF:
+        inputs[-1].fill_(kv_len)
+        key = key()
     out = _graphs.replay(key, step, on_capture=lambda graph, output: _hold(graph, output, inputs))
     if _graphs.replayed:  # the graph's own buffer, overwritten by its next replay
         out = out.clone()

