@@ -75,7 +75,7 @@ def test_a_first_call_runs_eagerly_and_is_captured_for_the_next(gr):
 
 def test_inputs_that_move_every_call_stop_the_captures(gr):
     replay = gr.GraphReplay()
-    # "a" is captured but never replayed: from "b" on, only a key seen twice in a row is captured
+    # "a" is captured but never replayed: from "b" on, only a key seen again within keep (2) calls is captured
     assert _run(replay, ["a", "b", "c", "c", "c", "d"]) == ["eager+captured", "eager", "eager", "eager+captured",
                                                            "-", "eager+captured"]
 
