@@ -200,6 +200,7 @@ def windows(runs: int, rounds: int, candidates: dict, leaderboard: bool = False)
     mla_step's own steps; "eager:<step>" rows), "enter:<function>" the time from the window's start to each
     extension function's first entry, and "cudaMalloc calls" the caching allocator's new segments in the window (a
     count); rows under "...[leaderboard-windows]"."""
+    import host_gap  # (benchmarks/host_gap.py: a script's own folder is on sys.path)
     gpu = torch.cuda.get_device_name()
     ref = problems.load_modules("mla-decode").reference
     mod = benchlib.build("mla-decode", "cuda")
@@ -208,31 +209,28 @@ def windows(runs: int, rounds: int, candidates: dict, leaderboard: bool = False)
         mod.ext = _EntryStamps(mod.ext, entered)
     tag = "[leaderboard-windows]" if leaderboard else "[windows]"
     variants = {f"cuda{tag}": {}} | {f"cuda+{n}{tag}": k for n, k in candidates.items()}
-    reseed = problems.load_spec("mla-decode").protocol.reseed_step
+    spec = problems.load_spec("mla-decode")
     rows, table = [], []
-    for case in problems.load_spec("mla-decode").benchmarks:
-        base = problems.official_case(case)
-        held = {"data": ref.generate_input(**base), "runs": 0}
-
-        def next_inputs():
-            if leaderboard:  # (the harness rebinds its data after generating: both sets are held meanwhile)
-                held["runs"] += 1
-                held["data"] = ref.generate_input(**dict(base, seed=base["seed"] + reseed * held["runs"]))
-            return held["data"]
+    for case in spec.benchmarks:
+        data = ref.generate_input(**problems.official_case(case))
+        # benchmark mode: the same objects every call, the cache a row longer each; leaderboard: host_gap's reseeded
+        # inputs (benchmarks/host_gap.py: generated while the previous run's are held, checked after each window)
+        next_inputs = (host_gap.reseeded_inputs(ref, case, data, spec.protocol.clone_inputs,
+                                                spec.protocol.reseed_step, check_each=True)
+                       if leaderboard else lambda: data)
 
         def sample(fn, n: int, warmup: int) -> list:
             for _ in range(warmup):  # (a candidate's first calls capture its graph)
                 mod.custom_kernel(next_inputs())
             got = []
             for _ in range(n):
-                data = next_inputs()  # (benchmark mode: the same objects, the cache a row longer each call)
-                check = ref.copy_data(data) if leaderboard else None
+                given = next_inputs()
                 entered.clear()
                 segments = torch.cuda.memory_stats().get("segment.all.allocated", 0)
                 collections = sum(g["collections"] for g in gc.get_stats())
                 torch.cuda.synchronize()
                 t0 = time.perf_counter_ns()
-                out = mod.custom_kernel(data)
+                out = mod.custom_kernel(given)
                 torch.cuda.synchronize()
                 us = (time.perf_counter_ns() - t0) / 1e3
                 steps = {f"replay:{k}": v for k, v in mod.ext.mla_replay_steps()}
@@ -245,11 +243,9 @@ def windows(runs: int, rounds: int, candidates: dict, leaderboard: bool = False)
                     steps["gc calls"] = sum(g["collections"] for g in gc.get_stats()) - collections  # Python's
                 # a late graph launched (no stream write of the length): the wait figure is then this call's
                 late = "replay:output" in steps and "replay:length" not in steps
-                got.append((us, steps, mod.ext.mla_late_wait_us(data[1]) if late else None))
-                if check is not None:
-                    ok, msg = ref.check_implementation(check, out)
-                    if not ok:
-                        raise SystemExit(f"leaderboard window {held['runs']} fails: {msg}")
+                got.append((us, steps, mod.ext.mla_late_wait_us(given[1]) if late else None))
+                if leaderboard:
+                    next_inputs.check(out)
             return got
 
         got = benchlib.interleaved_samples(sample, {name: (None, k) for name, k in variants.items()}, runs, rounds)
@@ -271,7 +267,7 @@ def windows(runs: int, rounds: int, candidates: dict, leaderboard: bool = False)
             steps = "  ".join(f"{b.split('/')[-1]} {us:.1f}" for b, us in figures.items() if "/" in b)
             table.append([label.split("; seed")[0], name, figures[name], statistics.fmean(windows_us),
                           min(windows_us), len(windows_us), steps])
-        del held
+        del data, next_inputs
     benchlib.record("mla-decode", rows)
     benchlib.table(f"mla-decode: official-style {'leaderboard ' if leaderboard else ''}windows in one process, "
                    f"alternating ({gpu}; us)",

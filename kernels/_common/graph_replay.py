@@ -143,9 +143,10 @@ class GraphReplay:
         """After an eager step() for key (no graph held for it): capture it where captures pay off; returns out."""
         if self._unreplayed is not None:  # the previous capture never ran: inputs move between calls
             self._unreplayed, self._trusted = None, False
-        if self._trusted or key in self._recent_eager:
+        came_back = key in self._recent_eager
+        if self._trusted or came_back:
             graph, graph_out = self._capture(key, step, verify)
-            if key in self._recent_eager:
+            if came_back:
                 self._recent_eager.remove(key)
             # (a caller that launches the graph itself: its output is graph_out's buffers)
             if on_capture is not None and on_capture(graph, graph_out) is True:
