@@ -64,7 +64,10 @@ CANDIDATES = {"eager": {"KBENCH_MLA_GRAPH": "0"},
               "twice-in-a-row": {"KBENCH_GRAPH_RECUR": "1"},
               # the Python path's length written (fill_) and its key read before an eager step's launches (the build
               # before the thirty-seventh session)
-              "key-first": {"KBENCH_MLA_EAGER_FIRST": "0"}}
+              "key-first": {"KBENCH_MLA_EAGER_FIRST": "0"},
+              # graphs captured on their inputs' addresses only (the build before the thirty-eighth session; now a
+              # moving graph takes each call's addresses: kernels/_common/moving_inputs.h)
+              "fixed-addresses": {"KBENCH_MLA_MOVING": "0"}}
 # The step's projections at the official dims (batch 128): name -> (n, k) of W [n, k]; x is [128, k].
 PROJECTIONS = {"kv_down": (576, 7168), "q_down": (1536, 7168), "q_up": (24576, 1536), "wo": (7168, 16384)}
 

@@ -365,12 +365,15 @@ def test_graph_replays_follow_the_inputs_and_the_growing_cache(mla, monkeypatch,
 
 
 @pytest.mark.gpu
-def test_the_fast_path_launches_a_held_graph_only_on_its_own_inputs(mla, monkeypatch):
-    """mla_replay (the shipped fast path) launches a held graph only for the inputs and knobs it was captured on and
-    only for the GraphReplay that captured it; any other call takes entry.py's Python path. Each output (poisoned
-    allocator) must equal the eager path's on a copy, and the cache must grow by one row a call either way."""
+@pytest.mark.parametrize("knobs", ["", "MOVING=0"])
+def test_the_fast_path_launches_a_held_graph_only_on_its_own_inputs(mla, monkeypatch, knobs):
+    """mla_replay (the shipped fast path) launches a held graph only for the inputs (their addresses too with
+    MOVING=0; a moving graph takes any) and knobs it was captured on and only for the GraphReplay that captured it;
+    any other call takes entry.py's Python path. Each output (poisoned allocator) must equal the eager path's on a
+    copy, and the cache must grow by one row a call either way."""
     import torch
 
+    _set_knobs(monkeypatch, None, knobs)
     monkeypatch.setattr(mla, "_graphs", type(mla._graphs)())
     mla.ext.mla_fast_replays()  # from zero
     ref = problems.load_modules("mla-decode").reference
@@ -396,21 +399,24 @@ def test_the_fast_path_launches_a_held_graph_only_on_its_own_inputs(mla, monkeyp
     assert fast_replays((config, x, cache)) == 0
     monkeypatch.delenv("KBENCH_MLA_LINEAR_SPLITS")
     assert fast_replays((config, x, cache)) == 1, "both graphs held: the first one again"
-    assert fast_replays((config, x.clone(), cache)) == 0, "x at another address"
+    assert fast_replays((config, x.clone(), cache)) == (1 if knobs == "" else 0), "x at another address"
     monkeypatch.setattr(mla, "_graphs", type(mla._graphs)())  # another GraphReplay: not its graphs
     assert fast_replays((config, x, cache)) == 0
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("recur", ["", "1"], ids=["shipped", "RECUR=1"])
-def test_inputs_regenerated_at_two_addresses_in_turn_reach_the_fast_path(mla, monkeypatch, recur):
+@pytest.mark.parametrize("recur,knobs", [("", ""), ("", "MOVING=0"), ("1", "MOVING=0")],
+                         ids=["shipped", "MOVING=0", "MOVING=0,RECUR=1"])
+def test_inputs_regenerated_at_two_addresses_in_turn_reach_the_fast_path(mla, monkeypatch, recur, knobs):
     """Inputs regenerated every call (leaderboard mode) that the allocator hands two address sets in turn (as it does
     moe's: host_gap.py --addresses; mla-decode's came back only every 8 runs or more, notes finding 50): after a capture
     that never came back (set X), each of A and B is captured when it comes back, then both run on the fast path.
     Every call's inputs are new values written in place (weights, x, the cache and its length), every output poisoned
-    first and compared with the eager path on a copy. KBENCH_GRAPH_RECUR=1 (twice in a row only) never captures them."""
+    first and compared with the eager path on a copy. KBENCH_GRAPH_RECUR=1 (twice in a row only) never captures them.
+    The shipped moving graph (captured on X) serves every call after X."""
     import torch
 
+    _set_knobs(monkeypatch, None, knobs)
     ref = problems.load_modules("mla-decode").reference
     case = dict(batchsize=16, dim=7168, dq=1536)
     sets = {name: ref.generate_input(**case, prefill=1100, seed=seed) for name, seed in (("X", 1), ("A", 2), ("B", 3))}
@@ -436,7 +442,59 @@ def test_inputs_regenerated_at_two_addresses_in_turn_reach_the_fast_path(mla, mo
         ratio = benchlib.tolerance_ratio(out, expected, 2e-2, 8e-3)
         assert ratio <= 1, f"call {index} ({name}): {ratio:.2f}x the tolerance from the eager path's output"
 
-    regenerated_inputs.run_schedule(monkeypatch, mla, mla.ext.mla_fast_replays, recur, call)
+    regenerated_inputs.run_schedule(monkeypatch, mla, mla.ext.mla_fast_replays, recur, call,
+                                    any_address=knobs == "")
+
+
+def _unaligned_x(data):
+    """data with x copied to an address 2 bytes past a 16-byte boundary."""
+    import torch
+
+    config, x, cache = data
+    padded = torch.empty(x.numel() + 1, dtype=x.dtype, device=x.device)
+    moved = padded[1:].view(x.shape)
+    moved.copy_(x)
+    return config, moved, cache
+
+
+@pytest.mark.gpu
+def test_a_moving_graph_follows_inputs_new_every_call(mla, monkeypatch):
+    """Leaderboard mode's inputs: every call's seven inputs newly allocated (x, the cache, the five weights), with new
+    values and a new cache length. The moving graph captured on the first call (KBENCH_MLA_MOVING, shipped) must
+    serve every later call through the fast path, each output (poisoned allocator) within the tolerance of the
+    eager path's on a copy and each cache with its new row. An x whose address is not 16-byte aligned (a TMA map
+    cannot read it) must take the eager path, and still be right."""
+    import torch
+
+    monkeypatch.setattr(mla, "_graphs", type(mla._graphs)())
+    mla.ext.mla_fast_replays()  # from zero
+    ref = problems.load_modules("mla-decode").reference
+    case = dict(batchsize=16, dim=7168, dq=1536)
+    held = []  # every call's inputs kept alive, so that no later call's land at an earlier call's addresses
+    fast = []
+    for index in range(8):
+        data = ref.generate_input(**case, prefill=1000 + 37 * index, seed=200 + index)
+        expected_data = ref.copy_data(data)
+        if index == 6:  # x at an odd element offset inside a larger buffer, in both (cuBLAS reads it in both)
+            data, expected_data = (_unaligned_x(d) for d in (data, expected_data))
+        held.append(data)
+        monkeypatch.setenv("KBENCH_MLA_GRAPH", "0")
+        expected, _ = mla.custom_kernel(expected_data)
+        monkeypatch.delenv("KBENCH_MLA_GRAPH")
+        benchlib.poison_allocator()
+        seq_len = data[2].seq_len
+        out, _ = mla.custom_kernel(data)
+        torch.cuda.synchronize()
+        assert data[2].seq_len == seq_len + 1
+        assert torch.equal(data[2].data[:, :seq_len + 1], expected_data[2].data[:, :seq_len + 1]), f"call {index}"
+        ratio = benchlib.tolerance_ratio(out, expected, 2e-2, 8e-3)
+        assert ratio <= 1, f"call {index}: {ratio:.2f}x the tolerance from the eager path's output"
+        fast.append(mla.ext.mla_fast_replays())
+    assert fast == [0, 1, 1, 1, 1, 1, 0, 1], fast
+    # the last call's steps: the graph on the first call's own addresses missed, the moving graph's launch took
+    # the call's addresses after it
+    assert [step for step, _ in mla.ext.mla_replay_steps()] == ["knobs", "describe", "find", "launch", "inputs",
+                                                                  "output"]
 
 
 @pytest.mark.gpu

@@ -155,8 +155,9 @@ class GraphReplay:
             self._recent_eager.append(key)
         return out
 
-    def _capture(self, key: Hashable, step: Callable[[], torch.Tensor],
-                 verify: Callable[[], Hashable] | None) -> tuple:
+    def capture_beside(self, step: Callable[[], torch.Tensor]) -> tuple:
+        """(graph, output) of step captured on this object's stream, for a binding to hold; this object keeps no
+        copy (an on_capture that wants a second graph of the same call: mla-decode's, notes finding 51)."""
         # torch.cuda.graph() would also empty the allocator's cache (slow for the caller's next allocations)
         if self._stream is None:
             self._stream = torch.cuda.Stream()
@@ -169,6 +170,11 @@ class GraphReplay:
             finally:
                 graph.capture_end()
         torch.cuda.current_stream().wait_stream(self._stream)
+        return graph, out
+
+    def _capture(self, key: Hashable, step: Callable[[], torch.Tensor],
+                 verify: Callable[[], Hashable] | None) -> tuple:
+        graph, out = self.capture_beside(step)
         self._graphs[key] = (graph, out, verify() if verify is not None else None)
         self._unreplayed = key
         while len(self._graphs) > self.keep:

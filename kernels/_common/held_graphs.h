@@ -53,6 +53,8 @@ struct HeldGraph {
   std::vector<int64_t> inputs;  // the binding's description of the call's inputs at capture
   std::string config;           // the binding's text of the knobs at capture
   bool late = false;            // takes its output's address after the launch (late_address.h)
+  bool moving = false;          // takes its inputs' addresses after the launch too (moving_inputs.h)
+  py::object keep;              // what its launches read besides its pool's tensors (a moving graph's buffer)
 };
 
 // The graphs of one GraphReplay (the newest capture's owner), at most as many as it keeps (its `keep`), newest

@@ -29,8 +29,9 @@ constexpr unsigned long long kLateAddressMask = (1ull << kLateAddressBits) - 1;
 
 // What a kernel needs to take its call's address. A null ring: nothing to take (eager calls, older builds).
 struct LateAddress {
-  const unsigned long long* ring = nullptr;  // mapped host memory [2 * kLateRing]: (s & 0xffff) << 48 | address, then
-                                             // [kLateRing + s % kLateRing] the call's value
+  const unsigned long long* ring = nullptr;  // mapped host memory [words * kLateRing]: word j of call s at
+                                             // [j * kLateRing + s % kLateRing]; word 0 (s & 0xffff) << 48 | address,
+                                             // word 1 the call's value (publish), or a longer record
   unsigned long long* taken = nullptr;       // device memory: how many calls the device took an address for
   unsigned long long* taken_host = nullptr;  // mapped host memory: taken's copy, read by publish()
   unsigned long long* waited_host = nullptr;  // mapped host memory: the ns the last take waited from its first read
@@ -40,38 +41,65 @@ struct LateAddress {
 };
 
 #ifdef __CUDACC__
-// One thread: wait for the next call's address, then write it to l.slot (and its value to l.value_slot). Traps after
-// 2 s without it (a launch the host never published for), so that a mismatch fails loudly instead of hanging.
-__device__ inline void take_late_address(const LateAddress& l) {
-  const unsigned long long s = *l.taken + 1;
+// One thread: wait until call s's word 0 carries its tag (acquire where `acquire`: later words follow it), and return
+// it. Traps after 2 s without it (a launch the host never published for), so that a mismatch fails loudly instead of
+// hanging. *t0 gets the first read's time.
+__device__ inline unsigned long long wait_late_word(const LateAddress& l, unsigned long long s, bool acquire,
+                                                    unsigned long long* t0) {
   const unsigned long long tag = (s & 0xffffull) << kLateAddressBits;
   const unsigned long long* at = l.ring + s % kLateRing;
-  unsigned long long word, t0, t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+  unsigned long long word, t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(*t0));
   for (;;) {
-    // acquire where a value follows: publish() stores the value before the tagged word
-    if (l.value_slot)
+    if (acquire)
       asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(word) : "l"(at) : "memory");
     else
       asm volatile("ld.relaxed.sys.global.u64 %0, [%1];" : "=l"(word) : "l"(at) : "memory");
-    if ((word & ~kLateAddressMask) == tag) break;
+    if ((word & ~kLateAddressMask) == tag) return word;
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    if (t - t0 > 2000000000ull) {
-      printf("kbench: call %llu's output address never arrived (a graph launched without its publish)\n", s);
+    if (t - *t0 > 2000000000ull) {
+      printf("kbench: call %llu's late address never arrived (a graph launched without its publish)\n", s);
       __trap();
     }
     __nanosleep(256);
   }
-  *l.slot = reinterpret_cast<void*>(word & kLateAddressMask);
-  if (l.value_slot) {
-    unsigned long long value;
-    asm volatile("ld.relaxed.sys.global.u64 %0, [%1];" : "=l"(value) : "l"(at + kLateRing) : "memory");
-    *l.value_slot = static_cast<unsigned>(value);
-  }
+}
+
+// One thread: the call taken, counted, and how long it waited, for the host.
+__device__ inline void count_late_take(const LateAddress& l, unsigned long long s, unsigned long long t0) {
+  unsigned long long t;
   *l.taken = s;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
   asm volatile("st.relaxed.sys.global.u64 [%0], %1;" ::"l"(l.waited_host), "l"(t - t0) : "memory");
   asm volatile("st.relaxed.sys.global.u64 [%0], %1;" ::"l"(l.taken_host), "l"(s) : "memory");
+}
+
+// One thread: wait for the next call's address, then write it to l.slot (and its value to l.value_slot).
+__device__ inline void take_late_address(const LateAddress& l) {
+  const unsigned long long s = *l.taken + 1;
+  unsigned long long t0;
+  // acquire where a value follows: publish() stores the value before the tagged word
+  const unsigned long long word = wait_late_word(l, s, l.value_slot != nullptr, &t0);
+  *l.slot = reinterpret_cast<void*>(word & kLateAddressMask);
+  if (l.value_slot) {
+    unsigned long long value;
+    asm volatile("ld.relaxed.sys.global.u64 %0, [%1];" : "=l"(value) : "l"(l.ring + kLateRing + s % kLateRing)
+                 : "memory");
+    *l.value_slot = static_cast<unsigned>(value);
+  }
+  count_late_take(l, s, t0);
+}
+
+// One thread: wait for the next call's record of n words (publish_record on a ring of at least n words), and write
+// them to out[0, n) (word 0 without its tag).
+__device__ inline void take_late_record(const LateAddress& l, unsigned long long* out, int n) {
+  const unsigned long long s = *l.taken + 1;
+  unsigned long long t0;
+  out[0] = wait_late_word(l, s, true, &t0) & kLateAddressMask;
+  for (int j = 1; j < n; ++j)
+    asm volatile("ld.relaxed.sys.global.u64 %0, [%1];" : "=l"(out[j]) : "l"(l.ring + j * kLateRing + s % kLateRing)
+                 : "memory");
+  count_late_take(l, s, t0);
 }
 #endif
 
@@ -79,17 +107,19 @@ __device__ inline void take_late_address(const LateAddress& l) {
 class LateAddressRing {
  public:
   // slot: the device word the kernels read the address from; taken: a zeroed device word of 8 bytes (both on the
-  // device this ring serves, allocated by the caller outside any stream capture).
-  LateAddressRing(void** slot, unsigned long long* taken) : slot_(slot), taken_(taken) {
+  // device this ring serves, allocated by the caller outside any stream capture); words: a call's record (an address
+  // and a value; more for publish_record).
+  LateAddressRing(void** slot, unsigned long long* taken, int words = 2) : slot_(slot), taken_(taken), words_(words) {
     void* ring = nullptr;
     void* host = nullptr;
-    if (cudaHostAlloc(&ring, 2 * kLateRing * 8, cudaHostAllocMapped | cudaHostAllocPortable) != cudaSuccess ||
+    if (words < 2 ||
+        cudaHostAlloc(&ring, words * kLateRing * 8, cudaHostAllocMapped | cudaHostAllocPortable) != cudaSuccess ||
         cudaHostAlloc(&host, 16, cudaHostAllocMapped | cudaHostAllocPortable) != cudaSuccess)
       throw std::runtime_error("late address: no mapped host memory (cudaHostAlloc failed)");
     ring_ = static_cast<unsigned long long*>(ring);
     taken_host_ = static_cast<unsigned long long*>(host);
     waited_host_ = taken_host_ + 1;
-    for (unsigned long long i = 0; i < 2 * kLateRing; ++i) ring_[i] = 0;  // tag 0: call 0, which never comes
+    for (unsigned long long i = 0; i < words * kLateRing; ++i) ring_[i] = 0;  // tag 0: call 0, which never comes
     *taken_host_ = *waited_host_ = 0;
   }
 
@@ -105,8 +135,15 @@ class LateAddressRing {
   // Call s's address and value (s = the calls published so far + 1): the graph launched last. Waits while the GPU
   // has not yet taken call s - kLateRing's address (the words s reuses); throws after 10 s of that.
   void publish(const void* address, unsigned value = 0) {
-    const auto a = reinterpret_cast<unsigned long long>(address);
-    if (a & ~kLateAddressMask) throw std::runtime_error("late address: an address above 2^48");
+    const unsigned long long record[2] = {reinterpret_cast<unsigned long long>(address), value};
+    publish_record(record, 2);
+  }
+
+  // Call s's record of n <= words values (take_late_record): record[0] an address (below 2^48: it carries the tag),
+  // the rest any values; stored last to first, word 0 with release.
+  void publish_record(const unsigned long long* record, int n) {
+    if (n < 1 || n > words_) throw std::runtime_error("late address: a record longer than the ring's");
+    if (record[0] & ~kLateAddressMask) throw std::runtime_error("late address: an address above 2^48");
     const unsigned long long s = issued_ + 1;
     const auto start = std::chrono::steady_clock::now();
     while (s > __atomic_load_n(taken_host_, __ATOMIC_ACQUIRE) + kLateRing) {
@@ -114,8 +151,8 @@ class LateAddressRing {
         throw std::runtime_error("late address: the GPU took no output address for 10 s");
       std::this_thread::yield();
     }
-    __atomic_store_n(&ring_[kLateRing + s % kLateRing], static_cast<unsigned long long>(value), __ATOMIC_RELAXED);
-    __atomic_store_n(&ring_[s % kLateRing], ((s & 0xffffull) << kLateAddressBits) | a, __ATOMIC_RELEASE);
+    for (int j = n - 1; j >= 1; --j) __atomic_store_n(&ring_[j * kLateRing + s % kLateRing], record[j], __ATOMIC_RELAXED);
+    __atomic_store_n(&ring_[s % kLateRing], ((s & 0xffffull) << kLateAddressBits) | record[0], __ATOMIC_RELEASE);
     issued_ = s;
   }
 
@@ -125,6 +162,7 @@ class LateAddressRing {
   unsigned long long* ring_ = nullptr;
   unsigned long long* taken_host_ = nullptr;
   unsigned long long* waited_host_ = nullptr;  // (taken_host_'s allocation, its second word)
+  int words_;
   unsigned long long issued_ = 0;
 };
 

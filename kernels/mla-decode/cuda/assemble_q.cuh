@@ -68,11 +68,14 @@ __global__ void __launch_bounds__(kAssembleThreads) assemble_q_kernel(const __nv
 // KVCache.forward's append: cache[b][kv_len - 1][:] = row[b][:] (576 bf16 each), kv_len read from device memory so
 // that a captured graph appends at each call's row. 16 bytes a thread a step: 72 a batch row. With late.ring (a
 // graph the binding launches, one block): thread 0 first takes the call's output address and cache length from the
-// late ring (late_address.h), and writes the length to kv_len for the kernels after this one.
+// late ring (late_address.h), and writes the length to kv_len for the kernels after this one. cache_slot (a moving
+// graph, moving_inputs.h): the cache is where that device word points.
 __global__ void __launch_bounds__(kAssembleThreads) append_row_kernel(const uint4* __restrict__ row,
                                                                       uint4* __restrict__ cache, int bs, int max_seq,
-                                                                      const int* kv_len, kb::LateAddress late) {
+                                                                      const int* kv_len, kb::LateAddress late,
+                                                                      void* const* cache_slot) {
   __shared__ int len;
+  if (cache_slot) cache = static_cast<uint4*>(*cache_slot);  // a moving graph: this call's cache
   if (threadIdx.x == 0) {
     if (late.ring) take_late_address(late);  // (late.value_slot is kv_len)
     len = *reinterpret_cast<const volatile int*>(kv_len);

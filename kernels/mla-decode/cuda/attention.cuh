@@ -19,6 +19,7 @@
 #include <cuda.h>
 #include <cuda_bf16.h>
 
+#include "moving_inputs.h"
 #include "sm90.cuh"
 #include "wgmma.cuh"
 #include "mla_config.h"  // kTile, kHeads, kHG
@@ -54,6 +55,9 @@ struct Params {
   int staged_st;                 // ... or (bulk_store too) by coalesced 16-byte stores from the staged rows
   float scale_log2;              // log2(e) / sqrt(192)
   int narrow_tail;               // s-once: the cache's last tile narrow where it holds <= kTailRows rows
+  // s-once, a moving graph (moving_inputs.h): the cache's maps in device memory, read instead of tm_kv / tm_tail
+  const CUtensorMap* bound_kv;
+  const CUtensorMap* bound_tail;
 #ifdef KBENCH_DEV
   int skip_rope;                 // timing only (KBENCH_MLA_DEV_SKIP_ROPE): the keys left un-rotated
   long long* trace;              // KBENCH_MLA_DEV_TRACE: clock64 stamps [kTraceCtas][kTraceRoles][kTraceTiles][8]

@@ -524,6 +524,19 @@ __device__ __forceinline__ void share_row_stats(const Params& p, const SOnceSmem
   l_row[1] = sm.l[c.frag_row + 8];
 }
 
+// The cache's maps the loading thread reads: a moving graph's in device memory (written by its first kernel, which
+// this one follows), acquired by the tensormap proxy, or the kernel's own parameters.
+struct CacheMaps {
+  const CUtensorMap* kv;
+  const CUtensorMap* tail;
+};
+__device__ __forceinline__ CacheMaps cache_maps(const Params& p, const CUtensorMap* tm_kv, const CUtensorMap* tm_tail) {
+  if (!p.bound_kv) return {tm_kv, tm_tail};
+  kb::tensormap_acquire(p.bound_kv);
+  kb::tensormap_acquire(p.bound_tail);
+  return {p.bound_kv, p.bound_tail};
+}
+
 template <bool kRopeFirst>
 __global__ void __launch_bounds__(kThreads, 1) mla_attention_s_once_kernel(const __grid_constant__ CUtensorMap tm_q,
                                                                            const __grid_constant__ CUtensorMap tm_kv,
@@ -537,8 +550,9 @@ __global__ void __launch_bounds__(kThreads, 1) mla_attention_s_once_kernel(const
     setmaxnreg_dec<kProducerRegs>();
     const int pt = threadIdx.x - 256;
     if (pt == 0) {
-      load_q_and_tiles(&tm_q, &tm_kv, sm.q, sm.kv, sm.q_full, kRopeFirst ? sm.roped : sm.full, sm.empty, work,
-                       p.max_seq, kRopeFirst ? sm.full : nullptr, &p, p.narrow_tail ? &tm_tail : nullptr);
+      const CacheMaps maps = cache_maps(p, &tm_kv, &tm_tail);
+      load_q_and_tiles(&tm_q, maps.kv, sm.q, sm.kv, sm.q_full, kRopeFirst ? sm.roped : sm.full, sm.empty, work,
+                       p.max_seq, kRopeFirst ? sm.full : nullptr, &p, p.narrow_tail ? maps.tail : nullptr);
     } else if (pt >= 32) {
       rotate_tiles(pt - 32, work, p, sm.kv, sm.full, sm.roped);
     }
@@ -598,8 +612,9 @@ __global__ void __launch_bounds__(kThreads, 1) mla_attention_s_once_persistent_k
     setmaxnreg_dec<kPersistentProducerRegs>();
     const int pt = threadIdx.x - 256;
     if (pt == 0) {
-      load_items(&tm_q, &tm_kv, sm.q, sm.kv, sm.q_full, sm.q_free, kRopeFirst ? sm.roped : sm.full, sm.empty,
-                 kRopeFirst ? sm.full : nullptr, p, items, p.narrow_tail ? &tm_tail : nullptr);
+      const CacheMaps maps = cache_maps(p, &tm_kv, &tm_tail);
+      load_items(&tm_q, maps.kv, sm.q, sm.kv, sm.q_full, sm.q_free, kRopeFirst ? sm.roped : sm.full, sm.empty,
+                 kRopeFirst ? sm.full : nullptr, p, items, p.narrow_tail ? maps.tail : nullptr);
     } else if (pt >= 32) {
       int s = 0;
       uint32_t phase = 0;

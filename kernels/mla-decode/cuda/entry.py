@@ -10,9 +10,10 @@ The whole step, the cache append included (KVCache.forward's write done on the d
 from device memory; the module's counter advanced on the host), is replayed as one CUDA graph while the inputs stay
 at their addresses (graph_replay: benchmark mode calls with the same tensors): the GPU starts ~40 us after the call
 does, where the host's launches up to the attention kernel used to keep it idle ~300 us (notes, finding 11); one
-graph serves the growing cache. Where the inputs move every call (leaderboard mode) the step runs eagerly, one C++
-call issuing its ~12 launches (Python between them had kept the GPU waiting ~0.5-1 ms: notes, finding 31); inputs
-that come back within two calls are captured then (graph_replay), which leaderboard mode's do not (notes, finding 50).
+graph serves the growing cache. The graph takes its inputs' addresses after its launch too (KBENCH_MLA_MOVING,
+kernels/_common/moving_inputs.h), so it also serves inputs that move every call (leaderboard mode regenerates them:
+notes, finding 51). Without a graph (its first call, or KBENCH_MLA_GRAPH=0) the step runs eagerly, one C++ call
+issuing its ~12 launches (Python between them had kept the GPU waiting ~0.5-1 ms: notes, finding 31).
 Tiny problems (under 256 MB of per-head keys and values, e.g. prefill 1 at batch 16) follow the reference's op order
 instead (kernels/mla-decode/_shared/reference_order.py): there its bf16 roundings are as large as the tolerance.
 """
@@ -27,14 +28,16 @@ from task import input_t, output_t
 
 _tables = {}  # (device, max_seq, rope) -> (cos, sin) [max_seq, rope/2] bf16: a constant of the problem
 _lengths = {}  # device -> int32 [1]: the cache length the kernels read
-_graphs = graph_replay.GraphReplay()
+# keep 4: a moving graph and one on its capture's own addresses for each of two input layouts (_hold)
+_graphs = graph_replay.GraphReplay(keep=4, recur=2)
 _input_key = graph_replay.InputKey()
 # The knobs mla_config (mla_config.h) and linear_config (linear_config.h) read on every call: a captured graph holds
 # the configuration they chose, so they are part of its key.
 _CONFIG_KNOBS = ("KBENCH_MLA_SPLITS", "KBENCH_MLA_PREFETCH_TABLES", "KBENCH_MLA_S_ONCE", "KBENCH_MLA_ROPE_FIRST",
                  "KBENCH_MLA_SEESAW", "KBENCH_MLA_LINEAR", "KBENCH_MLA_LINEAR_BN", "KBENCH_MLA_LINEAR_SPLITS",
                  "KBENCH_MLA_LINEAR_PDL", "KBENCH_MLA_HEAD_GEMM", "KBENCH_MLA_BULK_STORE",
-                 "KBENCH_MLA_STAGED_ST", "KBENCH_MLA_PERSISTENT", "KBENCH_MLA_NARROW_TAIL", "KBENCH_MLA_LATE")
+                 "KBENCH_MLA_STAGED_ST", "KBENCH_MLA_PERSISTENT", "KBENCH_MLA_NARROW_TAIL", "KBENCH_MLA_LATE",
+                 "KBENCH_MLA_MOVING")
 _EAGER_FIRST = ("KBENCH_MLA_EAGER_FIRST",)  # (how the Python path orders its work, not what a graph holds)
 _OFF = (b"0", "0")  # env_values gives bytes where it reads os.environ's own dict
 if not graph_replay.BINDING_LAUNCHES:  # (a graph replayed from Python takes nothing late)
@@ -105,23 +108,32 @@ def _python_path(inputs: tuple, kv_len: int) -> torch.Tensor:
     GraphReplay holds no graph (the binding holds the late ones), the step launches before the key is read
     (leaderboard mode's calls, eager: notes, finding 50; KBENCH_MLA_EAGER_FIRST=0, candidate `key-first`: the key
     and the length first, the build before)."""
-    step = lambda: ext.mla_step(*inputs[:7], kv_len, *inputs[7:])  # noqa: E731,F821 (ext: template)
+    # moving_ok: a capture may take its inputs' addresses late (KBENCH_MLA_MOVING)
+    step = lambda moving_ok=True: ext.mla_step(*inputs[:7], kv_len, *inputs[7:], moving_ok)  # noqa: E731,F821
     if os.environ.get("KBENCH_MLA_GRAPH") == "0":  # the launches one by one (docs/mla-decode-notes.md)
         return step()
     key = lambda: _input_key(inputs, graph_replay.env_values(_CONFIG_KNOBS))  # noqa: E731
     if len(_graphs) or graph_replay.env_values(_EAGER_FIRST)[0] in _OFF:
         inputs[-1].fill_(kv_len)
         key = key()
-    out = _graphs.replay(key, step, on_capture=lambda graph, output: _hold(graph, output, inputs))
+    out = _graphs.replay(key, step, on_capture=lambda graph, output: _hold(graph, output, inputs, step))
     if _graphs.replayed:  # the graph's own buffer, overwritten by its next replay
         out = out.clone()
     return out
 
 
-def _hold(graph, output: torch.Tensor, inputs: tuple) -> bool:
+def _hold(graph, output: torch.Tensor, inputs: tuple, step) -> bool:
     """GraphReplay's on_capture: the new graph also held by the binding, for mla_replay. True where the graph takes
-    its output's address and the cache length after the launch (KBENCH_MLA_LATE): then only mla_replay launches it."""
+    its output's address and the cache length after the launch (KBENCH_MLA_LATE): then only mla_replay launches it.
+    Where it is a moving graph (its inputs' addresses taken late), a second graph of the same call, on these inputs'
+    own addresses, is held beside it: mla_replay launches that one while the inputs stay put (benchmark mode), where
+    the moving graph's take kernel and maps in device memory cost ~2% (notes, finding 51)."""
     if not graph_replay.BINDING_LAUNCHES:  # (older torch keeps the Python path)
         return False
-    return ext.mla_hold_graph(_graphs, graph, graph.raw_cuda_graph_exec(), output, inputs,  # noqa: F821
-                              list(_CONFIG_KNOBS))
+    late, moving = ext.mla_hold_graph(_graphs, graph, graph.raw_cuda_graph_exec(), output, inputs,  # noqa: F821
+                                      list(_CONFIG_KNOBS))
+    if moving:
+        exact, exact_output = _graphs.capture_beside(lambda: step(False))
+        ext.mla_hold_graph(_graphs, exact, exact.raw_cuda_graph_exec(), exact_output, inputs,  # noqa: F821
+                           list(_CONFIG_KNOBS))
+    return late

@@ -41,6 +41,8 @@ struct HeadGemmArgs {
   __nv_bfloat16* c;
   long long c_row, c_head;
   int m, n, k;  // m <= 128; n a multiple of 128; k a multiple of 64
+  const void* const* b_slot;  // a moving graph: B is b_offset bytes past the address this device word holds (else b)
+  long long b_offset;
 };
 
 __device__ __forceinline__ void hg_mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
@@ -58,7 +60,9 @@ __global__ void __launch_bounds__(kHgThreads, 2) head_gemm_kernel(const HeadGemm
   const int h = blockIdx.y, n0 = blockIdx.x * kHgBN;
   const int t = threadIdx.x, warp = t / 32, lane = t % 32;
   const __nv_bfloat16* a = p.a + h * p.a_head;
-  const __nv_bfloat16* b = p.b + h * p.b_head;
+  const __nv_bfloat16* b =
+      (p.b_slot ? reinterpret_cast<const __nv_bfloat16*>(static_cast<const char*>(*p.b_slot) + p.b_offset) : p.b) +
+      h * p.b_head;
   auto s_a = [&](int buf) { return hg_smem + buf * kHgStageElems; };
   auto s_b = [&](int buf) { return hg_smem + buf * kHgStageElems + kHgBM * kHgAPitch; };
 

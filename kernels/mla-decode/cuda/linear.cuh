@@ -16,6 +16,7 @@
 #include <cuda_bf16.h>
 
 #include "linear_config.h"
+#include "moving_inputs.h"
 #include "sm90.cuh"
 #include "wgmma.cuh"
 
@@ -49,6 +50,9 @@ struct LinearParams {
   int m, n;
   int kblocks;       // k-blocks per split (k / 64 / splits)
   int splits;        // = the cluster size
+  // a moving graph's maps of X and W in device memory (moving_inputs.h), read instead of tm_x / tm_w; null: those
+  const CUtensorMap* bound_x;
+  const CUtensorMap* bound_w;
 };
 
 // Four floats of CTA `rank`'s shared memory at the address `local` has in this CTA.
@@ -92,9 +96,15 @@ __global__ void __launch_bounds__(kLinearThreads, 1)
   const int nt = blockIdx.x / p.splits;
   const int kb0 = split * p.kblocks;
   const int wg = threadIdx.x / 128;
+  // (the bound maps are written by the graph's first kernel, which this one follows; no early trigger lets it start
+  // sooner)
+  const CUtensorMap* map_x = p.bound_x ? p.bound_x : &tm_x;
+  const CUtensorMap* map_w = p.bound_w ? p.bound_w : &tm_w;
   if (threadIdx.x == 0) {
-    tma_prefetch_desc(&tm_x);
-    tma_prefetch_desc(&tm_w);
+    if (p.bound_x) kb::tensormap_acquire(p.bound_x);
+    if (p.bound_w) kb::tensormap_acquire(p.bound_w);
+    tma_prefetch_desc(map_x);
+    tma_prefetch_desc(map_w);
     for (int s = 0; s < kStages; ++s) {
       mbar_init(&full[s], 1);   // the producer's arrive_expect_tx; the TMA bytes complete the phase
       mbar_init(&empty[s], 8);  // one arrive per consumer warp
@@ -110,17 +120,17 @@ __global__ void __launch_bounds__(kLinearThreads, 1)
       const int early = p.kblocks < kStages ? p.kblocks : kStages;
       for (int i = 0; i < early; ++i) {
         mbar_arrive_expect_tx(&full[i], S::kStageBytes);
-        tma_load_2d(s_b + i * S::kBBytes, &tm_w, &full[i], (kb0 + i) * kLinearBK, nt * kBN);
+        tma_load_2d(s_b + i * S::kBBytes, map_w, &full[i], (kb0 + i) * kLinearBK, nt * kBN);
       }
       griddep_wait();
-      for (int i = 0; i < early; ++i) tma_load_2d(s_a + i * S::kABytes, &tm_x, &full[i], (kb0 + i) * kLinearBK, 0);
+      for (int i = 0; i < early; ++i) tma_load_2d(s_a + i * S::kABytes, map_x, &full[i], (kb0 + i) * kLinearBK, 0);
       int s = early % kStages;
       uint32_t phase = early == kStages ? 1 : 0;
       for (int i = early; i < p.kblocks; ++i) {
         mbar_wait(&empty[s], phase ^ 1);
         mbar_arrive_expect_tx(&full[s], S::kStageBytes);
-        tma_load_2d(s_b + s * S::kBBytes, &tm_w, &full[s], (kb0 + i) * kLinearBK, nt * kBN);
-        tma_load_2d(s_a + s * S::kABytes, &tm_x, &full[s], (kb0 + i) * kLinearBK, 0);
+        tma_load_2d(s_b + s * S::kBBytes, map_w, &full[s], (kb0 + i) * kLinearBK, nt * kBN);
+        tma_load_2d(s_a + s * S::kABytes, map_x, &full[s], (kb0 + i) * kLinearBK, 0);
         ring_next(s, phase, kStages);
       }
     }

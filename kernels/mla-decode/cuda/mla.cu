@@ -70,6 +70,12 @@ const char* mla_run(const MlaArgs& a, cudaStream_t stream) {
                             kWidth * 2, 64, kTailRows, CU_TENSOR_MAP_SWIZZLE_128B);
   if (!ok) return "mla cuda: cuTensorMapEncodeTiled failed (driver entry point missing or misaligned tensors)";
   Params p{};
+  if (a.cache_ref.capture) {  // a moving graph: the call's cache maps, written by its first kernel
+    if (!a.config.s_once || a.config.seesaw)
+      return "mla cuda: a moving graph's cache maps need the s-once kernel (KBENCH_MLA_S_ONCE=1, KBENCH_MLA_SEESAW=0)";
+    p.bound_kv = a.cache_ref.capture->bind(tm_kv, a.cache_ref.input, a.cache_ref.offset);
+    p.bound_tail = a.cache_ref.capture->bind(tm_tail, a.cache_ref.input, a.cache_ref.offset);
+  }
   p.cos_tab = static_cast<const __nv_bfloat16*>(a.cos_tab);
   p.sin_tab = static_cast<const __nv_bfloat16*>(a.sin_tab);
   p.out = static_cast<__nv_bfloat16*>(a.out);
@@ -122,12 +128,17 @@ const char* launch_mla_assemble_q(const void* qn, const void* q, const void* cos
 }
 
 const char* launch_mla_append_row(const void* row, void* cache, int bs, int max_seq, const int* kv_len_dev,
-                                  const kb::LateAddress& late, cudaStream_t stream) {
+                                  const kb::LateAddress& late, cudaStream_t stream, void* const* cache_slot) {
   // one block where it takes the length from the ring: every thread reads it after thread 0 has
   const int blocks = late.ring ? 1 : (bs * 72 + kAssembleThreads - 1) / kAssembleThreads;
   append_row_kernel<<<blocks, kAssembleThreads, 0, stream>>>(static_cast<const uint4*>(row), static_cast<uint4*>(cache),
-                                                             bs, max_seq, kv_len_dev, late);
+                                                             bs, max_seq, kv_len_dev, late, cache_slot);
   return kb::launch_error("mla_append_row");
+}
+
+const char* launch_moving_take(const kb::MovingTake& take, cudaStream_t stream) {
+  kb::moving_take_kernel<<<1, 32, 0, stream>>>(take);
+  return kb::launch_error("moving_take");
 }
 
 // W_UK's k (128) is two chunks: three stages hold both in flight with two CTAs a SM; W_UV's (512) gets four.
@@ -143,11 +154,12 @@ static const char* head_gemm_launch(const HeadGemmArgs& p, dim3 grid, cudaStream
 
 const char* launch_mla_head_gemm(const void* a, long long a_row, long long a_head, const void* b, long long b_row,
                                  long long b_head, bool b_k_major, void* c, long long c_row, long long c_head,
-                                 int heads, int m, int n, int k, cudaStream_t stream) {
+                                 int heads, int m, int n, int k, cudaStream_t stream, const void* const* b_slot,
+                                 long long b_offset) {
   if (m < 1 || m > kHgBM || n % kHgBN || k % kHgBK || k < kHgBK || heads < 1)
     return "mla_head_gemm: needs 1 <= m <= 128, n a multiple of 128, k a multiple of 64";
   const HeadGemmArgs p{static_cast<const __nv_bfloat16*>(a), a_row, a_head, static_cast<const __nv_bfloat16*>(b),
-                       b_row, b_head, static_cast<__nv_bfloat16*>(c), c_row, c_head, m, n, k};
+                       b_row, b_head, static_cast<__nv_bfloat16*>(c), c_row, c_head, m, n, k, b_slot, b_offset};
   const dim3 grid(n / kHgBN, heads);
   const bool deep = k > 2 * kHgBK;
   if (b_k_major) return deep ? head_gemm_launch<true, 4>(p, grid, stream) : head_gemm_launch<true, 3>(p, grid, stream);
@@ -229,7 +241,7 @@ LinearConfig mla_linear_config(int m, int n, int k) {
 }
 
 const char* launch_mla_linear(const LinearConfig& c, const void* x, const void* w, void* y, int m, int n, int k,
-                              cudaStream_t stream, void* const* y_slot) {
+                              cudaStream_t stream, void* const* y_slot, const MovingRef& x_ref, const MovingRef& w_ref) {
   if (m < 1 || m > 128 || k % kLinearBK || n % 4 || c.splits < 1 || (k / kLinearBK) % c.splits)
     return "mla_linear: need 1 <= m <= 128, k % 64 == 0, n % 4 == 0 and the k-blocks divisible by the splits";
   const char* err = "mla_linear: no kernel for this configuration";
@@ -243,7 +255,10 @@ const char* launch_mla_linear(const LinearConfig& c, const void* x, const void* 
       err = "mla_linear: cuTensorMapEncodeTiled failed (driver entry point missing or misaligned tensors)";
       return;
     }
-    LinearParams p{static_cast<__nv_bfloat16*>(y), y_slot, m, n, k / kLinearBK / c.splits, c.splits};
+    LinearParams p{static_cast<__nv_bfloat16*>(y), y_slot, m, n, k / kLinearBK / c.splits, c.splits, nullptr, nullptr};
+    // a moving graph: the call's maps of its inputs, written by the graph's first kernel
+    if (x_ref.capture) p.bound_x = x_ref.capture->bind(tm_x, x_ref.input, x_ref.offset);
+    if (w_ref.capture) p.bound_w = w_ref.capture->bind(tm_w, w_ref.input, w_ref.offset);
     cudaLaunchAttribute attr[2];
     cudaLaunchConfig_t cfg = linear_launch_config<kBN>((n + kBN - 1) / kBN * c.splits, c.splits, attr);
     cfg.stream = stream;

@@ -5,8 +5,17 @@
 #include <cstdint>
 
 #include "late_address.h"
+#include "moving_inputs.h"
 #include "linear_config.h"
 #include "mla_config.h"
+
+// Where a launch in a moving graph's capture reads one of the step's inputs (moving_inputs.h): the call's address of
+// input `input` (binding.cpp's order), `offset` bytes past it. No capture: the address the launch is given.
+struct MovingRef {
+  kb::MovingCapture* capture = nullptr;
+  int input = -1;
+  long long offset = 0;
+};
 
 // The absorbed attention of one MLA decode step over the latent cache (DeepSeek dims: 128 heads, latent 512 +
 // rope 64, fixed by the kernel).
@@ -21,6 +30,7 @@ struct MlaArgs {
   const int* kv_len_dev;  // int32 [1] in device memory: the rows to read, what the kernels use (a graph replays it)
   int bs, max_seq, kv_len;  // kv_len: the same count on the host, for the checks and the configuration
   MlaConfig config;
+  MovingRef cache_ref;  // (the s-once kernels only)
 };
 
 int mla_num_sms();
@@ -38,20 +48,28 @@ const char* launch_mla_assemble_q(const void* qn, const void* q, const void* cos
 // The cache append: cache bf16 [bs][max_seq][576] (16-byte aligned) gets row bf16 [bs][576] at row kv_len - 1 of
 // every batch row, kv_len read from device memory (kv_len_dev, int32 [1], 1 <= kv_len <= max_seq: the caller checks).
 // late.ring set (a graph only mla_replay launches): the launch first takes its call's output address and cache length
-// from the ring, the length into kv_len_dev (late.value_slot).
+// from the ring, the length into kv_len_dev (late.value_slot). cache_slot set (a moving graph): the cache is at the
+// address that device word holds.
 const char* launch_mla_append_row(const void* row, void* cache, int bs, int max_seq, const int* kv_len_dev,
-                                  const kb::LateAddress& late, cudaStream_t stream);
+                                  const kb::LateAddress& late, cudaStream_t stream, void* const* cache_slot = nullptr);
+
+// A moving graph's first launch (moving_inputs.h): the call's input addresses taken, its maps rewritten.
+const char* launch_moving_take(const kb::MovingTake& take, cudaStream_t stream);
 
 // The projections: y bf16 [m][n] = x bf16 [m][k] w bf16 [n][k]^T (row-major, 16-byte aligned), m <= 128.
 // mla_linear_config picks the configuration (bn == 0: none fits this shape or GPU; use cuBLAS). y_slot set: y is
-// the address the device word y_slot holds when the kernel stores (a late output, late_address.h), not `y`.
+// the address the device word y_slot holds when the kernel stores (a late output, late_address.h), not `y`. x_ref,
+// w_ref: where x and w are a moving graph's inputs.
 LinearConfig mla_linear_config(int m, int n, int k);
 const char* launch_mla_linear(const LinearConfig& c, const void* x, const void* w, void* y, int m, int n, int k,
-                              cudaStream_t stream, void* const* y_slot = nullptr);
+                              cudaStream_t stream, void* const* y_slot = nullptr, const MovingRef& x_ref = {},
+                              const MovingRef& w_ref = {});
 
 // The per-head GEMMs (head_gemm.cuh): c[h] bf16 [m][n] = a[h] [m][k] . b[h] for h < heads, strides in elements
 // (rows of a and c, and b's stored rows: k rows of n, or with b_k_major n rows of k). m <= 128, n % 128 == 0,
-// k % 64 == 0, a's and b's rows and heads 16-byte aligned.
+// k % 64 == 0, a's and b's rows and heads 16-byte aligned. b_slot set (a moving graph): b is b_offset bytes past the
+// address that device word holds.
 const char* launch_mla_head_gemm(const void* a, long long a_row, long long a_head, const void* b, long long b_row,
                                  long long b_head, bool b_k_major, void* c, long long c_row, long long c_head,
-                                 int heads, int m, int n, int k, cudaStream_t stream);
+                                 int heads, int m, int n, int k, cudaStream_t stream, const void* const* b_slot = nullptr,
+                                 long long b_offset = 0);
