@@ -498,7 +498,7 @@ def test_a_moving_graph_follows_inputs_new_every_call(mla, monkeypatch):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("knobs", ["", "LATE=0"])
+@pytest.mark.parametrize("knobs", ["", "LATE=0", "three-x"])
 def test_late_lengths_and_outputs_reach_their_own_launches_while_the_host_runs_ahead(mla, monkeypatch, knobs):
     """KBENCH_MLA_LATE (the shipped fast path): each held graph's launch takes its own call's cache length and output
     address, published after the launch through a ring of kLateRing = 64 calls (late_address.h). 150 calls are
@@ -506,10 +506,12 @@ def test_late_lengths_and_outputs_reach_their_own_launches_while_the_host_runs_a
     overwriting a call not yet taken. Call i writes x_j and the cache length seq0 + j (j = i % 3): its append goes to
     row seq0 + j and its attention reads rows [0, seq0 + j], so a launch that took another call's length or address
     differs bit for bit from the eager result for j (or is NaN: outputs poisoned). An eager call (KBENCH_MLA_GRAPH=0,
-    which takes nothing) sits in the middle. LATE=0: the same with the length written by the stream."""
+    which takes nothing) sits in the middle. LATE=0: the same with the length written by the stream. three-x: x_j
+    is a tensor of its own at its own address, so calls with x_1 and x_2 launch the moving graph, whose input
+    addresses go through a ring of their own (moving_inputs.h), under the same backlog."""
     import torch
 
-    _set_knobs(monkeypatch, None, knobs)
+    _set_knobs(monkeypatch, None, "" if knobs == "three-x" else knobs)
     monkeypatch.setattr(mla, "_graphs", type(mla._graphs)())
     ref = problems.load_modules("mla-decode").reference
     config, x, cache = ref.generate_input(batchsize=16, dim=7168, dq=1536, prefill=1100, seed=9)
@@ -517,9 +519,13 @@ def test_late_lengths_and_outputs_reach_their_own_launches_while_the_host_runs_a
     values = [torch.randn_like(x) for _ in range(3)]
 
     def call(j: int) -> torch.Tensor:
-        x.copy_(values[j])
+        if knobs == "three-x":
+            given = values[j]
+        else:
+            x.copy_(values[j])
+            given = x
         cache.seq_len = seq0 + j
-        return mla.custom_kernel((config, x, cache))[0]
+        return mla.custom_kernel((config, given, cache))[0]
 
     monkeypatch.setenv("KBENCH_MLA_GRAPH", "0")
     expected = [call(j).clone() for j in range(3)]  # (rows seq0 + j then hold x_j's row, as after every later cycle)
@@ -542,14 +548,15 @@ def test_late_lengths_and_outputs_reach_their_own_launches_while_the_host_runs_a
     # every call but the eager one launched a held graph; the eager call's Python path read (and reset) the count of
     # the 75 before it
     assert mla.ext.mla_fast_replays() == 74
-    assert len(mla._graphs) == (0 if knobs == "" else 1), "a late graph is the binding's alone"
-    # the last call's steps in the fast path (benchmarks/mla_decode.py --windows reads them)
-    assert [step for step, _ in mla.ext.mla_replay_steps()] == (
-        ["knobs", "describe", "find", "launch", "output"] if knobs == "" else
-        ["knobs", "describe", "find", "length", "launch", "output"])
+    assert len(mla._graphs) == (1 if knobs == "LATE=0" else 0), "a late graph is the binding's alone"
+    # the last call's steps in the fast path (benchmarks/mla_decode.py --windows reads them); call 149 has j = 2
+    assert [step for step, _ in mla.ext.mla_replay_steps()] == {
+        "": ["knobs", "describe", "find", "launch", "output"],
+        "three-x": ["knobs", "describe", "find", "launch", "inputs", "output"],
+        "LATE=0": ["knobs", "describe", "find", "length", "launch", "output"]}[knobs]
     for i, out in enumerate(outputs):
         assert torch.equal(out, expected[i % 3]), f"call {i} differs from the eager result for its x and length"
-    if knobs == "":
+    if knobs != "LATE=0":
         assert 0 < mla.ext.mla_late_wait_us(x) < 1e6
 
 
