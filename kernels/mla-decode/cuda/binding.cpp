@@ -235,7 +235,7 @@ static_assert(kStepMoving <= kb::kMovingInputs, "the record holds every moving i
 // a's and b's strides multiples of 8 elements. Returns c.
 // (b_slot: a moving graph's capture reads b b_offset bytes past the address this device word holds: moving_inputs.h)
 static torch::Tensor head_bmm_out(torch::Tensor c, const torch::Tensor& a, const torch::Tensor& b,
-                             const void* const* b_slot = nullptr, long long b_offset = 0) {
+                                  const void* const* b_slot = nullptr, long long b_offset = 0) {
   TORCH_CHECK(a.dim() == 3 && b.dim() == 3 && c.dim() == 3 && a.size(0) == b.size(0) && c.size(0) == a.size(0) &&
                   a.size(2) == b.size(1) && c.size(1) == a.size(1) && c.size(2) == b.size(2),
               "mla_bmm_out: c [H, m, n] = a [H, m, k] . b [H, k, n]");
@@ -306,8 +306,9 @@ static inline kb::StepTimes& eager_steps() {
 // bf16); cos/sin the RoPE tables; lens int32 [1] on the device: written with kv_len here when not capturing (a
 // graph reads it as it is at its launch: the caller writes it, or a late graph takes it); moving_ok: a capture may
 // take its inputs' addresses late (a moving graph, KBENCH_MLA_MOVING). Returns out [bs, 1, dim] bf16.
-// Why one C++ call: leaderboard mode hands new inputs every run, so no graph replays and the step runs eagerly; from
-// Python its ~12 launches cost the host ~1 ms while the GPU waited (docs/mla-decode-notes.md, finding 31). The
+// Why one C++ call: a call without a graph (a new input layout's first; every leaderboard-mode call before moving
+// graphs, finding 51) runs the step eagerly; from Python its ~12 launches cost the host ~1 ms while the GPU waited
+// (docs/mla-decode-notes.md, finding 31). The
 // projections go through mla_linear (linear.cuh) and the per-head GEMMs through mla_bmm_out (head_gemm.cuh) rather
 // than cuBLAS for the same reason: cuBLAS spent 50-190 us of host time a call before its launch (finding 32). The
 // graph captures this same call; inside a capture the append runs on a side stream beside the q projections, which
