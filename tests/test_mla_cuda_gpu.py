@@ -45,6 +45,27 @@ def _set_knobs(monkeypatch, splits, knobs):
         monkeypatch.setenv(f"KBENCH_MLA_{name}", value)
 
 
+def _check_against_eager(mla, monkeypatch, data, expected_data=None, what: str = "") -> None:
+    """custom_kernel(data) against the eager path (KBENCH_MLA_GRAPH=0) on expected_data, a copy of data (made here
+    where not given), with the allocator poisoned in between: the cache must hold one more row, equal to the eager
+    path's, and the output lie within the tolerance of its output."""
+    import torch
+
+    if expected_data is None:
+        expected_data = problems.load_modules("mla-decode").reference.copy_data(data)
+    monkeypatch.setenv("KBENCH_MLA_GRAPH", "0")
+    expected, _ = mla.custom_kernel(expected_data)
+    monkeypatch.delenv("KBENCH_MLA_GRAPH")
+    benchlib.poison_allocator()
+    seq_len = data[2].seq_len
+    out, _ = mla.custom_kernel(data)
+    torch.cuda.synchronize()
+    assert data[2].seq_len == seq_len + 1
+    assert torch.equal(data[2].data[:, :seq_len + 1], expected_data[2].data[:, :seq_len + 1]), what
+    ratio = benchlib.tolerance_ratio(out, expected, 2e-2, 8e-3)
+    assert ratio <= 1, f"{what}: {ratio:.2f}x the tolerance from the eager path's output"
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("bs,kv_len,splits,knobs",
                          [(1, 2, None, ""), (3, 65, None, ""), (16, 1025, None, ""), (128, 130, None, ""),
@@ -371,8 +392,6 @@ def test_the_fast_path_launches_a_held_graph_only_on_its_own_inputs(mla, monkeyp
     MOVING=0; a moving graph takes any) and knobs it was captured on and only for the GraphReplay that captured it;
     any other call takes entry.py's Python path. Each output (poisoned allocator) must equal the eager path's on a
     copy, and the cache must grow by one row a call either way."""
-    import torch
-
     _set_knobs(monkeypatch, None, knobs)
     monkeypatch.setattr(mla, "_graphs", type(mla._graphs)())
     mla.ext.mla_fast_replays()  # from zero
@@ -380,17 +399,7 @@ def test_the_fast_path_launches_a_held_graph_only_on_its_own_inputs(mla, monkeyp
     config, x, cache = ref.generate_input(batchsize=16, dim=7168, dq=1536, prefill=1100, seed=8)
 
     def fast_replays(inputs) -> int:
-        expected_data = ref.copy_data(inputs)
-        monkeypatch.setenv("KBENCH_MLA_GRAPH", "0")
-        expected, _ = mla.custom_kernel(expected_data)
-        monkeypatch.delenv("KBENCH_MLA_GRAPH")
-        benchlib.poison_allocator()
-        seq_len = inputs[2].seq_len
-        out, _ = mla.custom_kernel(inputs)
-        torch.cuda.synchronize()
-        assert inputs[2].seq_len == seq_len + 1
-        assert torch.equal(inputs[2].data[:, :seq_len + 1], expected_data[2].data[:, :seq_len + 1])
-        assert benchlib.tolerance_ratio(out, expected, 2e-2, 8e-3) <= 1
+        _check_against_eager(mla, monkeypatch, inputs)
         return mla.ext.mla_fast_replays()
 
     assert fast_replays((config, x, cache)) == 0, "the first call runs eagerly (and is captured)"
@@ -414,8 +423,6 @@ def test_inputs_regenerated_at_two_addresses_in_turn_reach_the_fast_path(mla, mo
     Every call's inputs are new values written in place (weights, x, the cache and its length), every output poisoned
     first and compared with the eager path on a copy. KBENCH_GRAPH_RECUR=1 (twice in a row only) never captures them.
     The shipped moving graph (captured on X) serves every call after X."""
-    import torch
-
     _set_knobs(monkeypatch, None, knobs)
     ref = problems.load_modules("mla-decode").reference
     case = dict(batchsize=16, dim=7168, dq=1536)
@@ -430,17 +437,7 @@ def test_inputs_regenerated_at_two_addresses_in_turn_reach_the_fast_path(mla, mo
         x.copy_(fresh_x)
         cache.data.copy_(fresh_cache.data)
         cache.seq_len = fresh_cache.seq_len
-        expected_data = ref.copy_data(sets[name])
-        monkeypatch.setenv("KBENCH_MLA_GRAPH", "0")
-        expected, _ = mla.custom_kernel(expected_data)
-        monkeypatch.delenv("KBENCH_MLA_GRAPH")
-        benchlib.poison_allocator()
-        out, _ = mla.custom_kernel(sets[name])
-        torch.cuda.synchronize()
-        assert cache.seq_len == fresh_cache.seq_len + 1
-        assert torch.equal(cache.data[:, :cache.seq_len], expected_data[2].data[:, :cache.seq_len]), f"call {index}"
-        ratio = benchlib.tolerance_ratio(out, expected, 2e-2, 8e-3)
-        assert ratio <= 1, f"call {index} ({name}): {ratio:.2f}x the tolerance from the eager path's output"
+        _check_against_eager(mla, monkeypatch, sets[name], what=f"call {index} ({name})")
 
     regenerated_inputs.run_schedule(monkeypatch, mla, mla.ext.mla_fast_replays, recur, call,
                                     any_address=knobs == "")
@@ -464,8 +461,6 @@ def test_a_moving_graph_follows_inputs_new_every_call(mla, monkeypatch):
     serve every later call through the fast path, each output (poisoned allocator) within the tolerance of the
     eager path's on a copy and each cache with its new row. An x whose address is not 16-byte aligned (a TMA map
     cannot read it) must take the eager path, and still be right."""
-    import torch
-
     monkeypatch.setattr(mla, "_graphs", type(mla._graphs)())
     mla.ext.mla_fast_replays()  # from zero
     ref = problems.load_modules("mla-decode").reference
@@ -478,17 +473,7 @@ def test_a_moving_graph_follows_inputs_new_every_call(mla, monkeypatch):
         if index == 6:  # x at an odd element offset inside a larger buffer, in both (cuBLAS reads it in both)
             data, expected_data = (_unaligned_x(d) for d in (data, expected_data))
         held.append(data)
-        monkeypatch.setenv("KBENCH_MLA_GRAPH", "0")
-        expected, _ = mla.custom_kernel(expected_data)
-        monkeypatch.delenv("KBENCH_MLA_GRAPH")
-        benchlib.poison_allocator()
-        seq_len = data[2].seq_len
-        out, _ = mla.custom_kernel(data)
-        torch.cuda.synchronize()
-        assert data[2].seq_len == seq_len + 1
-        assert torch.equal(data[2].data[:, :seq_len + 1], expected_data[2].data[:, :seq_len + 1]), f"call {index}"
-        ratio = benchlib.tolerance_ratio(out, expected, 2e-2, 8e-3)
-        assert ratio <= 1, f"call {index}: {ratio:.2f}x the tolerance from the eager path's output"
+        _check_against_eager(mla, monkeypatch, data, expected_data, f"call {index}")
         fast.append(mla.ext.mla_fast_replays())
     assert fast == [0, 1, 1, 1, 1, 1, 0, 1], fast
     # the last call's steps: the graph on the first call's own addresses missed, the moving graph's launch took

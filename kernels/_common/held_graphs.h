@@ -21,9 +21,12 @@
 
 namespace kb {
 
-// A tensor as a graph depends on it, appended to `out`: address, dtype, rank, sizes, strides.
-inline void describe_tensor(const at::Tensor& t, std::vector<int64_t>& out) {
-  out.insert(out.end(), {reinterpret_cast<int64_t>(t.data_ptr()), static_cast<int64_t>(t.scalar_type()), t.dim()});
+// A tensor as a graph depends on it, appended to `out`: address, dtype, rank, sizes, strides. Without `address`
+// (a graph that takes the tensor's address each call: moving_inputs.h), only the address's alignment to 16 bytes,
+// which a tensor map needs.
+inline void describe_tensor(const at::Tensor& t, std::vector<int64_t>& out, bool address = true) {
+  const auto at = reinterpret_cast<int64_t>(t.data_ptr());
+  out.insert(out.end(), {address ? at : at % 16, static_cast<int64_t>(t.scalar_type()), t.dim()});
   out.insert(out.end(), t.sizes().begin(), t.sizes().end());
   out.insert(out.end(), t.strides().begin(), t.strides().end());
 }

@@ -41,33 +41,32 @@ struct LateAddress {
 };
 
 #ifdef __CUDACC__
-// One thread: wait until call s's word 0 carries its tag (acquire where `acquire`: later words follow it), and return
-// it. Traps after 2 s without it (a launch the host never published for), so that a mismatch fails loudly instead of
-// hanging. *t0 gets the first read's time.
-__device__ inline unsigned long long wait_late_word(const LateAddress& l, unsigned long long s, bool acquire,
-                                                    unsigned long long* t0) {
+// One thread: wait for the next call's record of n words (publish_record on a ring of at least n words), write them
+// to out[0, n) (word 0 without its tag) and count the call taken. Word 0 is read with acquire where more words
+// follow it (the host stores them first). Traps after 2 s without it (a launch the host never published for), so
+// that a mismatch fails loudly instead of hanging.
+__device__ inline void take_late_record(const LateAddress& l, unsigned long long* out, int n) {
+  const unsigned long long s = *l.taken + 1;
   const unsigned long long tag = (s & 0xffffull) << kLateAddressBits;
   const unsigned long long* at = l.ring + s % kLateRing;
-  unsigned long long word, t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(*t0));
+  unsigned long long word, t0, t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
   for (;;) {
-    if (acquire)
+    if (n > 1)
       asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(word) : "l"(at) : "memory");
     else
       asm volatile("ld.relaxed.sys.global.u64 %0, [%1];" : "=l"(word) : "l"(at) : "memory");
-    if ((word & ~kLateAddressMask) == tag) return word;
+    if ((word & ~kLateAddressMask) == tag) break;
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    if (t - *t0 > 2000000000ull) {
+    if (t - t0 > 2000000000ull) {
       printf("kbench: call %llu's late address never arrived (a graph launched without its publish)\n", s);
       __trap();
     }
     __nanosleep(256);
   }
-}
-
-// One thread: the call taken, counted, and how long it waited, for the host.
-__device__ inline void count_late_take(const LateAddress& l, unsigned long long s, unsigned long long t0) {
-  unsigned long long t;
+  out[0] = word & kLateAddressMask;
+  for (int j = 1; j < n; ++j)
+    asm volatile("ld.relaxed.sys.global.u64 %0, [%1];" : "=l"(out[j]) : "l"(at + j * kLateRing) : "memory");
   *l.taken = s;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
   asm volatile("st.relaxed.sys.global.u64 [%0], %1;" ::"l"(l.waited_host), "l"(t - t0) : "memory");
@@ -76,30 +75,10 @@ __device__ inline void count_late_take(const LateAddress& l, unsigned long long 
 
 // One thread: wait for the next call's address, then write it to l.slot (and its value to l.value_slot).
 __device__ inline void take_late_address(const LateAddress& l) {
-  const unsigned long long s = *l.taken + 1;
-  unsigned long long t0;
-  // acquire where a value follows: publish() stores the value before the tagged word
-  const unsigned long long word = wait_late_word(l, s, l.value_slot != nullptr, &t0);
-  *l.slot = reinterpret_cast<void*>(word & kLateAddressMask);
-  if (l.value_slot) {
-    unsigned long long value;
-    asm volatile("ld.relaxed.sys.global.u64 %0, [%1];" : "=l"(value) : "l"(l.ring + kLateRing + s % kLateRing)
-                 : "memory");
-    *l.value_slot = static_cast<unsigned>(value);
-  }
-  count_late_take(l, s, t0);
-}
-
-// One thread: wait for the next call's record of n words (publish_record on a ring of at least n words), and write
-// them to out[0, n) (word 0 without its tag).
-__device__ inline void take_late_record(const LateAddress& l, unsigned long long* out, int n) {
-  const unsigned long long s = *l.taken + 1;
-  unsigned long long t0;
-  out[0] = wait_late_word(l, s, true, &t0) & kLateAddressMask;
-  for (int j = 1; j < n; ++j)
-    asm volatile("ld.relaxed.sys.global.u64 %0, [%1];" : "=l"(out[j]) : "l"(l.ring + j * kLateRing + s % kLateRing)
-                 : "memory");
-  count_late_take(l, s, t0);
+  unsigned long long record[2];
+  take_late_record(l, record, l.value_slot ? 2 : 1);
+  *l.slot = reinterpret_cast<void*>(record[0]);
+  if (l.value_slot) *l.value_slot = static_cast<unsigned>(record[1]);
 }
 #endif
 

@@ -355,6 +355,7 @@ torch::Tensor mla_step(torch::Tensor x, torch::Tensor cache, torch::Tensor w_kv_
   std::unique_ptr<kb::MovingCapture> moving;
   torch::Tensor moving_buffer;
   if (capture == cudaStreamCaptureStatusActive) {
+    last_capture_late = late.ring != nullptr;
     last_capture_moving = {};
     if (late.ring && moving_ok && moving_step_fits(x2, cache, w_kv_down, w_q_down, w_q_up, kv_len)) {
       moving_buffer = torch::empty({static_cast<int64_t>(kb::kMovingBufferBytes)}, x.options().dtype(torch::kByte));
@@ -363,7 +364,6 @@ torch::Tensor mla_step(torch::Tensor x, torch::Tensor cache, torch::Tensor w_kv_
       TORCH_CHECK(err == nullptr, err ? err : "");
     }
   }
-  if (capture == cudaStreamCaptureStatusActive) last_capture_late = late.ring != nullptr;
   // where a launch of a moving capture reads `t`, the step's input `input` (else: at t's own address)
   const torch::Tensor* step_inputs[kStepMoving] = {&x, &cache, &w_kv_down, &w_q_down, &w_q_up, &w_kv_up, &w_o};
   auto ref = [&](int input, const torch::Tensor& t) {
@@ -456,17 +456,13 @@ std::vector<std::string> graph_knobs;  // entry.py's _CONFIG_KNOBS, as mla_hold_
 // their addresses' alignment only (their maps need 16 bytes).
 bool describe_step(const py::tuple& inputs, std::vector<int64_t>& out, bool moving) {
   out.clear();
-  if (inputs.size() != 10 || !kb::describe_tensors(inputs, out)) return false;
+  if (inputs.size() != 10) return false;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    if (!THPVariable_Check(inputs[i].ptr())) return false;
+    kb::describe_tensor(THPVariable_Unpack(inputs[i].ptr()), out, !moving || static_cast<int>(i) >= kStepMoving);
+  }
   out.push_back(THPVariable_Unpack(inputs[0].ptr()).get_device());
   out.push_back(moving ? 1 : 0);
-  if (moving) {
-    size_t at = 0;  // each tensor's description starts with its address (kb::describe_tensor)
-    for (int i = 0; i < kStepMoving; ++i) {
-      const int64_t rank = out[at + 2];
-      out[at] &= 15;
-      at += 3 + 2 * rank;
-    }
-  }
   return true;
 }
 
