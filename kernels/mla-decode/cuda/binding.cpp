@@ -5,15 +5,14 @@
 #include <torch/extension.h>
 
 #include <cstdio>
-#include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
 
 #include "driver_api.h"
 #include "held_graphs.h"
 #include "knobs.h"
+#include "late_rings.h"
 #include "mla_api.h"
 #include "torch_check.h"
 
@@ -180,33 +179,16 @@ static torch::Tensor linear_out(const torch::Tensor& x, const torch::Tensor& w, 
 torch::Tensor mla_linear(torch::Tensor x, torch::Tensor w) { return linear_out(x, w, nullptr); }
 
 namespace {
-// The fast path's late ring on each device (late_address.h): a graph only mla_replay launches takes each call's
-// output address and cache length after its launch, so the host writes nothing by the stream before it, and the
-// wo projection stores into the call's own output (no copy of the graph's buffer after it).
-// A moving graph (moving_inputs.h) also takes the call's input addresses, a record of its own ring.
-struct LateStep {
-  torch::Tensor word;   // int64 [1] on the device: the output address the wo projection stores to
-  torch::Tensor taken;  // int64 [2] on the device: the rings' counts of calls the device took (output, inputs)
-  std::unique_ptr<kb::LateAddressRing> ring;
-  std::unique_ptr<kb::LateAddressRing> inputs;  // records of kb::kMovingInputs addresses
-};
-
-// `like`'s device's ring; made where `make` (never inside a stream capture: it allocates), else null where none is.
-LateStep* late_step(const torch::Tensor& like, bool make) {
-  static std::mutex mu;
-  static auto* steps = new std::map<int, LateStep>();  // never destroyed: captured graphs hold its addresses
-  std::lock_guard<std::mutex> lock(mu);
-  const auto it = steps->find(like.get_device());
-  if (it != steps->end()) return &it->second;
-  if (!make) return nullptr;
-  LateStep& step = (*steps)[like.get_device()];
-  step.word = torch::zeros({1}, like.options().dtype(torch::kLong));
-  step.taken = torch::zeros({2}, like.options().dtype(torch::kLong));
-  auto* taken = reinterpret_cast<unsigned long long*>(step.taken.data_ptr());
-  step.ring = std::make_unique<kb::LateAddressRing>(reinterpret_cast<void**>(step.word.data_ptr()), taken);
-  step.inputs = std::make_unique<kb::LateAddressRing>(nullptr, taken + 1, kb::kMovingInputs);
-  return &step;
+// The fast path's late rings on each device (late_rings.h): a graph only mla_replay launches takes each call's
+// output address and cache length after its launch (ring 0, into the word the wo projection stores through), so the
+// host writes nothing by the stream before it, and the wo projection stores into the call's own output (no copy of
+// the graph's buffer after it). A moving graph (moving_inputs.h) also takes the call's input addresses (ring 1,
+// records of kb::kMovingInputs addresses). Made where `make` (never inside a stream capture: it allocates), else null
+// where none is yet.
+kb::LateRings* late_step(const torch::Tensor& like, bool make) {
+  return kb::late_rings(like, {2, kb::kMovingInputs}, make);
 }
+constexpr int kOutputRing = 0, kInputsRing = 1;
 
 // Whether mla_replay launches held graphs (else entry.py's Python path replays them).
 bool fast_replay_on() { return !kb::env_is("KBENCH_MLA_FAST_REPLAY", "0") && !kb::env_is("KBENCH_MLA_GRAPH", "0"); }
@@ -343,13 +325,13 @@ torch::Tensor mla_step(torch::Tensor x, torch::Tensor cache, torch::Tensor w_kv_
   // KBENCH_MLA_LATE (on): a capture for mla_replay takes the call's output address and cache length from the late
   // ring after its launch. Its ring is made by the eager call before the capture (GraphReplay runs one first).
   const bool want_late = kb::env_int("KBENCH_MLA_LATE", 1) != 0 && fast_replay_on();
-  LateStep* late_ring = want_late ? late_step(x, capture == cudaStreamCaptureStatusNone) : nullptr;
+  kb::LateRings* late_ring = want_late ? late_step(x, capture == cudaStreamCaptureStatusNone) : nullptr;
   // y [bs, H, v]: the W_UV bmm's output, which wo reads as [bs, H * v] (made here: whether wo runs on linear.cuh,
   // which a late output needs, depends on it)
   torch::Tensor y = torch::empty({bs, kH, kV}, x.options());
   kb::LateAddress late{};
   if (capture == cudaStreamCaptureStatusActive && late_ring && linear_plan(y.view({bs, 1, kH * kV}), w_o).bn)
-    late = late_ring->ring->view(reinterpret_cast<unsigned*>(lens.data_ptr<int>()));
+    late = late_ring->rings[kOutputRing]->view(reinterpret_cast<unsigned*>(lens.data_ptr<int>()));
   // KBENCH_MLA_MOVING (on): a late capture takes the inputs' addresses late too, where every launch that reads one
   // can (moving_inputs.h): its first kernel takes them, so one graph serves inputs at any address.
   std::unique_ptr<kb::MovingCapture> moving;
@@ -360,7 +342,7 @@ torch::Tensor mla_step(torch::Tensor x, torch::Tensor cache, torch::Tensor w_kv_
     if (late.ring && moving_ok && moving_step_fits(x2, cache, w_kv_down, w_q_down, w_q_up, kv_len)) {
       moving_buffer = torch::empty({static_cast<int64_t>(kb::kMovingBufferBytes)}, x.options().dtype(torch::kByte));
       moving = std::make_unique<kb::MovingCapture>(moving_buffer.data_ptr());
-      const char* err = launch_moving_take(moving->take(late_ring->inputs->view()), main.stream());
+      const char* err = launch_moving_take(moving->take(late_ring->rings[kInputsRing]->view()), main.stream());
       TORCH_CHECK(err == nullptr, err ? err : "");
     }
   }
@@ -527,16 +509,16 @@ c10::optional<torch::Tensor> mla_replay(py::object owner, py::tuple inputs, int6
     kb::launch(*graph);
     steps.mark("launch");
     const torch::Tensor x = THPVariable_Unpack(inputs[0].ptr());
-    LateStep* late = late_step(x, false);
+    kb::LateRings* late = late_step(x, false);
     if (graph->moving) {  // its first kernel waits for these
       unsigned long long record[kb::kMovingInputs] = {};
       for (int i = 0; i < kStepMoving; ++i)
         record[i] = reinterpret_cast<unsigned long long>(THPVariable_Unpack(inputs[i].ptr()).data_ptr());
-      late->inputs->publish_record(record, kb::kMovingInputs);
+      late->rings[kInputsRing]->publish_record(record, kb::kMovingInputs);
       steps.mark("inputs");
     }
     torch::Tensor out = torch::empty(x.sizes(), x.options());  // [bs, 1, dim], as wo's output
-    late->ring->publish(out.data_ptr(), static_cast<unsigned>(kv_len));
+    late->rings[kOutputRing]->publish(out.data_ptr(), static_cast<unsigned>(kv_len));
     steps.mark("output");
     return out;
   }
@@ -557,8 +539,8 @@ std::vector<std::pair<std::string, double>> mla_replay_steps() { return kb::repl
 // How long (us) the last late graph waited on the GPU for its call's address and length (x's device; call after a
 // synchronize), or 0 where none has run there.
 double mla_late_wait_us(torch::Tensor x) {
-  const LateStep* step = late_step(x, false);
-  return step ? step->ring->last_wait_us() : 0.0;
+  const kb::LateRings* step = late_step(x, false);
+  return step ? step->rings[kOutputRing]->last_wait_us() : 0.0;
 }
 
 // How many calls mla_replay served since the last time this was asked (entry.py tells its GraphReplay).

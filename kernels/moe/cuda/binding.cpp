@@ -16,7 +16,7 @@
 
 #include "held_graphs.h"
 #include "knobs.h"
-#include "late_address.h"
+#include "late_rings.h"
 #include "moe_api.h"
 #include "torch_check.h"
 
@@ -66,29 +66,11 @@ Workspaces workspaces(const torch::Tensor& x, int64_t T, int64_t K, int64_t E, i
   return slot.second;
 }
 
-// red_combine's output slot: one device word per device holding the address of the output GEMM 2 adds into, and
-// the address last written there (so moe_experts can refuse an output that was not published). With late_output,
-// the graphs the binding launches take that address from `late` after their launch (late_address.h).
-struct OutputSlot {
-  torch::Tensor word;   // int64 [1] on the device; never freed (its address is baked into captured graphs)
-  torch::Tensor taken;  // int64 [1] on the device: late's count of the calls the device took an address for
-  std::unique_ptr<kb::LateAddressRing> late;
-  void* published = nullptr;
-};
-
-OutputSlot& output_slot(const torch::Tensor& like) {
-  static std::mutex mu;
-  static auto* slots = new std::map<int, OutputSlot>();  // never destroyed: see workspaces()
-  std::lock_guard<std::mutex> lock(mu);
-  OutputSlot& slot = (*slots)[like.get_device()];
-  if (!slot.word.defined()) {  // (first made by an eager call: moe_output runs before any capture)
-    slot.word = torch::zeros({1}, like.options().dtype(torch::kLong));
-    slot.taken = torch::zeros({1}, like.options().dtype(torch::kLong));
-    slot.late = std::make_unique<kb::LateAddressRing>(reinterpret_cast<void**>(slot.word.data_ptr()),
-                                                      reinterpret_cast<unsigned long long*>(slot.taken.data_ptr()));
-  }
-  return slot;
-}
+// red_combine's output slot: x's device's late rings (late_rings.h). Its word holds the address of the output GEMM 2
+// adds into, `published` the address last written there (so moe_experts can refuse an output that was not
+// published). With late_output, the graphs the binding launches take that address from ring 0 after their launch.
+// Made by the first eager call (moe_output runs before any capture).
+kb::LateRings& output_slot(const torch::Tensor& like) { return *kb::late_rings(like, {2}); }
 
 // Whether moe_replay launches held graphs (else entry.py's Python path replays them).
 bool fast_replay_on() {
@@ -101,7 +83,7 @@ bool fast_replay_on() {
 bool last_capture_late = false;
 
 // A new output [T, d] fp16 whose address is written to x's device's slot on the current stream.
-torch::Tensor publish_output(const torch::Tensor& x, OutputSlot& slot) {
+torch::Tensor publish_output(const torch::Tensor& x, kb::LateRings& slot) {
   torch::Tensor out = torch::empty({x.size(0), x.size(1)}, x.options());
   const char* err = moe_publish_output(reinterpret_cast<void**>(slot.word.data_ptr()), out.data_ptr(),
                                        c10::cuda::getCurrentCUDAStream().stream());
@@ -198,7 +180,7 @@ static torch::Tensor run_moe(torch::Tensor x, torch::Tensor experts, torch::Tens
   });
   const Workspaces ws = pre ? *pre : workspaces(x, T, K, E, d, dexp, config);
   torch::Tensor out;
-  OutputSlot* const slot = config.red_combine ? &output_slot(x) : nullptr;
+  kb::LateRings* const slot = config.red_combine ? &output_slot(x) : nullptr;
   if (slot) {
     if (combine) {
       out = publish_output(x, *slot);
@@ -224,7 +206,7 @@ static torch::Tensor run_moe(torch::Tensor x, torch::Tensor experts, torch::Tens
     // a graph moe_replay will launch takes its output's address after the launch; one the Python path replays reads
     // the slot the host wrote before it
     last_capture_late = slot && !combine && config.late_output && fast_replay_on();
-    if (last_capture_late) a.late = slot->late->view();
+    if (last_capture_late) a.late = slot->rings[0]->view();
   }
   cudaEvent_t events[6];
   if (stage_ms)
@@ -337,7 +319,7 @@ c10::optional<torch::Tensor> moe_replay(py::object owner, torch::Tensor x, py::d
   steps.mark("find");
   const c10::cuda::CUDAGuard guard(x.device());
   const torch::Tensor x2 = x.view({-1, x.size(-1)});
-  OutputSlot& slot = output_slot(x2);
+  kb::LateRings& slot = output_slot(x2);
   torch::Tensor out;
   if (!graph->late) {
     out = publish_output(x2, slot);
@@ -349,7 +331,7 @@ c10::optional<torch::Tensor> moe_replay(py::object owner, torch::Tensor x, py::d
     // late_output: the GPU routes while the host makes the output. (Should the allocation fail now, the launched
     // graph's routing traps after 2 s without its address.)
     out = torch::empty({x2.size(0), x2.size(1)}, x2.options());
-    slot.late->publish(out.data_ptr());
+    slot.rings[0]->publish(out.data_ptr());
     slot.published = out.data_ptr();
     steps.mark("output");
   }
@@ -358,7 +340,7 @@ c10::optional<torch::Tensor> moe_replay(py::object owner, torch::Tensor x, py::d
 
 // How long (us) the last graph that took its output's address late waited for it on the GPU (x's device; call after
 // a synchronize), or 0 where none has run there.
-double moe_late_wait_us(torch::Tensor x) { return output_slot(x).late->last_wait_us(); }
+double moe_late_wait_us(torch::Tensor x) { return output_slot(x).rings[0]->last_wait_us(); }
 
 // (step, host us) of each step moe_replay's last call passed: knobs, describe, find, launch, output (output before
 // launch where the graph does not take its address late); all five where it launched, fewer where it returned None.
