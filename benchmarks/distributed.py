@@ -10,6 +10,8 @@ Columns (us): ours (cuda), torch (the NCCL + cuBLAS backend), fused (torch symme
 fused_matmul_reduce_scatter / fused_all_gather_matmul; all2all: NCCL all_to_all_single of the same rows), gemm (the
 local GEMM alone), comm (the collective alone); overlap = max(gemm, comm) / ours. all2all's floor: the bytes one
 rank sends over NVLink (its dispatch and its combine) at 450 GB/s. Rows go to benchmarks/results/<problem>.csv.
+--candidates NAME,... also checks and times the CUDA backend under each named candidate's knobs (CANDIDATES; the
+entries read them every call), as "cuda+NAME", every rank under the same knobs.
 """
 from __future__ import annotations
 
@@ -26,6 +28,19 @@ import torch.distributed as dist  # noqa: E402
 from kbench import benchlib, problems  # noqa: E402
 
 NVLINK_BPS = 450e9
+# candidate name -> knobs (read by kernels/<problem>/cuda/entry.py on every call); notes in docs/distributed-notes.md
+CANDIDATES = {
+    "ag-gemm": {
+        "ce-push": {"KBENCH_AG_PUSH": "ce"},            # small shards by copy engine + a flag launch a rank (before)
+        "gather-first": {"KBENCH_AG_CHUNK_ROWS": "1000000000"},  # every case: the SM push, then one GEMM
+        "chunk-2048": {"KBENCH_AG_CHUNK_ROWS": "2048"},
+    },
+    "gemm-rs": {
+        "one-gemm": {"KBENCH_RS_CHUNK_ROWS": "1000000000"},  # every case: one GEMM of all rows, owners pull
+        "chunk-512": {"KBENCH_RS_CHUNK_ROWS": "512"},
+    },
+    "all2all": {},
+}
 
 
 def peers_ops(problem: str, rank: int, ws: int, data, case: dict) -> dict:
@@ -72,7 +87,9 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("problem", choices=("all2all", "gemm-rs", "ag-gemm"))
     ap.add_argument("--runs", type=int, default=20)
+    ap.add_argument("--candidates", default="", help="comma-separated names of CANDIDATES[problem]")
     args = ap.parse_args()
+    candidates = benchlib.selected(CANDIDATES[args.problem], args.candidates)
     rank, ws = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     torch.cuda.set_device(rank)
     dist.init_process_group("nccl", device_id=torch.device("cuda", rank))
@@ -92,6 +109,15 @@ def main():
         row = {"case": problems.format_case(case), "floor": floor_us(args.problem, data, ws),
                "cuda": benchlib.rank_time_us(lambda: ours.custom_kernel(data), args.runs),
                "torch": benchlib.rank_time_us(lambda: theirs.custom_kernel(data), args.runs)}
+        for name, settings in candidates.items():
+            with benchlib.knobs(settings):
+                ok, msg = ref.compare(ours.custom_kernel(data), expected)
+                if not ok:
+                    failures.append(f"rank {rank} cuda+{name} {problems.format_case(case)}: {msg[:200]}")
+                bad = torch.tensor([0 if ok else 1], device="cuda")
+                dist.all_reduce(bad)  # every rank times a candidate, or none does (the timer is collective)
+                if not bad.item():
+                    row[f"cuda+{name}"] = benchlib.rank_time_us(lambda: ours.custom_kernel(data), args.runs)
         for name, fn in peers_ops(args.problem, rank, ws, data, case).items():
             try:
                 row[name] = benchlib.rank_time_us(fn, args.runs)
@@ -107,12 +133,12 @@ def main():
     dist.all_gather_object(gathered, failures)
     if rank == 0:
         failures = [f for fs in gathered for f in fs]
-        names = ["cuda", "torch", "fused", "gemm", "comm"]
+        names = ["cuda", "torch", "fused", "gemm", "comm"] + [f"cuda+{n}" for n in candidates]
         results = [benchlib.Row(gpu, ws, n, "kernel", r["case"], r[n]) for r in rows for n in names if r.get(n)]
         results += [benchlib.Row(gpu, ws, n, "kernel", "geomean", benchlib.geomean(r.get(n) for r in rows))
                     for n in names if benchlib.geomean(r.get(n) for r in rows)]
         benchlib.record(args.problem, results)
-        cols = ["floor", "cuda", "torch", "fused", "gemm", "comm"]
+        cols = ["floor", "cuda", "torch", "fused", "gemm", "comm"] + [f"cuda+{n}" for n in candidates]
         ratio = lambda x: None if x is None else f"{x:.2f}"  # noqa: E731
         benchlib.table(f"{args.problem} on {ws}x {gpu} (us, kernel level: events on every rank, slowest rank, "
                        f"median); failures: {len(failures)}", ["case"] + cols + ["overlap"],

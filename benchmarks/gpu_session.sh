@@ -25,7 +25,8 @@
 #   TIER_K = a pytest -k expression selecting among them; SANITIZE_TOOL = compute-sanitizer's tool (memcheck,
 #   racecheck, synccheck), SANITIZE_K = the tests it runs (a pytest -k expression; it matches
 #   parameter ids too, without case: 'head_gemm' also selects test_every_official_case[LINEAR=0,HEAD_GEMM=0]).
-# several GPUs: dist-check, dist-bench (benchmarks/distributed.py), dist-perf (kbench perf), dist-tier, window-ab
+# several GPUs: dist-check, dist-bench (benchmarks/distributed.py for DIST_PROBLEMS, each with its DIST_CANDIDATES),
+#   dist-perf (kbench perf), dist-tier, window-ab
 #   (all2all's torch backend judged, alternately, by kbench as it was at the revision in OLD_KBENCH, a `git archive`
 #   tarball, and by kbench now: the multi-rank window before and after it matched the official harness).
 # Everything lands in one archive, $OUT/session.tgz (logs/, records/, results/<problem>.csv from KBENCH_RESULTS; a
@@ -136,8 +137,10 @@ for part in "$@"; do
          --section MemoryWorkloadAnalysis --section WarpStateStats --section SchedulerStats \
          python3 benchmarks/calls.py "${NCU_PROBLEM:-moe}" --calls 2 ;;
   dist-check) step "${CHECK_S:-500}" dist_check python3 -m pytest -q -x -p no:cacheprovider tests/test_dist_cuda_gpu.py ;;
-  dist-bench) for p in all2all gemm-rs ag-gemm; do
-               step 150 "bench_$p" torchrun --nproc-per-node "$n" benchmarks/distributed.py "$p" --runs "${RUNS:-20}"
+  dist-bench) for p in ${DIST_PROBLEMS:-all2all gemm-rs ag-gemm}; do  # DIST_CANDIDATES="ag-gemm:a,b gemm-rs:c"
+               c=""; for pc in ${DIST_CANDIDATES:-}; do [ "${pc%%:*}" = "$p" ] && c="${pc#*:}"; done
+               step "${BENCH_S:-150}" "bench_$p" torchrun --nproc-per-node "$n" benchmarks/distributed.py "$p" \
+                 --runs "${RUNS:-20}" --candidates "$c"
              done ;;
   dist-perf) for p in all2all gemm-rs ag-gemm; do
                step 200 "perf_$p" kbench perf "$p" --backend cuda --world-size "$n" --json "$W/records/perf_${p}_cuda.json"

@@ -31,3 +31,17 @@ void wait_flags(int64_t flags, int64_t first, int64_t count, int64_t epoch) {
                           static_cast<int>(count), static_cast<uint32_t>(epoch),
                           c10::cuda::getCurrentCUDAStream().stream()));
 }
+
+// Copy `src` (contiguous, CUDA) to byte `offset` of each buffer in `dsts`, then store `epoch` at word `word` of each,
+// on the current stream (counter: int32 [1], zeroed once, left zeroed).
+void push_peers(torch::Tensor src, std::vector<int64_t> dsts, int64_t offset, int64_t word, int64_t epoch,
+                torch::Tensor counter) {
+  TORCH_CHECK(src.is_cuda() && src.is_contiguous(), "push_peers: src must be a contiguous CUDA tensor");
+  TORCH_CHECK(counter.is_cuda() && counter.scalar_type() == at::kInt && counter.numel() >= 1,
+              "push_peers: counter must be an int32 CUDA tensor");
+  const auto d = kbpeer::addresses(dsts);
+  kbpeer::check(peer_push(d.data(), static_cast<int>(d.size()), src.data_ptr(), offset,
+                          static_cast<long long>(src.numel()) * src.element_size(), static_cast<int>(word),
+                          static_cast<uint32_t>(epoch), counter.data_ptr<int>(),
+                          c10::cuda::getCurrentCUDAStream().stream()));
+}

@@ -36,6 +36,27 @@ __global__ void sum_rows_kernel(const __grid_constant__ kb::PeerPtrs srcs, int c
   }
 }
 
+// Copies n16 16-byte words from src to byte `offset` of each of the `count` buffers `dsts` (SM stores: over NVLink
+// where a buffer is a peer's), then the last block to finish (a ticket on `counter`, which it leaves at zero) stores
+// `epoch` at word `word` of each buffer with a system-scope release. One launch for what a copy-engine copy and a
+// flag launch a peer did before: the copy engine's start costs ~10 us a copy on a small shard.
+__global__ void push_kernel(const __grid_constant__ kb::PeerPtrs dsts, int count, const uint4* src, long long offset,
+                            long long n16, int word, uint32_t epoch, int* counter) {
+  for (long long i = blockIdx.x * static_cast<long long>(blockDim.x) + threadIdx.x; i < n16;
+       i += static_cast<long long>(gridDim.x) * blockDim.x) {
+    const uint4 v = __ldg(src + i);
+    for (int r = 0; r < count; ++r) reinterpret_cast<uint4*>(dsts.p[r] + offset)[i] = v;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    __threadfence_system();
+    if (atomicAdd(counter, 1) == static_cast<int>(gridDim.x) - 1) {
+      for (int r = 0; r < count; ++r) kb::sm90::st_release_sys(reinterpret_cast<uint32_t*>(dsts.p[r]) + word, epoch);
+      *counter = 0;
+    }
+  }
+}
+
 }  // namespace
 
 const char* peer_signal(const uint64_t* peers, int count, int word, uint32_t epoch, cudaStream_t stream) {
@@ -59,4 +80,24 @@ const char* peer_sum_rows(const uint64_t* srcs, int count, void* out, long long 
   const int blocks = static_cast<int>(n8 / 256 + 1 < 1056 ? n8 / 256 + 1 : 1056);
   sum_rows_kernel<<<blocks, 256, 0, stream>>>(p, count, static_cast<__nv_bfloat16*>(out), n8, flags, epoch);
   return kb::launch_error("peer_sum_rows");
+}
+
+const char* peer_push(const uint64_t* dsts, int count, const void* src, long long offset, long long bytes, int word,
+                      uint32_t epoch, int* counter, cudaStream_t stream) {
+  if (bytes % 16 || offset % 16 || reinterpret_cast<uintptr_t>(src) % 16)
+    return "peer_push: the bytes, the offset and the source must be multiples of 16";
+  kb::PeerPtrs p{};
+  for (int i = 0; i < count; ++i) p.p[i] = dsts[i];
+  const long long n16 = bytes / 16;
+  static int sms = 0;
+  if (!sms) {
+    int dev = 0;
+    cudaGetDevice(&dev);
+    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+  }
+  // a block a 256 x 4 words at most, and no more blocks than 2 a SM: enough stores in flight to fill NVLink
+  const long long want = (n16 + 1023) / 1024;
+  const int blocks = static_cast<int>(want < 1 ? 1 : want < 2 * sms ? want : 2 * sms);
+  push_kernel<<<blocks, 256, 0, stream>>>(p, count, static_cast<const uint4*>(src), offset, n16, word, epoch, counter);
+  return kb::launch_error("peer_push");
 }

@@ -6,10 +6,15 @@ all-gathered A [m, k] times W^T, plus bias: [m, n/ws] bf16. Every rank calls thi
 Large shards (m/ws >= CHUNK_ROWS): a side stream pushes this rank's shard into every peer's symmetric buffer (copy
 engine over NVLink, the next peer first) and flags it; meanwhile the GEMM of the local shard runs from A itself,
 then each peer's rows, in the order they arrive, each GEMM waiting on its flag (a one-thread kernel, no host wait).
-Small shards: push the shard to every rank (this one included), flag, wait for all, one GEMM over the gathered A.
+Small shards: one launch (push_peers) stores the shard into every rank's buffer (this one included) by SM
+stores and flags each; then a wait for every rank's flag and one GEMM over the gathered A (KBENCH_AG_PUSH=ce: the
+copy engine and a flag launch a rank, the build before; KBENCH_AG_CHUNK_ROWS: the shard rows from which the
+overlapped path runs, default CHUNK_ROWS).
 Buffers alternate by call parity; a push waits for this rank's previous call, whose flags prove the peers are done
 with the buffer it overwrites (docs/distributed-notes.md). `ext` is the load_inline module the template defines above.
 """
+import os
+
 import torch
 import torch.distributed as dist
 
@@ -19,6 +24,7 @@ from task import input_t, output_t
 CHUNK_ROWS = 1024  # rows per shard from which one GEMM per shard pays for itself (W is read once per GEMM)
 _calls = [0]
 _streams = {}      # device -> the side stream the pushes run on
+_counters = {}     # device -> int32 [1]: push_peers' ticket of finished blocks (zero between launches)
 
 
 def custom_kernel(data: input_t) -> output_t:
@@ -43,9 +49,14 @@ def custom_kernel(data: input_t) -> output_t:
     gathered = symm.view(dev, rank, base, (m, k), a.dtype)
     main = torch.cuda.current_stream(dev)
     flags = symm.flags_address(dev)
-    if rows < CHUNK_ROWS:
-        for i in range(ws):
-            push((rank + i) % ws)
+    if rows < int(os.environ.get("KBENCH_AG_CHUNK_ROWS", CHUNK_ROWS)):
+        if os.environ.get("KBENCH_AG_PUSH") == "ce":
+            for i in range(ws):
+                push((rank + i) % ws)
+        else:
+            if dev not in _counters:
+                _counters[dev] = torch.zeros(1, dtype=torch.int32, device=dev)
+            ext.push_peers(a, peers, base + rank * rows * k * 2, rank, epoch, _counters[dev])  # noqa: F821
         ext.wait_flags(flags, 0, ws, epoch)  # noqa: F821
         return gemm(gathered, out)
     side = _streams.setdefault(dev, torch.cuda.Stream(dev))

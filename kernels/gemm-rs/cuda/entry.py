@@ -10,8 +10,11 @@ a flag per chunk tells the owner. The owner sums its ws slots in rank order (fp3
 Small ones: one GEMM of all m rows into this rank's own buffer (chunking would read W ws times), a flag to every
 peer, and the owner pulls its rows from every rank's buffer while it sums. Buffers alternate by call parity, and
 a rank reuses one only after the flags of the call between prove its readers are done (docs/distributed-notes.md).
+KBENCH_RS_CHUNK_ROWS: the rows an owner from which the chunked path runs (default CHUNK_ROWS).
 `ext` is the load_inline module the template defines above this code.
 """
+import os
+
 import torch
 import torch.distributed as dist
 
@@ -37,7 +40,7 @@ def custom_kernel(data: input_t) -> output_t:
         return torch.mm(src, wt, out=out) if bias is None else torch.addmm(bias, src, wt, out=out)
 
     out = torch.empty((rows, n), dtype=a.dtype, device=dev)
-    if rows >= CHUNK_ROWS:
+    if rows >= int(os.environ.get("KBENCH_RS_CHUNK_ROWS", CHUNK_ROWS)):
         for i in range(1, ws + 1):            # owners r+1, r+2, ..., r: this rank's own block last
             dst = (rank + i) % ws
             gemm(a[dst * rows:(dst + 1) * rows], symm.view(dev, dst, base + rank * rows * n * 2, (rows, n), a.dtype))
