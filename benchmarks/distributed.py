@@ -31,13 +31,18 @@ NVLINK_BPS = 450e9
 # candidate name -> knobs (read by kernels/<problem>/cuda/entry.py on every call); notes in docs/distributed-notes.md
 CANDIDATES = {
     "ag-gemm": {
-        "ce-push": {"KBENCH_AG_PUSH": "ce"},            # small shards by copy engine + a flag launch a rank (before)
-        "gather-first": {"KBENCH_AG_CHUNK_ROWS": "1000000000"},  # every case: the SM push, then one GEMM
-        "chunk-2048": {"KBENCH_AG_CHUNK_ROWS": "2048"},
+        # the overlapped path from 1024 rows a shard, its pushes by the copy engine (the small shards' gather by SM
+        # stores, as shipped); and the build before this session (both by the copy engine)
+        "chunk-ce": {"KBENCH_AG_CHUNK_ROWS": "1024"},
+        "previous": {"KBENCH_AG_CHUNK_ROWS": "1024", "KBENCH_AG_PUSH": "ce"},
+        # the overlapped path with its pushes by SM stores in 16 / 32 blocks on a high-priority stream
+        "chunk-sm16": {"KBENCH_AG_CHUNK_ROWS": "1024", "KBENCH_AG_CHUNK_PUSH": "sm", "KBENCH_AG_PUSH_BLOCKS": "16"},
+        "chunk-sm32": {"KBENCH_AG_CHUNK_ROWS": "1024", "KBENCH_AG_CHUNK_PUSH": "sm", "KBENCH_AG_PUSH_BLOCKS": "32"},
+        "ce-push": {"KBENCH_AG_PUSH": "ce"},  # the gather by the copy engine and a flag launch a rank
     },
     "gemm-rs": {
         "one-gemm": {"KBENCH_RS_CHUNK_ROWS": "1000000000"},  # every case: one GEMM of all rows, owners pull
-        "chunk-512": {"KBENCH_RS_CHUNK_ROWS": "512"},
+        "chunk-1024": {"KBENCH_RS_CHUNK_ROWS": "1024"},  # the build before this session
     },
     "all2all": {},
 }

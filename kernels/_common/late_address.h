@@ -70,7 +70,11 @@ __device__ inline void take_late_record(const LateAddress& l, unsigned long long
   *l.taken = s;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
   asm volatile("st.relaxed.sys.global.u64 [%0], %1;" ::"l"(l.waited_host), "l"(t - t0) : "memory");
-  asm volatile("st.relaxed.sys.global.u64 [%0], %1;" ::"l"(l.taken_host), "l"(s) : "memory");
+  // Release: the reads of words 1.. above are performed before the host may see the record's words as free (a
+  // relaxed store here let them fall behind it: the host, waiting on a full ring, then wrote call s + kLateRing's
+  // value into word 1 while this read was still in flight, and the call took a length 64 calls later's; the late
+  // test's 150-call backlog caught it on an H200).
+  asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(l.taken_host), "l"(s) : "memory");
 }
 
 // One thread: wait for the next call's address, then write it to l.slot (and its value to l.value_slot).

@@ -33,15 +33,15 @@ void wait_flags(int64_t flags, int64_t first, int64_t count, int64_t epoch) {
 }
 
 // Copy `src` (contiguous, CUDA) to byte `offset` of each buffer in `dsts`, then store `epoch` at word `word` of each,
-// on the current stream (counter: int32 [1], zeroed once, left zeroed).
+// on the current stream (counter: int32 [1], zeroed once, left zeroed), in at most max_blocks blocks where > 0.
 void push_peers(torch::Tensor src, std::vector<int64_t> dsts, int64_t offset, int64_t word, int64_t epoch,
-                torch::Tensor counter) {
+                torch::Tensor counter, int64_t max_blocks) {
   TORCH_CHECK(src.is_cuda() && src.is_contiguous(), "push_peers: src must be a contiguous CUDA tensor");
   TORCH_CHECK(counter.is_cuda() && counter.scalar_type() == at::kInt && counter.numel() >= 1,
               "push_peers: counter must be an int32 CUDA tensor");
   const auto d = kbpeer::addresses(dsts);
   kbpeer::check(peer_push(d.data(), static_cast<int>(d.size()), src.data_ptr(), offset,
                           static_cast<long long>(src.numel()) * src.element_size(), static_cast<int>(word),
-                          static_cast<uint32_t>(epoch), counter.data_ptr<int>(),
+                          static_cast<uint32_t>(epoch), counter.data_ptr<int>(), static_cast<int>(max_blocks),
                           c10::cuda::getCurrentCUDAStream().stream()));
 }

@@ -83,7 +83,7 @@ const char* peer_sum_rows(const uint64_t* srcs, int count, void* out, long long 
 }
 
 const char* peer_push(const uint64_t* dsts, int count, const void* src, long long offset, long long bytes, int word,
-                      uint32_t epoch, int* counter, cudaStream_t stream) {
+                      uint32_t epoch, int* counter, int max_blocks, cudaStream_t stream) {
   if (bytes % 16 || offset % 16 || reinterpret_cast<uintptr_t>(src) % 16)
     return "peer_push: the bytes, the offset and the source must be multiples of 16";
   kb::PeerPtrs p{};
@@ -95,9 +95,11 @@ const char* peer_push(const uint64_t* dsts, int count, const void* src, long lon
     cudaGetDevice(&dev);
     cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
   }
-  // a block a 256 x 4 words at most, and no more blocks than 2 a SM: enough stores in flight to fill NVLink
+  // a block a 256 x 4 words at most, and no more blocks than 2 a SM (enough stores in flight to fill NVLink) or
+  // max_blocks where given (a push beside a GEMM that needs the other SMs)
+  const long long cap = max_blocks > 0 ? max_blocks : 2 * sms;
   const long long want = (n16 + 1023) / 1024;
-  const int blocks = static_cast<int>(want < 1 ? 1 : want < 2 * sms ? want : 2 * sms);
+  const int blocks = static_cast<int>(want < 1 ? 1 : want < cap ? want : cap);
   push_kernel<<<blocks, 256, 0, stream>>>(p, count, static_cast<const uint4*>(src), offset, n16, word, epoch, counter);
   return kb::launch_error("peer_push");
 }

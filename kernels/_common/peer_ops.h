@@ -13,6 +13,7 @@ const char* peer_wait(const uint32_t* flags, int first, int count, uint32_t epoc
 const char* peer_sum_rows(const uint64_t* srcs, int count, void* out, long long elems, const uint32_t* flags,
                           uint32_t epoch, cudaStream_t stream);
 // Copy `bytes` from src to byte `offset` of each of the `count` buffers `dsts` by SM stores, then store `epoch` at
-// word `word` of each (one launch; counter: a zeroed device int, left zeroed). bytes, offset, src: multiples of 16.
+// word `word` of each (one launch of at most max_blocks blocks where > 0; counter: a zeroed device int, left zeroed).
+// bytes, offset, src: multiples of 16.
 const char* peer_push(const uint64_t* dsts, int count, const void* src, long long offset, long long bytes, int word,
-                      uint32_t epoch, int* counter, cudaStream_t stream);
+                      uint32_t epoch, int* counter, int max_blocks, cudaStream_t stream);

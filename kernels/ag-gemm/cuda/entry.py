@@ -3,13 +3,15 @@
 data = (A [m/ws, k] bf16, W [n/ws, k] bf16, bias [n/ws] bf16 or None), this rank's shards. Output on rank r: the
 all-gathered A [m, k] times W^T, plus bias: [m, n/ws] bf16. Every rank calls this together.
 
-Large shards (m/ws >= CHUNK_ROWS): a side stream pushes this rank's shard into every peer's symmetric buffer (copy
-engine over NVLink, the next peer first) and flags it; meanwhile the GEMM of the local shard runs from A itself,
-then each peer's rows, in the order they arrive, each GEMM waiting on its flag (a one-thread kernel, no host wait).
-Small shards: one launch (push_peers) stores the shard into every rank's buffer (this one included) by SM
-stores and flags each; then a wait for every rank's flag and one GEMM over the gathered A (KBENCH_AG_PUSH=ce: the
-copy engine and a flag launch a rank, the build before; KBENCH_AG_CHUNK_ROWS: the shard rows from which the
-overlapped path runs, default CHUNK_ROWS).
+By default every case gathers first: one launch (push_peers) stores this rank's shard into every rank's buffer
+(this one included) by SM stores and flags each; then a wait for every rank's flag and one GEMM over the gathered A.
+On 2x H200 that read faster on every official case than the overlapped path (docs/distributed-notes.md), which
+runs from KBENCH_AG_CHUNK_ROWS rows a shard: a side stream pushes this rank's shard into every peer's buffer and
+flags it (KBENCH_AG_CHUNK_PUSH=ce, the default there: the copy engine; =sm: push_peers in KBENCH_AG_PUSH_BLOCKS
+blocks, default 16, on a high-priority stream, so that it takes its SMs before the GEMM's blocks fill them), while
+the GEMM of the local shard runs from A itself, then each peer's rows in the order they arrive, each GEMM waiting on
+its flag (a one-thread kernel, no host wait). KBENCH_AG_PUSH=ce: the gather by the copy engine and a flag launch a
+rank (the build before).
 Buffers alternate by call parity; a push waits for this rank's previous call, whose flags prove the peers are done
 with the buffer it overwrites (docs/distributed-notes.md). `ext` is the load_inline module the template defines above.
 """
@@ -21,10 +23,16 @@ import torch.distributed as dist
 import symm
 from task import input_t, output_t
 
-CHUNK_ROWS = 1024  # rows per shard from which one GEMM per shard pays for itself (W is read once per GEMM)
+CHUNK_ROWS = 1 << 30  # the overlapped path's rows a shard: off unless KBENCH_AG_CHUNK_ROWS asks (see above)
 _calls = [0]
-_streams = {}      # device -> the side stream the pushes run on
-_counters = {}     # device -> int32 [1]: push_peers' ticket of finished blocks (zero between launches)
+_streams = {}      # (device, high priority) -> the side stream the overlapped path's pushes run on
+_counters = {}     # (device, stream's role) -> int32 [1]: push_peers' ticket of finished blocks (zero between launches)
+
+
+def _counter(dev: torch.device, role: str) -> torch.Tensor:
+    if (dev, role) not in _counters:
+        _counters[dev, role] = torch.zeros(1, dtype=torch.int32, device=dev)
+    return _counters[dev, role]
 
 
 def custom_kernel(data: input_t) -> output_t:
@@ -54,16 +62,22 @@ def custom_kernel(data: input_t) -> output_t:
             for i in range(ws):
                 push((rank + i) % ws)
         else:
-            if dev not in _counters:
-                _counters[dev] = torch.zeros(1, dtype=torch.int32, device=dev)
-            ext.push_peers(a, peers, base + rank * rows * k * 2, rank, epoch, _counters[dev])  # noqa: F821
+            ext.push_peers(a, peers, base + rank * rows * k * 2, rank, epoch, _counter(dev, "main"), 0)  # noqa: F821
         ext.wait_flags(flags, 0, ws, epoch)  # noqa: F821
         return gemm(gathered, out)
-    side = _streams.setdefault(dev, torch.cuda.Stream(dev))
+    sm_push = os.environ.get("KBENCH_AG_CHUNK_PUSH") == "sm"
+    if (dev, sm_push) not in _streams:
+        _streams[dev, sm_push] = torch.cuda.Stream(dev, priority=-1 if sm_push else 0)
+    side = _streams[dev, sm_push]
     side.wait_stream(main)                    # after this rank's previous call (its flags free the peers' buffers)
     with torch.cuda.stream(side):
-        for i in range(1, ws):
-            push((rank + i) % ws)
+        if sm_push:  # the peers' buffers only: the local GEMM reads A itself
+            others = [peers[(rank + i) % ws] for i in range(1, ws)]
+            ext.push_peers(a, others, base + rank * rows * k * 2, rank, epoch, _counter(dev, "side"),  # noqa: F821
+                           int(os.environ.get("KBENCH_AG_PUSH_BLOCKS", 16)))
+        else:
+            for i in range(1, ws):
+                push((rank + i) % ws)
     gemm(a, out[rank * rows:(rank + 1) * rows])
     for i in range(1, ws):                    # peers in arrival order: r-1 pushes here first
         src = (rank - i) % ws
