@@ -80,6 +80,75 @@ def peers_ops(problem: str, rank: int, ws: int, data, case: dict) -> dict:
     return ops
 
 
+def probe(rank: int, ws: int, runs: int) -> None:
+    """ag-gemm's overlapped path in pieces, on the largest official shards (rank r's shard [m/ws, k] pushed to rank
+    r + 1, which waits for it): the push alone by SM stores in B blocks or by the copy engine, the local half GEMM
+    alone, and the two together (the push on a high-priority side stream); `ping`, 16 bytes pushed and waited for,
+    is the timer's floor for anything that waits on a peer (its launches, the ranks' skew after the barrier). Kernel-level times (us), rows
+    `probe/<piece>`; flags at words 64.. of the symmetric buffer and epochs of their own, so the backend's are not
+    touched."""
+    mod = benchlib.build("ag-gemm", "cuda")
+    symm = mod.symm  # (the entry's own: one buffer a process)
+    ref = problems.load_modules("ag-gemm").reference
+    gpu = torch.cuda.get_device_name()
+    counter = torch.zeros(1, dtype=torch.int32, device="cuda")
+    side = torch.cuda.Stream(priority=-1)
+    epoch = [1 << 20]
+    rows_out = []
+    for case in problems.load_spec("ag-gemm").benchmarks[-3:]:
+        case = problems.official_case(dict(case, world_size=ws))
+        a, w, _ = ref.generate_input(**case, rank=rank)
+        rows, k = a.shape
+        base, peers = symm.half(rows * k * 2 * ws, 0, a.device)
+        flags = symm.flags_address(a.device)
+        dst, src = (rank + 1) % ws, (rank - 1) % ws
+        out = torch.empty((rows, w.shape[0]), dtype=a.dtype, device=a.device)
+
+        def _next():
+            epoch[0] += 1
+            return epoch[0]
+
+        def push(blocks=0, ce=False):
+            epoch[0] += 1
+            if ce:
+                symm.view(a.device, dst, base + rank * rows * k * 2, (rows, k), a.dtype).copy_(a)
+                mod.ext.signal_peers([peers[dst]], 64 + rank, epoch[0])
+            else:
+                mod.ext.push_peers(a, [peers[dst]], base + rank * rows * k * 2, 64 + rank, epoch[0], counter, blocks)
+
+        def landed():
+            mod.ext.wait_flags(flags, 64 + src, 1, epoch[0])
+
+        def both(blocks=0, ce=False):
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                push(blocks, ce)
+            torch.mm(a, w.T, out=out)
+            landed()
+            torch.cuda.current_stream().wait_stream(side)
+
+        one = a.view(-1)[:8]  # 16 bytes: the timer's floor for one flagged store to the peer and its wait
+        ping = lambda: (mod.ext.push_peers(one, [peers[dst]], base + rank * 16, 64 + rank, _next(), counter, 1),
+                        landed())  # noqa: E731
+        pieces = {"ping": ping, "gemm-half": lambda: torch.mm(a, w.T, out=out)}
+        for b in (8, 16, 32, 0):
+            pieces[f"push-sm{b or 'all'}"] = lambda b=b: (push(b), landed())
+        pieces["push-ce"] = lambda: (push(ce=True), landed())
+        for b in (16, 32):
+            pieces[f"gemm-half+push-sm{b}"] = lambda b=b: both(b)
+        pieces["gemm-half+push-ce"] = lambda: both(ce=True)
+        got = {name: benchlib.rank_time_us(fn, runs) for name, fn in pieces.items()}
+        mb = rows * k * 2 / 1e6
+        if rank == 0:
+            print(f"{problems.format_case(case)}: shard {mb:.1f} MB; " +
+                  ", ".join(f"{n} {t:.1f}" + (f" ({mb / t:.0f} GB/s)" if n.startswith("push") else "")
+                            for n, t in got.items()), flush=True)
+        rows_out += [benchlib.Row(gpu, ws, f"probe/{n}", "kernel", problems.format_case(case), t)
+                     for n, t in got.items()]
+    if rank == 0:
+        benchlib.record("ag-gemm", rows_out)
+
+
 def floor_us(problem: str, data, ws: int) -> float | None:
     if problem != "all2all":
         return None
@@ -93,12 +162,18 @@ def main():
     ap.add_argument("problem", choices=("all2all", "gemm-rs", "ag-gemm"))
     ap.add_argument("--runs", type=int, default=20)
     ap.add_argument("--candidates", default="", help="comma-separated names of CANDIDATES[problem]")
+    ap.add_argument("--probe", action="store_true", help="ag-gemm: time the overlapped path's pieces instead")
     args = ap.parse_args()
     candidates = benchlib.selected(CANDIDATES[args.problem], args.candidates)
     rank, ws = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     torch.cuda.set_device(rank)
     dist.init_process_group("nccl", device_id=torch.device("cuda", rank))
     os.environ["KBENCH_DEVICE"] = "cuda"
+    if args.probe:
+        probe(rank, ws, args.runs)
+        dist.barrier()
+        dist.destroy_process_group()
+        return
     ref = problems.load_modules(args.problem).reference
     ours, theirs = benchlib.build(args.problem, "cuda"), benchlib.build(args.problem, "torch")
     gpu = torch.cuda.get_device_name()

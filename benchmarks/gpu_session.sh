@@ -26,7 +26,8 @@
 #   racecheck, synccheck), SANITIZE_K = the tests it runs (a pytest -k expression; it matches
 #   parameter ids too, without case: 'head_gemm' also selects test_every_official_case[LINEAR=0,HEAD_GEMM=0]).
 # several GPUs: dist-check, dist-bench (benchmarks/distributed.py for DIST_PROBLEMS, each with its DIST_CANDIDATES),
-#   dist-perf (kbench perf), dist-tier, window-ab
+#   dist-probe (ag-gemm's overlapped path in pieces: distributed.py --probe), dist-perf (kbench perf of DIST_PROBLEMS),
+#   dist-tier, window-ab
 #   (all2all's torch backend judged, alternately, by kbench as it was at the revision in OLD_KBENCH, a `git archive`
 #   tarball, and by kbench now: the multi-rank window before and after it matched the official harness).
 # Everything lands in one archive, $OUT/session.tgz (logs/, records/, results/<problem>.csv from KBENCH_RESULTS; a
@@ -142,7 +143,9 @@ for part in "$@"; do
                step "${BENCH_S:-150}" "bench_$p" torchrun --nproc-per-node "$n" benchmarks/distributed.py "$p" \
                  --runs "${RUNS:-20}" --candidates "$c"
              done ;;
-  dist-perf) for p in all2all gemm-rs ag-gemm; do
+  dist-probe) step "${BENCH_S:-150}" dist_probe torchrun --nproc-per-node "$n" benchmarks/distributed.py ag-gemm --probe \
+                --runs "${RUNS:-15}" ;;
+  dist-perf) for p in ${DIST_PROBLEMS:-all2all gemm-rs ag-gemm}; do
                step 200 "perf_$p" kbench perf "$p" --backend cuda --world-size "$n" --json "$W/records/perf_${p}_cuda.json"
              done ;;
   window-ab) old=$(mktemp -d); tar xf "${OLD_KBENCH:?OLD_KBENCH names a git archive tarball}" -C "$old"
