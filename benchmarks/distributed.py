@@ -132,7 +132,7 @@ def probe(rank: int, ws: int, runs: int) -> None:
                         landed())  # noqa: E731
         pieces = {"ping": ping, "gemm-half": lambda: torch.mm(a, w.T, out=out)}
         for b in (8, 16, 32, 0):
-            pieces[f"push-sm{b or 'all'}"] = lambda b=b: (push(b), landed())
+            pieces[f"push-sm{b}" if b else "push-sm-all"] = lambda b=b: (push(b), landed())
         pieces["push-ce"] = lambda: (push(ce=True), landed())
         for b in (16, 32):
             pieces[f"gemm-half+push-sm{b}"] = lambda b=b: both(b)
@@ -141,7 +141,7 @@ def probe(rank: int, ws: int, runs: int) -> None:
         mb = rows * k * 2 / 1e6
         if rank == 0:
             print(f"{problems.format_case(case)}: shard {mb:.1f} MB; " +
-                  ", ".join(f"{n} {t:.1f}" + (f" ({mb / t:.0f} GB/s)" if n.startswith("push") else "")
+                  ", ".join(f"{n} {t:.1f}" + (f" ({mb * 1e3 / t:.0f} GB/s)" if n.startswith("push") else "")
                             for n, t in got.items()), flush=True)
         rows_out += [benchlib.Row(gpu, ws, f"probe/{n}", "kernel", problems.format_case(case), t)
                      for n, t in got.items()]
