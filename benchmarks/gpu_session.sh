@@ -26,7 +26,9 @@
 #   racecheck, synccheck), SANITIZE_K = the tests it runs (a pytest -k expression; it matches
 #   parameter ids too, without case: 'head_gemm' also selects test_every_official_case[LINEAR=0,HEAD_GEMM=0]).
 # several GPUs: dist-check, dist-bench (benchmarks/distributed.py for DIST_PROBLEMS, each with its DIST_CANDIDATES),
-#   dist-probe (ag-gemm's overlapped path in pieces: distributed.py --probe), dist-perf (kbench perf of DIST_PROBLEMS),
+#   dist-probe (ag-gemm's overlapped path in pieces: distributed.py --probe), dist-perf (kbench perf of DIST_PROBLEMS
+#   for each of DIST_BACKENDS, default cuda: one build read 795.7 and 444.7 us official on two pairs, so compare a
+#   backend with torch only on the same pair),
 #   dist-tier, window-ab
 #   (all2all's torch backend judged, alternately, by kbench as it was at the revision in OLD_KBENCH, a `git archive`
 #   tarball, and by kbench now: the multi-rank window before and after it matched the official harness).
@@ -145,8 +147,11 @@ for part in "$@"; do
              done ;;
   dist-probe) step "${BENCH_S:-150}" dist_probe torchrun --nproc-per-node "$n" benchmarks/distributed.py ag-gemm --probe \
                 --runs "${RUNS:-15}" ;;
-  dist-perf) for p in ${DIST_PROBLEMS:-all2all gemm-rs ag-gemm}; do
-               step 200 "perf_$p" kbench perf "$p" --backend cuda --world-size "$n" --json "$W/records/perf_${p}_cuda.json"
+  dist-perf) for p in ${DIST_PROBLEMS:-all2all gemm-rs ag-gemm}; do  # DIST_BACKENDS="cuda torch": both, same pair
+               for b in ${DIST_BACKENDS:-cuda}; do
+                 step 200 "perf_${p}_$b" kbench perf "$p" --backend "$b" --world-size "$n" \
+                   --json "$W/records/perf_${p}_$b.json"
+               done
              done ;;
   window-ab) old=$(mktemp -d); tar xf "${OLD_KBENCH:?OLD_KBENCH names a git archive tarball}" -C "$old"
              for i in 1 2; do  # the old tree's kbench is top-level modules run from its own folder
