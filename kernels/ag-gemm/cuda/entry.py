@@ -58,7 +58,8 @@ def custom_kernel(data: input_t) -> output_t:
     main = torch.cuda.current_stream(dev)
     flags = symm.flags_address(dev)
     if rows < int(os.environ.get("KBENCH_AG_CHUNK_ROWS", CHUNK_ROWS)):
-        if os.environ.get("KBENCH_AG_PUSH") == "ce":
+        # (push_peers stores 16 bytes at a time: a shard of another size or alignment goes by the copy engine)
+        if os.environ.get("KBENCH_AG_PUSH") == "ce" or (rows * k * 2) % 16 or a.data_ptr() % 16:
             for i in range(ws):
                 push((rank + i) % ws)
         else:
@@ -71,7 +72,7 @@ def custom_kernel(data: input_t) -> output_t:
     side = _streams[dev, sm_push]
     side.wait_stream(main)                    # after this rank's previous call (its flags free the peers' buffers)
     with torch.cuda.stream(side):
-        if sm_push:  # the peers' buffers only: the local GEMM reads A itself
+        if sm_push and not ((rows * k * 2) % 16 or a.data_ptr() % 16):  # to the peers only: the local GEMM reads A
             others = [peers[(rank + i) % ws] for i in range(1, ws)]
             ext.push_peers(a, others, base + rank * rows * k * 2, rank, epoch, _counter(dev, "side"),  # noqa: F821
                            int(os.environ.get("KBENCH_AG_PUSH_BLOCKS", 16)))
