@@ -84,9 +84,9 @@ def probe(rank: int, ws: int, runs: int) -> None:
     """ag-gemm's overlapped path in pieces, on the largest official shards (rank r's shard [m/ws, k] pushed to rank
     r + 1, which waits for it): the push alone by SM stores in B blocks or by the copy engine, the local half GEMM
     alone, and the two together (the push on a high-priority side stream); `ping`, 16 bytes pushed and waited for,
-    is the timer's floor for anything that waits on a peer (its launches, the ranks' skew after the barrier). Kernel-level times (us), rows
-    `probe/<piece>`; flags at words 64.. of the symmetric buffer and epochs of their own, so the backend's are not
-    touched."""
+    is the timer's floor for anything that waits on a peer (its launches, the ranks' skew after the barrier).
+    Kernel-level times (us), rows `probe/<piece>`; flags at words 64.. of the symmetric buffer and epochs of their
+    own, so the backend's are not touched."""
     mod = benchlib.build("ag-gemm", "cuda")
     symm = mod.symm  # (the entry's own: one buffer a process)
     ref = problems.load_modules("ag-gemm").reference
@@ -109,12 +109,11 @@ def probe(rank: int, ws: int, runs: int) -> None:
             return epoch[0]
 
         def push(blocks=0, ce=False):
-            epoch[0] += 1
             if ce:
                 symm.view(a.device, dst, base + rank * rows * k * 2, (rows, k), a.dtype).copy_(a)
-                mod.ext.signal_peers([peers[dst]], 64 + rank, epoch[0])
+                mod.ext.signal_peers([peers[dst]], 64 + rank, _next())
             else:
-                mod.ext.push_peers(a, [peers[dst]], base + rank * rows * k * 2, 64 + rank, epoch[0], counter, blocks)
+                mod.ext.push_peers(a, [peers[dst]], base + rank * rows * k * 2, 64 + rank, _next(), counter, blocks)
 
         def landed():
             mod.ext.wait_flags(flags, 64 + src, 1, epoch[0])

@@ -120,7 +120,7 @@ def address_pattern(sets: list) -> tuple[str, list[str]]:
     least once), from timed_runs' seen list."""
     letters, names = {}, []
     for s in sets:
-        letters.setdefault(tuple(a for _, a in s), chr(ord("A") + len(letters) % 26) if len(letters) < 26 else "*")
+        letters.setdefault(tuple(a for _, a in s), chr(ord("A") + len(letters)) if len(letters) < 26 else "*")
         names.append(letters[tuple(a for _, a in s)])
     moved = [path for i, (path, a) in enumerate(sets[0]) if any(s[i][1] != a for s in sets[1:])] if sets else []
     return "".join(names), moved

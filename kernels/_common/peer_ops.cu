@@ -47,14 +47,7 @@ __global__ void push_kernel(const __grid_constant__ kb::PeerPtrs dsts, int count
     const uint4 v = __ldg(src + i);
     for (int r = 0; r < count; ++r) reinterpret_cast<uint4*>(dsts.p[r] + offset)[i] = v;
   }
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    __threadfence_system();
-    if (atomicAdd(counter, 1) == static_cast<int>(gridDim.x) - 1) {
-      for (int r = 0; r < count; ++r) kb::sm90::st_release_sys(reinterpret_cast<uint32_t*>(dsts.p[r]) + word, epoch);
-      *counter = 0;
-    }
-  }
+  kb::flag_when_last(dsts, count, word, epoch, counter);
 }
 
 }  // namespace

@@ -45,12 +45,15 @@ def custom_kernel(data: input_t) -> output_t:
     base, peers = symm.half(m * k * 2, parity, a.device)  # this call's half: the gathered A, ws slots of [rows, k]
     dev, wt = a.device, w.T
     a = a.contiguous()
+    mine = base + rank * rows * k * 2  # this rank's slot in every rank's half
+    # push_peers stores 16 bytes at a time: a shard of another size or alignment goes by the copy engine
+    sm_storable = (rows * k * 2) % 16 == 0 and a.data_ptr() % 16 == 0
 
     def gemm(src, out):
         return torch.mm(src, wt, out=out) if bias is None else torch.addmm(bias, src, wt, out=out)
 
     def push(dst):
-        symm.view(dev, dst, base + rank * rows * k * 2, (rows, k), a.dtype).copy_(a)
+        symm.view(dev, dst, mine, (rows, k), a.dtype).copy_(a)
         ext.signal_peers([peers[dst]], rank, epoch)  # noqa: F821 (ext: template)
 
     out = torch.empty((m, w.shape[0]), dtype=a.dtype, device=dev)
@@ -58,12 +61,11 @@ def custom_kernel(data: input_t) -> output_t:
     main = torch.cuda.current_stream(dev)
     flags = symm.flags_address(dev)
     if rows < int(os.environ.get("KBENCH_AG_CHUNK_ROWS", CHUNK_ROWS)):
-        # (push_peers stores 16 bytes at a time: a shard of another size or alignment goes by the copy engine)
-        if os.environ.get("KBENCH_AG_PUSH") == "ce" or (rows * k * 2) % 16 or a.data_ptr() % 16:
+        if os.environ.get("KBENCH_AG_PUSH") == "ce" or not sm_storable:
             for i in range(ws):
                 push((rank + i) % ws)
         else:
-            ext.push_peers(a, peers, base + rank * rows * k * 2, rank, epoch, _counter(dev, "main"), 0)  # noqa: F821
+            ext.push_peers(a, peers, mine, rank, epoch, _counter(dev, "main"), 0)  # noqa: F821
         ext.wait_flags(flags, 0, ws, epoch)  # noqa: F821
         return gemm(gathered, out)
     sm_push = os.environ.get("KBENCH_AG_CHUNK_PUSH") == "sm"
@@ -72,9 +74,9 @@ def custom_kernel(data: input_t) -> output_t:
     side = _streams[dev, sm_push]
     side.wait_stream(main)                    # after this rank's previous call (its flags free the peers' buffers)
     with torch.cuda.stream(side):
-        if sm_push and not ((rows * k * 2) % 16 or a.data_ptr() % 16):  # to the peers only: the local GEMM reads A
+        if sm_push and sm_storable:  # to the peers only: the local GEMM reads A itself
             others = [peers[(rank + i) % ws] for i in range(1, ws)]
-            ext.push_peers(a, others, base + rank * rows * k * 2, rank, epoch, _counter(dev, "side"),  # noqa: F821
+            ext.push_peers(a, others, mine, rank, epoch, _counter(dev, "side"),  # noqa: F821
                            int(os.environ.get("KBENCH_AG_PUSH_BLOCKS", 16)))
         else:
             for i in range(1, ws):

@@ -83,18 +83,6 @@ __device__ __forceinline__ void copy_row(uint4* dst, const uint4* src, int n16) 
   for (int c = threadIdx.x; c < n16; c += blockDim.x) dst[c] = src[c];
 }
 
-// The last block of a grid (by a ticket on counter) stores `epoch` at flag word `word + p.rank` of every rank.
-__device__ __forceinline__ void flag_all_when_last(const Params& p, int* counter, int word) {
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    __threadfence_system();
-    if (atomicAdd(counter, 1) == static_cast<int>(gridDim.x) - 1) {
-      for (int r = 0; r < p.ws; ++r) kb::sm90::st_release_sys(at<uint32_t>(p, r, 0) + word + p.rank, p.epoch);
-      *counter = 0;
-    }
-  }
-}
-
 __global__ void __launch_bounds__(kThreads) dispatch_kernel(const __grid_constant__ Params p) {
   const int pairs = p.T * p.K, n16 = p.H / 8;
   for (int i = blockIdx.x; i < pairs; i += gridDim.x) {
@@ -102,7 +90,7 @@ __global__ void __launch_bounds__(kThreads) dispatch_kernel(const __grid_constan
     __half* dst = at<__half>(p, d, p.off_x) + (static_cast<long long>(p.rank) * p.P + p.slot[i]) * p.H;
     copy_row(reinterpret_cast<uint4*>(dst), reinterpret_cast<const uint4*>(p.x + (i / p.K) * p.H), n16);
   }
-  flag_all_when_last(p, &p.done[0], kDispatchFlag);
+  kb::flag_when_last(p.peers, p.ws, kDispatchFlag + p.rank, p.epoch, &p.done[0]);
 }
 
 // Spins until this rank's flags [word, word + ws) reach the call's epoch (every block, before reading what they guard).
@@ -139,7 +127,7 @@ __global__ void __launch_bounds__(kThreads) expert_kernel(const __grid_constant_
       dst[c] = v;
     }
   }
-  flag_all_when_last(p, &p.done[1], kCombineFlag);
+  kb::flag_when_last(p.peers, p.ws, kCombineFlag + p.rank, p.epoch, &p.done[1]);
 }
 
 __global__ void __launch_bounds__(kThreads) combine_kernel(const __grid_constant__ Params p) {

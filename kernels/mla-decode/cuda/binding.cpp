@@ -215,9 +215,10 @@ static_assert(kStepMoving <= kb::kMovingInputs, "the record holds every moving i
 // through head_gemm.cuh (KBENCH_MLA_HEAD_GEMM=0: at::bmm_out, cuBLAS). a and c: the last dim contiguous, any row and
 // head strides; b: n contiguous (rows of k) or k contiguous (a transposed view); m <= 128, n % 128 == 0, k % 64 == 0,
 // a's and b's strides multiples of 8 elements. Returns c.
-// (b_slot: a moving graph's capture reads b b_offset bytes past the address this device word holds: moving_inputs.h)
+// (b_ref: b is a moving graph's input, which the kernel reads through the capture's table word: moving_inputs.h)
 static torch::Tensor head_bmm_out(torch::Tensor c, const torch::Tensor& a, const torch::Tensor& b,
-                                  const void* const* b_slot = nullptr, long long b_offset = 0) {
+                                  const MovingRef& b_ref = {}) {
+  const void* const* b_slot = b_ref.capture ? b_ref.capture->slot(b_ref.input) : nullptr;
   TORCH_CHECK(a.dim() == 3 && b.dim() == 3 && c.dim() == 3 && a.size(0) == b.size(0) && c.size(0) == a.size(0) &&
                   a.size(2) == b.size(1) && c.size(1) == a.size(1) && c.size(2) == b.size(2),
               "mla_bmm_out: c [H, m, n] = a [H, m, k] . b [H, k, n]");
@@ -244,7 +245,7 @@ static torch::Tensor head_bmm_out(torch::Tensor c, const torch::Tensor& a, const
                                          b_k_major ? b.stride(2) : b.stride(1), b.stride(0), b_k_major, c.data_ptr(),
                                          c.stride(1), c.stride(0), static_cast<int>(heads), static_cast<int>(m),
                                          static_cast<int>(n), static_cast<int>(k),
-                                         c10::cuda::getCurrentCUDAStream().stream(), b_slot, b_offset);
+                                         c10::cuda::getCurrentCUDAStream().stream(), b_slot, b_ref.offset);
   TORCH_CHECK(err == nullptr, err ? err : "");
   return c;
 }
@@ -391,8 +392,7 @@ torch::Tensor mla_step(torch::Tensor x, torch::Tensor cache, torch::Tensor w_kv_
   torch::Tensor q_full = torch::empty({bs, kH, kLora + kRope}, x.options());
   torch::Tensor q_latent = q_full.narrow(2, 0, kLora).transpose(0, 1);
   const torch::Tensor w_uk = w_kvu.narrow(1, 0, kNope);
-  head_bmm_out(q_latent, q.narrow(2, 0, kNope).transpose(0, 1), w_uk, moving ? moving->slot(5) : nullptr,
-               ref(5, w_uk).offset);
+  head_bmm_out(q_latent, q.narrow(2, 0, kNope).transpose(0, 1), w_uk, ref(5, w_uk));
   steps.mark("bmm_uk");
   auto join = [&] {  // the attention reads the new row (and, late, the query's RoPE the length the append took)
     if (!appended) return;
@@ -410,8 +410,7 @@ torch::Tensor mla_step(torch::Tensor x, torch::Tensor cache, torch::Tensor w_kv_
   // y written by the per-head bmm through a transposed view: wo reads it as [bs, H * v] in place
   torch::Tensor y_heads = y.transpose(0, 1);
   const torch::Tensor w_uv = w_kvu.narrow(1, kNope, kV).transpose(1, 2);
-  head_bmm_out(y_heads, o_latent.transpose(0, 1), w_uv, moving ? moving->slot(5) : nullptr,
-               ref(5, w_uv).offset);
+  head_bmm_out(y_heads, o_latent.transpose(0, 1), w_uv, ref(5, w_uv));
   steps.mark("bmm_uv");
   // late: the graph's own output tensor is never written; each call's is the one mla_replay publishes
   torch::Tensor out = linear_out(y.view({bs, 1, kH * kV}), w_o,
