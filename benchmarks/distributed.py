@@ -11,7 +11,9 @@ fused_matmul_reduce_scatter / fused_all_gather_matmul; all2all: NCCL all_to_all_
 local GEMM alone), comm (the collective alone); overlap = max(gemm, comm) / ours. all2all's floor: the bytes one
 rank sends over NVLink (its dispatch and its combine) at 450 GB/s. Rows go to benchmarks/results/<problem>.csv.
 --candidates NAME,... also checks and times the CUDA backend under each named candidate's knobs (CANDIDATES; the
-entries read them every call), as "cuda+NAME", every rank under the same knobs.
+entries read them every call), as "cuda+NAME", every rank under the same knobs. --window adds the official
+multi-rank window (host clock, barriers; without the harness's input clone) for each, torch and `null` (an empty
+output only: the window's own cost), as "NAME[window]" rows of metric host-loop.
 """
 from __future__ import annotations
 
@@ -44,7 +46,9 @@ CANDIDATES = {
         "one-gemm": {"KBENCH_RS_CHUNK_ROWS": "1000000000"},  # every case: one GEMM of all rows, owners pull
         "chunk-1024": {"KBENCH_RS_CHUNK_ROWS": "1024"},  # the build before this session
     },
-    "all2all": {},
+    "all2all": {
+        "four": {"KBENCH_A2A_FOUR": "1"},  # the previous path: four launches, a row per (token, expert) each way
+    },
 }
 
 
@@ -148,6 +152,19 @@ def probe(rank: int, ws: int, runs: int) -> None:
         benchlib.record("ag-gemm", rows_out)
 
 
+def windows(ours, theirs, data, candidates: dict, runs: int) -> dict:
+    """name[window] -> the official window's median (us) for our backend, each candidate, torch's, and `null`, a call
+    that only makes an empty output like ours: what the window costs whatever the kernel."""
+    out = data[1].x if hasattr(data[1], "x") else data[0]
+    got = {"null[window]": benchlib.rank_window_us(lambda: torch.empty_like(out), runs),
+           "cuda[window]": benchlib.rank_window_us(lambda: ours.custom_kernel(data), runs)}
+    for name, settings in candidates.items():
+        with benchlib.knobs(settings):
+            got[f"cuda+{name}[window]"] = benchlib.rank_window_us(lambda: ours.custom_kernel(data), runs)
+    got["torch[window]"] = benchlib.rank_window_us(lambda: theirs.custom_kernel(data), runs)
+    return got
+
+
 def floor_us(problem: str, data, ws: int) -> float | None:
     if problem != "all2all":
         return None
@@ -162,6 +179,9 @@ def main():
     ap.add_argument("--runs", type=int, default=20)
     ap.add_argument("--candidates", default="", help="comma-separated names of CANDIDATES[problem]")
     ap.add_argument("--probe", action="store_true", help="ag-gemm: time the overlapped path's pieces instead")
+    ap.add_argument("--window", action="store_true",
+                    help="also time cuda (and each candidate), torch and `null` (an empty output: the window's own "
+                         "cost) in the official multi-rank window, as '<name>[window]' (metric host-loop)")
     args = ap.parse_args()
     candidates = benchlib.selected(CANDIDATES[args.problem], args.candidates)
     rank, ws = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -197,6 +217,8 @@ def main():
                 dist.all_reduce(bad)  # every rank times a candidate, or none does (the timer is collective)
                 if not bad.item():
                     row[f"cuda+{name}"] = benchlib.rank_time_us(lambda: ours.custom_kernel(data), args.runs)
+        if args.window:
+            row.update(windows(ours, theirs, data, candidates, args.runs))
         for name, fn in peers_ops(args.problem, rank, ws, data, case).items():
             try:
                 row[name] = benchlib.rank_time_us(fn, args.runs)
@@ -216,8 +238,11 @@ def main():
         results = [benchlib.Row(gpu, ws, n, "kernel", r["case"], r[n]) for r in rows for n in names if r.get(n)]
         results += [benchlib.Row(gpu, ws, n, "kernel", "geomean", benchlib.geomean(r.get(n) for r in rows))
                     for n in names if benchlib.geomean(r.get(n) for r in rows)]
+        wnames = [n for n in rows[0] if n.endswith("[window]")] if rows else []
+        results += [benchlib.Row(gpu, ws, n, "host-loop", c, v) for n in wnames
+                    for c, v in [(r["case"], r[n]) for r in rows] + [("geomean", benchlib.geomean(r[n] for r in rows))]]
         benchlib.record(args.problem, results)
-        cols = ["floor", "cuda", "torch", "fused", "gemm", "comm"] + [f"cuda+{n}" for n in candidates]
+        cols = ["floor", "cuda", "torch", "fused", "gemm", "comm"] + [f"cuda+{n}" for n in candidates] + wnames
         ratio = lambda x: None if x is None else f"{x:.2f}"  # noqa: E731
         benchlib.table(f"{args.problem} on {ws}x {gpu} (us, kernel level: events on every rank, slowest rank, "
                        f"median); failures: {len(failures)}", ["case"] + cols + ["overlap"],

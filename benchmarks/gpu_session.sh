@@ -25,7 +25,8 @@
 #   TIER_K = a pytest -k expression selecting among them; SANITIZE_TOOL = compute-sanitizer's tool (memcheck,
 #   racecheck, synccheck), SANITIZE_K = the tests it runs (a pytest -k expression; it matches
 #   parameter ids too, without case: 'head_gemm' also selects test_every_official_case[LINEAR=0,HEAD_GEMM=0]).
-# several GPUs: dist-check, dist-bench (benchmarks/distributed.py for DIST_PROBLEMS, each with its DIST_CANDIDATES),
+# several GPUs: dist-check (DIST_CHECK_K: pytest -k), dist-bench (benchmarks/distributed.py for DIST_PROBLEMS, each with its DIST_CANDIDATES;
+#   DIST_WINDOW=1: also the official multi-rank window, --window),
 #   dist-probe (ag-gemm's overlapped path in pieces: distributed.py --probe), dist-perf (kbench perf of DIST_PROBLEMS
 #   for each of DIST_BACKENDS, default cuda: one build read 795.7 and 444.7 us official on two pairs, so compare a
 #   backend with torch only on the same pair),
@@ -139,11 +140,12 @@ for part in "$@"; do
          --launch-count "${NCU_COUNT:-6}" --section SpeedOfLight --section ComputeWorkloadAnalysis \
          --section MemoryWorkloadAnalysis --section WarpStateStats --section SchedulerStats \
          python3 benchmarks/calls.py "${NCU_PROBLEM:-moe}" --calls 2 ;;
-  dist-check) step "${CHECK_S:-500}" dist_check python3 -m pytest -q -x -p no:cacheprovider tests/test_dist_cuda_gpu.py ;;
+  dist-check) step "${CHECK_S:-500}" dist_check python3 -m pytest -q -x -p no:cacheprovider ${DIST_CHECK_K:+-k "$DIST_CHECK_K"} \
+                tests/test_dist_cuda_gpu.py ;;
   dist-bench) for p in ${DIST_PROBLEMS:-all2all gemm-rs ag-gemm}; do  # DIST_CANDIDATES="ag-gemm:a,b gemm-rs:c"
                c=""; for pc in ${DIST_CANDIDATES:-}; do [ "${pc%%:*}" = "$p" ] && c="${pc#*:}"; done
                step "${BENCH_S:-150}" "bench_$p" torchrun --nproc-per-node "$n" benchmarks/distributed.py "$p" \
-                 --runs "${RUNS:-20}" --candidates "$c"
+                 --runs "${RUNS:-20}" --candidates "$c" ${DIST_WINDOW:+--window}
              done ;;
   dist-probe) step "${BENCH_S:-150}" dist_probe torchrun --nproc-per-node "$n" benchmarks/distributed.py ag-gemm --probe \
                 --runs "${RUNS:-15}" ;;

@@ -32,6 +32,21 @@ def test_all2all_regions_are_aligned_disjoint_and_large_enough(ws):
         assert lay.nbytes < 320 << 20          # the official shapes fit the first allocation (symm.MIN_BYTES)
 
 
+@pytest.mark.parametrize("ws", [1, 2, 4, 8])
+def test_all2all_fused_regions_are_aligned_disjoint_and_large_enough(ws):
+    """The one-launch path's regions: a row per (token, destination rank) each way, M = max_num_tokens."""
+    spec = problems.load_spec("all2all")
+    for case in spec.tests + spec.benchmarks:
+        M, H = case["max_num_tokens"], case["hidden_dim"]
+        lay = LAYOUT.fused_layout(ws, M, H)
+        regions = [(lay.off_count, 4 * ws), (lay.off_pair, 4 * ws * M), (lay.off_x, 2 * ws * M * H),
+                   (lay.off_ret, 2 * ws * M * H)]
+        assert lay.P == M and lay.offsets()[0] == M and lay.off_count >= LAYOUT.FLAG_BYTES
+        for (start, size), (nxt, _) in zip(regions, regions[1:]):
+            assert start % LAYOUT.ALIGN == 0 and start + size <= nxt
+        assert regions[-1][0] + regions[-1][1] <= lay.nbytes < 320 << 20
+
+
 def test_symm_minimum_covers_the_largest_official_gemm_cases():
     symm = _module(KERNELS / "_common" / "symm.py")
     for problem in ("gemm-rs", "ag-gemm"):

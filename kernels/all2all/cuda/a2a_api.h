@@ -6,8 +6,11 @@
 
 struct A2aArgs {
   uint64_t peers[8];   // every rank's symmetric buffer, mapped into this process (the flags come first)
-  int rank, ws, T, K, H, experts_per_rank, P;
-  long long off_count, off_pair, off_x, off_ret;  // byte offsets of the regions in every buffer (a2a_layout)
+  int rank, ws, T, K, H, experts_per_rank;
+  int P;                // four launches: slots per source (max_num_tokens * K); fused: max_num_tokens
+  bool fused;           // one launch, a row per (token, destination rank) (fused.cuh); else the four launches
+  long long off_count, off_pair, off_x, off_ret;  // byte offsets of the regions in every buffer (layout.py; fused:
+                                                  // off_pair is the token ids' region)
   const void* x;        // fp16 [T][H]
   const int* indices;   // int32 [T][K]
   const float* weights;  // fp32 [T][K]

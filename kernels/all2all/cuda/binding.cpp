@@ -9,11 +9,12 @@
 #include "a2a_api.h"
 
 // x [T, H] fp16, indices [T, K] int32, weights [T, K] fp32 (this rank's); peers: every rank's buffer address;
-// layout: [P, off_count, off_pair, off_x, off_ret]; scratch int32 [T*K + 2] (its last two zero between calls).
+// layout: [P, off_count, off_pair, off_x, off_ret] (layout.py: `fused_layout` when fused, where P is max_num_tokens
+// and off_pair the token ids' region; else `layout`); scratch int32 [T*K + 2] (its last two zero between calls).
 // Returns out [T, H] fp16.
 torch::Tensor a2a_forward(torch::Tensor x, torch::Tensor indices, torch::Tensor weights, std::vector<int64_t> peers,
                           int64_t rank, int64_t experts_per_rank, std::vector<int64_t> layout, torch::Tensor scratch,
-                          int64_t epoch) {
+                          int64_t epoch, bool fused) {
   TORCH_CHECK(x.is_cuda() && x.scalar_type() == at::kHalf && x.is_contiguous() && x.dim() == 2,
               "a2a_forward: x must be contiguous fp16 [T, H]");
   TORCH_CHECK(indices.scalar_type() == at::kInt && weights.scalar_type() == at::kFloat && indices.is_contiguous() &&
@@ -44,6 +45,7 @@ torch::Tensor a2a_forward(torch::Tensor x, torch::Tensor indices, torch::Tensor 
   a.slot = scratch.data_ptr<int>();
   a.done = scratch.data_ptr<int>() + scratch.numel() - 2;
   a.epoch = static_cast<uint32_t>(epoch);
+  a.fused = fused;
   const char* err = a2a_run(a, c10::cuda::getCurrentCUDAStream().stream());
   TORCH_CHECK(err == nullptr, err ? err : "");
   return out;

@@ -6,6 +6,13 @@
     x       fp16  [ws][P][H]    the rows each source sent here
     ret     fp16  [P][H]        expert outputs returned to this rank, by its own pair id
 P = max_num_tokens * experts_per_token: a source can send every pair of every token to one rank.
+
+`fused_layout` is the one-launch path's (fused.cuh): a row per (token, destination rank), M = max_num_tokens:
+    count   int32 [ws]          rows each source sent here this call
+    tok     int32 [ws][M]       the source's token id of each received row
+    x       fp16  [ws][M][H]    the rows each source sent here
+    ret     fp16  [ws][M][H]    y returned to this rank, by destination rank and token
+Its offsets fill the same five places (M for P, tok for pair).
 """
 from typing import NamedTuple
 
@@ -36,3 +43,12 @@ def layout(world_size: int, max_num_tokens: int, experts_per_token: int, hidden_
     off_x = _up(off_pair + 4 * world_size * P)
     off_ret = _up(off_x + 2 * world_size * P * hidden_dim)
     return Layout(P, off_count, off_pair, off_x, off_ret, _up(off_ret + 2 * P * hidden_dim))
+
+
+def fused_layout(world_size: int, max_num_tokens: int, hidden_dim: int) -> Layout:
+    M = max_num_tokens
+    off_count = FLAG_BYTES
+    off_tok = _up(off_count + 4 * world_size)
+    off_x = _up(off_tok + 4 * world_size * M)
+    off_ret = _up(off_x + 2 * world_size * M * hidden_dim)
+    return Layout(M, off_count, off_tok, off_x, off_ret, _up(off_ret + 2 * world_size * M * hidden_dim))
