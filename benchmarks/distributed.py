@@ -13,13 +13,15 @@ rank sends over NVLink (its dispatch and its combine) at 450 GB/s. Rows go to be
 --candidates NAME,... also checks and times the CUDA backend under each named candidate's knobs (CANDIDATES; the
 entries read them every call), as "cuda+NAME", every rank under the same knobs. --window adds the official
 multi-rank window (host clock, barriers; without the harness's input clone) for each, torch and `null` (an empty
-output only: the window's own cost), as "NAME[window]" rows of metric host-loop.
+output only: the window's own cost), as "NAME[window]" rows of metric host-loop; --trace (all2all) the one-launch
+kernel's phases and the host's issue time, as "cuda[trace]/PHASE" rows.
 """
 from __future__ import annotations
 
 import argparse
 import os
 import sys
+import time
 
 os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
 os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
@@ -165,6 +167,32 @@ def windows(ours, theirs, data, candidates: dict, runs: int) -> dict:
     return got
 
 
+TRACE_PHASES = ("dispatch rows", "dispatch flag", "wait dispatch", "expert + flag", "wait return", "combine")
+
+
+def trace(ours, data, runs: int) -> dict:
+    """all2all's one-launch path with KBENCH_A2A_TRACE=1: per phase (TRACE_PHASES, from a2a_api.h's stamps: the
+    time between consecutive stamps of this rank's kernel) the median over runs, us, and `issue`, the host's time in
+    custom_kernel (no synchronize inside); each run after a synchronize and a barrier, as the window starts. Rank
+    0's figures, broadcast."""
+    phases, issue = [], []
+    with benchlib.knobs({"KBENCH_A2A_TRACE": "1"}):
+        for i in range(runs + 3):
+            torch.cuda.synchronize()
+            dist.barrier()
+            t0 = time.perf_counter_ns()
+            ours.custom_kernel(data)
+            t1 = time.perf_counter_ns()
+            stamps = ours.ext.a2a_trace().tolist()
+            if i >= 3:
+                issue.append((t1 - t0) / 1e3)
+                phases.append([(b - a) / 1e3 for a, b in zip(stamps, stamps[1:])])
+    got = torch.tensor([benchlib.median(issue)] + [benchlib.median(col) for col in zip(*phases)], device="cuda")
+    dist.broadcast(got, 0)
+    vals = got.tolist()
+    return {"issue[trace]": vals[0], **{f"{n}[trace]": v for n, v in zip(TRACE_PHASES, vals[1:])}}
+
+
 def floor_us(problem: str, data, ws: int) -> float | None:
     if problem != "all2all":
         return None
@@ -182,6 +210,9 @@ def main():
     ap.add_argument("--window", action="store_true",
                     help="also time cuda (and each candidate), torch and `null` (an empty output: the window's own "
                          "cost) in the official multi-rank window, as '<name>[window]' (metric host-loop)")
+    ap.add_argument("--trace", action="store_true",
+                    help="all2all: the one-launch kernel's phases (KBENCH_A2A_TRACE) and the host's issue time, as "
+                         "'cuda[trace]/<phase>' rows (metric host-loop)")
     args = ap.parse_args()
     candidates = benchlib.selected(CANDIDATES[args.problem], args.candidates)
     rank, ws = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -219,6 +250,8 @@ def main():
                     row[f"cuda+{name}"] = benchlib.rank_time_us(lambda: ours.custom_kernel(data), args.runs)
         if args.window:
             row.update(windows(ours, theirs, data, candidates, args.runs))
+        if args.trace:
+            row.update(trace(ours, data, args.runs))
         for name, fn in peers_ops(args.problem, rank, ws, data, case).items():
             try:
                 row[name] = benchlib.rank_time_us(fn, args.runs)
@@ -241,6 +274,9 @@ def main():
         wnames = [n for n in rows[0] if n.endswith("[window]")] if rows else []
         results += [benchlib.Row(gpu, ws, n, "host-loop", c, v) for n in wnames
                     for c, v in [(r["case"], r[n]) for r in rows] + [("geomean", benchlib.geomean(r[n] for r in rows))]]
+        tnames = [n for n in rows[0] if n.endswith("[trace]")] if rows else []
+        results += [benchlib.Row(gpu, ws, "cuda[trace]/" + n[:-len("[trace]")], "host-loop", r["case"], r[n])
+                    for n in tnames for r in rows]
         benchlib.record(args.problem, results)
         cols = ["floor", "cuda", "torch", "fused", "gemm", "comm"] + [f"cuda+{n}" for n in candidates] + wnames
         ratio = lambda x: None if x is None else f"{x:.2f}"  # noqa: E731
@@ -248,6 +284,10 @@ def main():
                        f"median); failures: {len(failures)}", ["case"] + cols + ["overlap"],
                        [[r["case"]] + [r.get(c) for c in cols] + [ratio(r.get("overlap"))] for r in rows] +
                        [["geomean"] + [benchlib.geomean(r.get(c) for r in rows) for c in cols] + [None]])
+        if tnames:
+            benchlib.table("the one-launch kernel's phases (rank 0, us, median; issue: the host's time in the call)",
+                           ["case"] + [n[:-len("[trace]")] for n in tnames],
+                           [[r["case"]] + [r[n] for n in tnames] for r in rows])
         for f in failures[:10]:
             print("  FAIL " + f)
     dist.barrier()

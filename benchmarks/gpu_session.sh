@@ -26,7 +26,7 @@
 #   racecheck, synccheck), SANITIZE_K = the tests it runs (a pytest -k expression; it matches
 #   parameter ids too, without case: 'head_gemm' also selects test_every_official_case[LINEAR=0,HEAD_GEMM=0]).
 # several GPUs: dist-check (DIST_CHECK_K: pytest -k), dist-bench (benchmarks/distributed.py for DIST_PROBLEMS, each with its DIST_CANDIDATES;
-#   DIST_WINDOW=1: also the official multi-rank window, --window),
+#   DIST_WINDOW=1: also the official multi-rank window, --window; DIST_TRACE=1: all2all's phases, --trace),
 #   dist-probe (ag-gemm's overlapped path in pieces: distributed.py --probe), dist-perf (kbench perf of DIST_PROBLEMS
 #   for each of DIST_BACKENDS, default cuda: one build read 795.7 and 444.7 us official on two pairs, so compare a
 #   backend with torch only on the same pair),
@@ -145,7 +145,7 @@ for part in "$@"; do
   dist-bench) for p in ${DIST_PROBLEMS:-all2all gemm-rs ag-gemm}; do  # DIST_CANDIDATES="ag-gemm:a,b gemm-rs:c"
                c=""; for pc in ${DIST_CANDIDATES:-}; do [ "${pc%%:*}" = "$p" ] && c="${pc#*:}"; done
                step "${BENCH_S:-150}" "bench_$p" torchrun --nproc-per-node "$n" benchmarks/distributed.py "$p" \
-                 --runs "${RUNS:-20}" --candidates "$c" ${DIST_WINDOW:+--window}
+                 --runs "${RUNS:-20}" --candidates "$c" ${DIST_WINDOW:+--window} ${DIST_TRACE:+--trace}
              done ;;
   dist-probe) step "${BENCH_S:-150}" dist_probe torchrun --nproc-per-node "$n" benchmarks/distributed.py ag-gemm --probe \
                 --runs "${RUNS:-15}" ;;

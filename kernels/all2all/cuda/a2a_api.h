@@ -18,6 +18,12 @@ struct A2aArgs {
   int* slot;            // int32 [T*K] scratch
   int* done;            // int32 [2], zero between calls
   uint32_t epoch;       // this call's number (1, 2, ...), the same on every rank
+  unsigned long long* trace;  // fused only: kA2aTraceWords phase stamps of this call, or nullptr
 };
+
+// The one-launch path's phase stamps (the GPU's global timer, ns), written when A2aArgs::trace is set: block 0's
+// start, its dispatch rows stored, the dispatch flags released (the last block), block 0 past the peers' dispatch
+// flags, the return flags released (the last block), block 0 past the peers' return flags, block 0's end.
+constexpr int kA2aTraceWords = 7;
 
 const char* a2a_run(const A2aArgs& args, cudaStream_t stream);

@@ -42,6 +42,7 @@ const char* run_fused(const A2aArgs& a, cudaStream_t stream) {
   p.out = static_cast<__half*>(a.out);
   p.done = a.done;
   p.epoch = a.epoch;
+  p.trace = a.trace;
   static int resident = 0;  // blocks that fit the device at once: the grid's blocks wait on each other's peers
   if (!resident) {
     int per_sm = 0;

@@ -1,34 +1,78 @@
-// Torch-facing side of the all2all CUDA backend: checks the tensors, hands raw pointers (and the peers' buffer
-// addresses, the layout's offsets and the call's epoch, all decided in entry.py) to all2all.cu.
+// Torch-facing side of the all2all CUDA backend. entry.py registers a plan once per shape (the peers' buffer
+// addresses and both paths' layouts, decided in Python); each call then hands only the inputs and the plan's number,
+// and everything else (checks, dtype fixes, the output, the epoch, the knob) happens here: the official window is
+// a host clock around the call, and each Python-level step costs ~1-3 us of it.
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <torch/extension.h>
 
+#include <cstdint>
 #include <vector>
 
 #include "a2a_api.h"
+#include "knobs.h"
 
-// x [T, H] fp16, indices [T, K] int32, weights [T, K] fp32 (this rank's); peers: every rank's buffer address;
-// layout: [P, off_count, off_pair, off_x, off_ret] (layout.py: `fused_layout` when fused, where P is max_num_tokens
-// and off_pair the token ids' region; else `layout`); scratch int32 [T*K + 2] (its last two zero between calls).
-// Returns out [T, H] fp16.
-torch::Tensor a2a_forward(torch::Tensor x, torch::Tensor indices, torch::Tensor weights, std::vector<int64_t> peers,
-                          int64_t rank, int64_t experts_per_rank, std::vector<int64_t> layout, torch::Tensor scratch,
-                          int64_t epoch, bool fused) {
-  TORCH_CHECK(x.is_cuda() && x.scalar_type() == at::kHalf && x.is_contiguous() && x.dim() == 2,
-              "a2a_forward: x must be contiguous fp16 [T, H]");
-  TORCH_CHECK(indices.scalar_type() == at::kInt && weights.scalar_type() == at::kFloat && indices.is_contiguous() &&
-                  weights.is_contiguous() && indices.sizes() == weights.sizes() && indices.size(0) == x.size(0),
-              "a2a_forward: indices (int32) and weights (fp32) must be contiguous [T, K]");
-  TORCH_CHECK(layout.size() == 5 && peers.size() >= 1 && peers.size() <= 8, "a2a_forward: bad layout or peers");
-  TORCH_CHECK(scratch.scalar_type() == at::kInt && scratch.numel() >= indices.numel() + 2,
-              "a2a_forward: scratch must be int32 [T*K + 2]");
+namespace {
+
+struct Plan {
+  std::vector<int64_t> peers;
+  std::vector<int64_t> fused;  // layout.fused_layout(...).offsets()
+  std::vector<int64_t> four;   // layout.layout(...).offsets()
+  torch::Tensor scratch;       // int32 [max_tokens * K + 2], the last two zero between calls
+};
+
+std::vector<Plan>& plans() {
+  static std::vector<Plan> held;
+  return held;
+}
+
+uint32_t& epoch() {  // this process's call count, the same on every rank (all ranks call together)
+  static uint32_t n = 0;
+  return n;
+}
+
+torch::Tensor& trace_buffer() {  // int64 [kTraceWords] on the device when KBENCH_A2A_TRACE=1, else undefined
+  static torch::Tensor t;
+  return t;
+}
+
+}  // namespace
+
+// Registers a plan and returns its number. peers: every rank's buffer address; fused / four: [P, off_count,
+// off_pair, off_x, off_ret] of layout.py's fused_layout / layout; scratch int32 [max_tokens * K + 2], zeroed.
+int64_t a2a_plan(std::vector<int64_t> peers, std::vector<int64_t> fused, std::vector<int64_t> four,
+                 torch::Tensor scratch) {
+  TORCH_CHECK(peers.size() >= 1 && peers.size() <= 8 && fused.size() == 5 && four.size() == 5,
+              "a2a_plan: 1 to 8 peers and two layouts of 5 values");
+  TORCH_CHECK(scratch.is_cuda() && scratch.scalar_type() == at::kInt && scratch.numel() >= 2,
+              "a2a_plan: scratch must be int32 on the GPU");
+  plans().push_back(Plan{peers, fused, four, scratch});
+  return static_cast<int64_t>(plans().size()) - 1;
+}
+
+// x [T, H] fp16, indices [T, K] (int32; other integer types converted), weights [T, K] (fp32; converted) of this
+// rank; plan: a2a_plan's number; experts_per_rank = num_experts / world_size. Returns out [T, H] fp16.
+// KBENCH_A2A_FOUR=1 (read every call) runs the four-launch path; KBENCH_A2A_TRACE=1 stamps the one-launch path's
+// phases (a2a_trace).
+torch::Tensor a2a_forward(torch::Tensor x, torch::Tensor indices, torch::Tensor weights, int64_t plan, int64_t rank,
+                          int64_t experts_per_rank) {
+  TORCH_CHECK(plan >= 0 && plan < static_cast<int64_t>(plans().size()), "a2a_forward: unknown plan");
+  const Plan& pl = plans()[plan];
+  TORCH_CHECK(x.is_cuda() && x.scalar_type() == at::kHalf && x.dim() == 2, "a2a_forward: x must be fp16 [T, H]");
+  x = x.contiguous();
+  indices = indices.to(at::kInt).contiguous();
+  weights = weights.to(at::kFloat).contiguous();
+  TORCH_CHECK(indices.dim() == 2 && indices.sizes() == weights.sizes() && indices.size(0) == x.size(0),
+              "a2a_forward: indices and weights must be [T, K] for x [T, H]");
+  const bool four = kb::env_is("KBENCH_A2A_FOUR", "1");
+  const std::vector<int64_t>& layout = four ? pl.four : pl.fused;
+  TORCH_CHECK(pl.scratch.numel() >= indices.numel() + 2, "a2a_forward: more (token, slot) pairs than the plan's");
   const c10::cuda::CUDAGuard guard(x.device());
   torch::Tensor out = torch::empty_like(x);
   A2aArgs a{};
-  for (size_t r = 0; r < peers.size(); ++r) a.peers[r] = static_cast<uint64_t>(peers[r]);
+  for (size_t r = 0; r < pl.peers.size(); ++r) a.peers[r] = static_cast<uint64_t>(pl.peers[r]);
   a.rank = static_cast<int>(rank);
-  a.ws = static_cast<int>(peers.size());
+  a.ws = static_cast<int>(pl.peers.size());
   a.T = static_cast<int>(x.size(0));
   a.K = static_cast<int>(indices.size(1));
   a.H = static_cast<int>(x.size(1));
@@ -42,11 +86,24 @@ torch::Tensor a2a_forward(torch::Tensor x, torch::Tensor indices, torch::Tensor 
   a.indices = indices.data_ptr<int>();
   a.weights = weights.data_ptr<float>();
   a.out = out.data_ptr();
-  a.slot = scratch.data_ptr<int>();
-  a.done = scratch.data_ptr<int>() + scratch.numel() - 2;
-  a.epoch = static_cast<uint32_t>(epoch);
-  a.fused = fused;
+  a.slot = pl.scratch.data_ptr<int>();
+  a.done = pl.scratch.data_ptr<int>() + pl.scratch.numel() - 2;
+  a.epoch = ++epoch();
+  a.fused = !four;
+  a.trace = nullptr;
+  if (!four && kb::env_is("KBENCH_A2A_TRACE", "1")) {
+    if (!trace_buffer().defined())
+      trace_buffer() = torch::zeros({kA2aTraceWords}, x.options().dtype(at::kLong));
+    a.trace = reinterpret_cast<unsigned long long*>(trace_buffer().data_ptr<int64_t>());
+  }
   const char* err = a2a_run(a, c10::cuda::getCurrentCUDAStream().stream());
   TORCH_CHECK(err == nullptr, err ? err : "");
   return out;
+}
+
+// The last traced call's phase stamps (ns of the GPU's global timer; a2a_api.h names them), int64 [kA2aTraceWords]
+// on the CPU (synchronizes); empty when no call was traced.
+torch::Tensor a2a_trace() {
+  if (!trace_buffer().defined()) return torch::empty({0}, torch::dtype(at::kLong));
+  return trace_buffer().cpu();
 }

@@ -47,7 +47,14 @@ struct FusedParams {
   __half* out;           // [T][H]
   int* done;             // 2 counters, zero between calls: blocks past dispatch, blocks past expert
   uint32_t epoch;
+  unsigned long long* trace;  // kA2aTraceWords phase stamps (a2a_api.h), or nullptr
 };
+
+// Phase stamp i (a2a_api.h's kA2aTraceWords order) by block 0's first thread, or by whoever calls it with any_block.
+__device__ __forceinline__ void stamp(const FusedParams& p, int i, bool any_block = false) {
+  if (p.trace != nullptr && (any_block || (blockIdx.x == 0 && threadIdx.x == 0)))
+    p.trace[i] = static_cast<unsigned long long>(kb::sm90::global_ns());
+}
 
 template <class T>
 __device__ __forceinline__ T* region(const FusedParams& p, int rank, long long offset) {
@@ -154,16 +161,19 @@ __device__ void dispatch(const FusedParams& p) {
     }
     __syncthreads();  // owned[] and warp_count[] are rewritten by the next chunk
   }
+  stamp(p, 1);
   when_last(&p.done[0], [&] {
     for (int d = 0; d < p.ws; ++d)
       if (d != p.rank) region<int>(p, d, p.off_count)[p.rank] = run[d];
     for (int d = 0; d < p.ws; ++d)  // the release orders the counts and (after the fences) every block's rows
       if (d != p.rank) kb::sm90::st_release_sys(region<uint32_t>(p, d, 0) + kFlagDispatch + p.rank, p.epoch);
+    stamp(p, 2, true);
   });
 }
 
 __device__ void expert(const FusedParams& p) {
   wait_peers(p, kFlagDispatch);
+  stamp(p, 3);
   __shared__ int first[kb::kMaxRanks + 1];  // item offsets by source: items = rows received from every peer
   if (threadIdx.x == 0) {
     first[0] = 0;
@@ -187,11 +197,13 @@ __device__ void expert(const FusedParams& p) {
   when_last(&p.done[1], [&] {
     for (int s = 0; s < p.ws; ++s)
       if (s != p.rank) kb::sm90::st_release_sys(region<uint32_t>(p, s, 0) + kFlagReturn + p.rank, p.epoch);
+    stamp(p, 4, true);
   });
 }
 
 __device__ void combine(const FusedParams& p) {
   wait_peers(p, kFlagReturn);
+  stamp(p, 5);
   const int K = p.K, n16 = p.H / 8;
   const __half2 own_scale = __float2half2_rn(static_cast<float>(1 + p.rank));
   for (int t = blockIdx.x; t < p.T; t += gridDim.x) {
@@ -246,9 +258,12 @@ __device__ void combine(const FusedParams& p) {
 }
 
 __global__ void __launch_bounds__(kFusedThreads, 1) fused_kernel(const __grid_constant__ FusedParams p) {
+  stamp(p, 0);
   dispatch(p);
   expert(p);
   combine(p);
+  __syncthreads();
+  stamp(p, 6);
 }
 
 }  // namespace a2a
