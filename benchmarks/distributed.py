@@ -50,6 +50,11 @@ CANDIDATES = {
     },
     "all2all": {
         "four": {"KBENCH_A2A_FOUR": "1"},  # the previous path: four launches, a row per (token, expert) each way
+        # the one-launch grid capped (default: a block per token or received row, up to two a SM): fewer blocks
+        # ticket sooner but copy more rows each
+        "blocks32": {"KBENCH_A2A_BLOCKS": "32"},
+        "blocks64": {"KBENCH_A2A_BLOCKS": "64"},
+        "blocks128": {"KBENCH_A2A_BLOCKS": "128"},
     },
 }
 
@@ -155,15 +160,18 @@ def probe(rank: int, ws: int, runs: int) -> None:
 
 
 def windows(ours, theirs, data, candidates: dict, runs: int) -> dict:
-    """name[window] -> the official window's median (us) for our backend, each candidate, torch's, and `null`, a call
-    that only makes an empty output like ours: what the window costs whatever the kernel."""
+    """name[window] (median) and name[window-mean] -> the official window (us) for our backend, each candidate,
+    torch's, and `null`, a call that only makes an empty output like ours: what the window costs whatever the
+    kernel. The official score is a mean, so the means (and their slow windows) are kept too."""
     out = data[1].x if hasattr(data[1], "x") else data[0]
-    got = {"null[window]": benchlib.rank_window_us(lambda: torch.empty_like(out), runs),
-           "cuda[window]": benchlib.rank_window_us(lambda: ours.custom_kernel(data), runs)}
-    for name, settings in candidates.items():
+    fns = {"null": (lambda: torch.empty_like(out), {}), "cuda": (lambda: ours.custom_kernel(data), {})}
+    fns.update({f"cuda+{n}": (lambda: ours.custom_kernel(data), k) for n, k in candidates.items()})
+    fns["torch"] = (lambda: theirs.custom_kernel(data), {})
+    got = {}
+    for name, (fn, settings) in fns.items():
         with benchlib.knobs(settings):
-            got[f"cuda+{name}[window]"] = benchlib.rank_window_us(lambda: ours.custom_kernel(data), runs)
-    got["torch[window]"] = benchlib.rank_window_us(lambda: theirs.custom_kernel(data), runs)
+            med, mean, _ = benchlib.rank_window_us(fn, runs)
+        got[f"{name}[window]"], got[f"{name}[window-mean]"] = med, mean
     return got
 
 
@@ -171,11 +179,12 @@ TRACE_PHASES = ("dispatch rows", "dispatch flag", "wait dispatch", "expert + fla
 
 
 def trace(ours, data, runs: int) -> dict:
-    """all2all's one-launch path with KBENCH_A2A_TRACE=1: per phase (TRACE_PHASES, from a2a_api.h's stamps: the
-    time between consecutive stamps of this rank's kernel) the median over runs, us, and `issue`, the host's time in
-    custom_kernel (no synchronize inside); each run after a synchronize and a barrier, as the window starts. Rank
-    0's figures, broadcast."""
-    phases, issue = [], []
+    """all2all's one-launch path with KBENCH_A2A_TRACE=1, each run after a synchronize and a barrier as the window
+    starts. The host: `issue` (its whole time in custom_kernel, no synchronize inside), `python` (before the binding
+    started), the binding's steps (ext.a2a_steps: checks, output, launch). The GPU: per phase (TRACE_PHASES, from
+    a2a_api.h's stamps) the time between consecutive stamps of this rank's kernel. Medians over runs, us, rank 0's,
+    broadcast."""
+    cols: dict[str, list] = {}
     with benchlib.knobs({"KBENCH_A2A_TRACE": "1"}):
         for i in range(runs + 3):
             torch.cuda.synchronize()
@@ -183,14 +192,18 @@ def trace(ours, data, runs: int) -> dict:
             t0 = time.perf_counter_ns()
             ours.custom_kernel(data)
             t1 = time.perf_counter_ns()
+            steps, entered = ours.ext.a2a_steps()
             stamps = ours.ext.a2a_trace().tolist()
-            if i >= 3:
-                issue.append((t1 - t0) / 1e3)
-                phases.append([(b - a) / 1e3 for a, b in zip(stamps, stamps[1:])])
-    got = torch.tensor([benchlib.median(issue)] + [benchlib.median(col) for col in zip(*phases)], device="cuda")
-    dist.broadcast(got, 0)
-    vals = got.tolist()
-    return {"issue[trace]": vals[0], **{f"{n}[trace]": v for n, v in zip(TRACE_PHASES, vals[1:])}}
+            if i < 3:
+                continue
+            got = {"issue": (t1 - t0) / 1e3, "python": (entered - t0) / 1e3, **dict(steps)}
+            got.update({n: (b - a) / 1e3 for n, a, b in zip(TRACE_PHASES, stamps, stamps[1:])})
+            for n, v in got.items():
+                cols.setdefault(n, []).append(v)
+    names = list(cols)
+    vals = torch.tensor([benchlib.median(cols[n]) for n in names], device="cuda")
+    dist.broadcast(vals, 0)
+    return {f"{n}[trace]": v for n, v in zip(names, vals.tolist())}
 
 
 def floor_us(problem: str, data, ws: int) -> float | None:
@@ -271,23 +284,29 @@ def main():
         results = [benchlib.Row(gpu, ws, n, "kernel", r["case"], r[n]) for r in rows for n in names if r.get(n)]
         results += [benchlib.Row(gpu, ws, n, "kernel", "geomean", benchlib.geomean(r.get(n) for r in rows))
                     for n in names if benchlib.geomean(r.get(n) for r in rows)]
-        wnames = [n for n in rows[0] if n.endswith("[window]")] if rows else []
+        wnames = [n for n in rows[0] if n.endswith(("[window]", "[window-mean]"))] if rows else []
         results += [benchlib.Row(gpu, ws, n, "host-loop", c, v) for n in wnames
                     for c, v in [(r["case"], r[n]) for r in rows] + [("geomean", benchlib.geomean(r[n] for r in rows))]]
         tnames = [n for n in rows[0] if n.endswith("[trace]")] if rows else []
         results += [benchlib.Row(gpu, ws, "cuda[trace]/" + n[:-len("[trace]")], "host-loop", r["case"], r[n])
                     for n in tnames for r in rows]
         benchlib.record(args.problem, results)
-        cols = ["floor", "cuda", "torch", "fused", "gemm", "comm"] + [f"cuda+{n}" for n in candidates] + wnames
+        cols = ["floor", "cuda", "torch", "fused", "gemm", "comm"] + [f"cuda+{n}" for n in candidates]
         ratio = lambda x: None if x is None else f"{x:.2f}"  # noqa: E731
         benchlib.table(f"{args.problem} on {ws}x {gpu} (us, kernel level: events on every rank, slowest rank, "
                        f"median); failures: {len(failures)}", ["case"] + cols + ["overlap"],
                        [[r["case"]] + [r.get(c) for c in cols] + [ratio(r.get("overlap"))] for r in rows] +
                        [["geomean"] + [benchlib.geomean(r.get(c) for r in rows) for c in cols] + [None]])
+        if wnames:
+            benchlib.table("the official window (rank 0's host clock, barriers, no input clone; us, median / mean; "
+                           "#i: the table's cases in order)",
+                           ["case"] + [n[:-len("[window]")] for n in wnames if n.endswith("[window]")],
+                           [[f"#{i}"] + [f"{r[n]:.1f} / {r[n[:-1] + '-mean]']:.1f}" for n in wnames
+                                         if n.endswith("[window]")] for i, r in enumerate(rows)])
         if tnames:
             benchlib.table("the one-launch kernel's phases (rank 0, us, median; issue: the host's time in the call)",
                            ["case"] + [n[:-len("[trace]")] for n in tnames],
-                           [[r["case"]] + [r[n] for n in tnames] for r in rows])
+                           [[f"#{i}"] + [r[n] for n in tnames] for i, r in enumerate(rows)])
         for f in failures[:10]:
             print("  FAIL " + f)
     dist.barrier()

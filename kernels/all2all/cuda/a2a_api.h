@@ -19,6 +19,7 @@ struct A2aArgs {
   int* done;            // int32 [2], zero between calls
   uint32_t epoch;       // this call's number (1, 2, ...), the same on every rank
   unsigned long long* trace;  // fused only: kA2aTraceWords phase stamps of this call, or nullptr
+  int max_blocks;             // fused only: a cap on the grid (0: none)
 };
 
 // The one-launch path's phase stamps (the GPU's global timer, ns), written when A2aArgs::trace is set: block 0's

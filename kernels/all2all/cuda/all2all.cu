@@ -52,7 +52,8 @@ const char* run_fused(const A2aArgs& a, cudaStream_t stream) {
   // a block per token (dispatch, combine) or per received row (expert), up to two a SM: more only lengthen the
   // tickets
   const int want = std::max({1, a.T, (a.ws - 1) * a.P});
-  const int blocks = std::min({want, resident, 2 * sm_count()});
+  int blocks = std::min({want, resident, 2 * sm_count()});
+  if (a.max_blocks > 0) blocks = std::min(blocks, a.max_blocks);
   void* args[] = {&p};
   const cudaError_t err = cudaLaunchCooperativeKernel(reinterpret_cast<const void*>(a2a::fused_kernel), blocks,
                                                       a2a::kFusedThreads, args, 0, stream);

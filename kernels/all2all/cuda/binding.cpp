@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "a2a_api.h"
+#include "held_graphs.h"  // kb::StepTimes
 #include "knobs.h"
 
 namespace {
@@ -29,6 +30,11 @@ std::vector<Plan>& plans() {
 uint32_t& epoch() {  // this process's call count, the same on every rank (all ranks call together)
   static uint32_t n = 0;
   return n;
+}
+
+kb::StepTimes& steps() {  // the host's steps of the last call (a2a_steps)
+  static kb::StepTimes held;
+  return held;
 }
 
 torch::Tensor& trace_buffer() {  // int64 [kTraceWords] on the device when KBENCH_A2A_TRACE=1, else undefined
@@ -53,9 +59,11 @@ int64_t a2a_plan(std::vector<int64_t> peers, std::vector<int64_t> fused, std::ve
 // x [T, H] fp16, indices [T, K] (int32; other integer types converted), weights [T, K] (fp32; converted) of this
 // rank; plan: a2a_plan's number; experts_per_rank = num_experts / world_size. Returns out [T, H] fp16.
 // KBENCH_A2A_FOUR=1 (read every call) runs the four-launch path; KBENCH_A2A_TRACE=1 stamps the one-launch path's
-// phases (a2a_trace).
+// phases (a2a_trace); KBENCH_A2A_BLOCKS=N caps its grid at N blocks (a candidate; default: a block per token or
+// received row, up to two a SM).
 torch::Tensor a2a_forward(torch::Tensor x, torch::Tensor indices, torch::Tensor weights, int64_t plan, int64_t rank,
                           int64_t experts_per_rank) {
+  steps().start();
   TORCH_CHECK(plan >= 0 && plan < static_cast<int64_t>(plans().size()), "a2a_forward: unknown plan");
   const Plan& pl = plans()[plan];
   TORCH_CHECK(x.is_cuda() && x.scalar_type() == at::kHalf && x.dim() == 2, "a2a_forward: x must be fp16 [T, H]");
@@ -68,7 +76,9 @@ torch::Tensor a2a_forward(torch::Tensor x, torch::Tensor indices, torch::Tensor 
   const std::vector<int64_t>& layout = four ? pl.four : pl.fused;
   TORCH_CHECK(pl.scratch.numel() >= indices.numel() + 2, "a2a_forward: more (token, slot) pairs than the plan's");
   const c10::cuda::CUDAGuard guard(x.device());
+  steps().mark("checks");
   torch::Tensor out = torch::empty_like(x);
+  steps().mark("output");
   A2aArgs a{};
   for (size_t r = 0; r < pl.peers.size(); ++r) a.peers[r] = static_cast<uint64_t>(pl.peers[r]);
   a.rank = static_cast<int>(rank);
@@ -91,14 +101,22 @@ torch::Tensor a2a_forward(torch::Tensor x, torch::Tensor indices, torch::Tensor 
   a.epoch = ++epoch();
   a.fused = !four;
   a.trace = nullptr;
+  a.max_blocks = kb::env_int("KBENCH_A2A_BLOCKS", 0);
   if (!four && kb::env_is("KBENCH_A2A_TRACE", "1")) {
     if (!trace_buffer().defined())
       trace_buffer() = torch::zeros({kA2aTraceWords}, x.options().dtype(at::kLong));
     a.trace = reinterpret_cast<unsigned long long*>(trace_buffer().data_ptr<int64_t>());
   }
   const char* err = a2a_run(a, c10::cuda::getCurrentCUDAStream().stream());
+  steps().mark("launch");
   TORCH_CHECK(err == nullptr, err ? err : "");
   return out;
+}
+
+// The last call's host steps inside the binding, [(name, us)], and when it entered the binding (ns of the clock
+// time.perf_counter_ns reads): a benchmark subtracts its own clock before the call to get the Python before it.
+std::pair<std::vector<std::pair<std::string, double>>, int64_t> a2a_steps() {
+  return {steps().last(), steps().start_ns()};
 }
 
 // The last traced call's phase stamps (ns of the GPU's global timer; a2a_api.h names them), int64 [kA2aTraceWords]
