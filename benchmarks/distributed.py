@@ -49,7 +49,6 @@ CANDIDATES = {
         "chunk-1024": {"KBENCH_RS_CHUNK_ROWS": "1024"},  # the build before this session
     },
     "all2all": {
-        "four": {"KBENCH_A2A_FOUR": "1"},  # the previous path: four launches, a row per (token, expert) each way
         # the one-launch grid capped (default: a block per token or received row, up to two a SM): fewer blocks
         # ticket sooner but copy more rows each
         "blocks32": {"KBENCH_A2A_BLOCKS": "32"},

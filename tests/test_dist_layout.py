@@ -19,32 +19,19 @@ LAYOUT = _module(KERNELS / "all2all" / "cuda" / "layout.py")
 
 @pytest.mark.parametrize("ws", [1, 2, 4, 8])
 def test_all2all_regions_are_aligned_disjoint_and_large_enough(ws):
+    """A row per (token, destination rank) each way, M = max_num_tokens rows from each source."""
     spec = problems.load_spec("all2all")
     for case in spec.tests + spec.benchmarks:
-        lay = LAYOUT.layout(ws, case["max_num_tokens"], case["experts_per_token"], case["hidden_dim"])
-        P, H = case["max_num_tokens"] * case["experts_per_token"], case["hidden_dim"]
-        regions = [(lay.off_count, 4 * ws), (lay.off_pair, 4 * ws * P), (lay.off_x, 2 * ws * P * H),
-                   (lay.off_ret, 2 * P * H)]
-        assert lay.P == P and lay.off_count >= LAYOUT.FLAG_BYTES >= 16 * 4      # 16 flag words come first
+        M, H = case["max_num_tokens"], case["hidden_dim"]
+        lay = LAYOUT.layout(ws, M, H)
+        regions = [(lay.off_count, 4 * ws), (lay.off_tok, 4 * ws * M), (lay.off_x, 2 * ws * M * H),
+                   (lay.off_ret, 2 * ws * M * H)]
+        assert lay.offsets() == [M, lay.off_count, lay.off_tok, lay.off_x, lay.off_ret]
+        assert lay.off_count >= LAYOUT.FLAG_BYTES >= 16 * 4      # 16 flag words come first
         for (start, size), (nxt, _) in zip(regions, regions[1:]):
             assert start % LAYOUT.ALIGN == 0 and start + size <= nxt
         assert regions[-1][0] + regions[-1][1] <= lay.nbytes
         assert lay.nbytes < 320 << 20          # the official shapes fit the first allocation (symm.MIN_BYTES)
-
-
-@pytest.mark.parametrize("ws", [1, 2, 4, 8])
-def test_all2all_fused_regions_are_aligned_disjoint_and_large_enough(ws):
-    """The one-launch path's regions: a row per (token, destination rank) each way, M = max_num_tokens."""
-    spec = problems.load_spec("all2all")
-    for case in spec.tests + spec.benchmarks:
-        M, H = case["max_num_tokens"], case["hidden_dim"]
-        lay = LAYOUT.fused_layout(ws, M, H)
-        regions = [(lay.off_count, 4 * ws), (lay.off_pair, 4 * ws * M), (lay.off_x, 2 * ws * M * H),
-                   (lay.off_ret, 2 * ws * M * H)]
-        assert lay.P == M and lay.offsets()[0] == M and lay.off_count >= LAYOUT.FLAG_BYTES
-        for (start, size), (nxt, _) in zip(regions, regions[1:]):
-            assert start % LAYOUT.ALIGN == 0 and start + size <= nxt
-        assert regions[-1][0] + regions[-1][1] <= lay.nbytes < 320 << 20
 
 
 def test_symm_minimum_covers_the_largest_official_gemm_cases():

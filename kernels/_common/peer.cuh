@@ -26,19 +26,28 @@ __global__ void signal_peers_kernel(const __grid_constant__ PeerPtrs peers, int 
   }
 }
 
-// The last block of a grid to get here (a ticket on `counter`, a zeroed device int it leaves at zero) stores `epoch`
-// at flag word `word` of each of the `count` buffers `bufs`, with a system-scope release after a system fence: so a
-// receiver that sees the flag sees every block's stores before it. Every thread of every block calls it.
-__device__ __forceinline__ void flag_when_last(const PeerPtrs& bufs, int count, int word, uint32_t epoch,
-                                               int* counter) {
+// The last block of a grid to get here (a ticket on `counter`, a zeroed device int it leaves at zero) runs `last`
+// (its first thread only), after a system fence in every block: whatever `last` announces to a peer includes every
+// block's stores before it. Every thread of every block calls it.
+template <class F>
+__device__ __forceinline__ void when_last(int* counter, F last) {
   __syncthreads();
   if (threadIdx.x == 0) {
     __threadfence_system();
     if (atomicAdd(counter, 1) == static_cast<int>(gridDim.x) - 1) {
-      for (int r = 0; r < count; ++r) sm90::st_release_sys(reinterpret_cast<uint32_t*>(bufs.p[r]) + word, epoch);
+      last();
       *counter = 0;
     }
   }
+}
+
+// when_last storing `epoch` at flag word `word` of each of the `count` buffers `bufs`, with a system-scope release:
+// a receiver that sees the flag sees every block's stores before it.
+__device__ __forceinline__ void flag_when_last(const PeerPtrs& bufs, int count, int word, uint32_t epoch,
+                                               int* counter) {
+  when_last(counter, [&] {
+    for (int r = 0; r < count; ++r) sm90::st_release_sys(reinterpret_cast<uint32_t*>(bufs.p[r]) + word, epoch);
+  });
 }
 
 // Lane i < count spins until flags[first + i] has reached epoch; the kernels after it on the stream see what the flags

@@ -5,26 +5,23 @@
 #include <cstdint>
 
 struct A2aArgs {
-  uint64_t peers[8];   // every rank's symmetric buffer, mapped into this process (the flags come first)
+  uint64_t peers[8];    // every rank's symmetric buffer, mapped into this process (the flags come first)
   int rank, ws, T, K, H, experts_per_rank;
-  int P;                // four launches: slots per source (max_num_tokens * K); fused: max_num_tokens
-  bool fused;           // one launch, a row per (token, destination rank) (fused.cuh); else the four launches
-  long long off_count, off_pair, off_x, off_ret;  // byte offsets of the regions in every buffer (layout.py; fused:
-                                                  // off_pair is the token ids' region)
+  int M;                // max_num_tokens: rows a source can send a rank
+  long long off_count, off_tok, off_x, off_ret;  // byte offsets of the regions in every buffer (layout.py)
   const void* x;        // fp16 [T][H]
   const int* indices;   // int32 [T][K]
   const float* weights;  // fp32 [T][K]
   void* out;            // fp16 [T][H], written
-  int* slot;            // int32 [T*K] scratch
   int* done;            // int32 [2], zero between calls
   uint32_t epoch;       // this call's number (1, 2, ...), the same on every rank
-  unsigned long long* trace;  // fused only: kA2aTraceWords phase stamps of this call, or nullptr
-  int max_blocks;             // fused only: a cap on the grid (0: none)
+  unsigned long long* trace;  // kA2aTraceWords phase stamps of this call, or nullptr
+  int max_blocks;             // a cap on the grid (0: none)
 };
 
-// The one-launch path's phase stamps (the GPU's global timer, ns), written when A2aArgs::trace is set: block 0's
-// start, its dispatch rows stored, the dispatch flags released (the last block), block 0 past the peers' dispatch
-// flags, the return flags released (the last block), block 0 past the peers' return flags, block 0's end.
+// The kernel's phase stamps (the GPU's global timer, ns), written when A2aArgs::trace is set: block 0's start, its
+// dispatch rows stored, the dispatch flags released (the last block), block 0 past the peers' dispatch flags, the
+// return flags released (the last block), block 0 past the peers' return flags, block 0's end.
 constexpr int kA2aTraceWords = 7;
 
 const char* a2a_run(const A2aArgs& args, cudaStream_t stream);

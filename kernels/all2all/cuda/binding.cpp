@@ -1,5 +1,5 @@
 // Torch-facing side of the all2all CUDA backend. entry.py registers a plan once per shape (the peers' buffer
-// addresses and both paths' layouts, decided in Python); each call then hands only the inputs and the plan's number,
+// addresses and the layout, decided in Python); each call then hands only the inputs and the plan's number,
 // and everything else (checks, dtype fixes, the output, the epoch, the knob) happens here: the official window is
 // a host clock around the call, and each Python-level step costs ~1-3 us of it.
 #include <c10/cuda/CUDAGuard.h>
@@ -17,9 +17,8 @@ namespace {
 
 struct Plan {
   std::vector<int64_t> peers;
-  std::vector<int64_t> fused;  // layout.fused_layout(...).offsets()
-  std::vector<int64_t> four;   // layout.layout(...).offsets()
-  torch::Tensor scratch;       // int32 [max_tokens * K + 2], the last two zero between calls
+  std::vector<int64_t> layout;  // layout.layout(...).offsets(): [M, off_count, off_tok, off_x, off_ret]
+  torch::Tensor done;           // int32 [2], zero between calls: the kernel's tickets
 };
 
 std::vector<Plan>& plans() {
@@ -44,23 +43,20 @@ torch::Tensor& trace_buffer() {  // int64 [kTraceWords] on the device when KBENC
 
 }  // namespace
 
-// Registers a plan and returns its number. peers: every rank's buffer address; fused / four: [P, off_count,
-// off_pair, off_x, off_ret] of layout.py's fused_layout / layout; scratch int32 [max_tokens * K + 2], zeroed.
-int64_t a2a_plan(std::vector<int64_t> peers, std::vector<int64_t> fused, std::vector<int64_t> four,
-                 torch::Tensor scratch) {
-  TORCH_CHECK(peers.size() >= 1 && peers.size() <= 8 && fused.size() == 5 && four.size() == 5,
-              "a2a_plan: 1 to 8 peers and two layouts of 5 values");
-  TORCH_CHECK(scratch.is_cuda() && scratch.scalar_type() == at::kInt && scratch.numel() >= 2,
-              "a2a_plan: scratch must be int32 on the GPU");
-  plans().push_back(Plan{peers, fused, four, scratch});
+// Registers a plan and returns its number. peers: every rank's buffer address; layout: layout.py's offsets();
+// done: int32 [2] on the GPU, zeroed.
+int64_t a2a_plan(std::vector<int64_t> peers, std::vector<int64_t> layout, torch::Tensor done) {
+  TORCH_CHECK(peers.size() >= 1 && peers.size() <= 8 && layout.size() == 5, "a2a_plan: 1 to 8 peers, 5 offsets");
+  TORCH_CHECK(done.is_cuda() && done.scalar_type() == at::kInt && done.numel() == 2,
+              "a2a_plan: done must be int32 [2] on the GPU");
+  plans().push_back(Plan{peers, layout, done});
   return static_cast<int64_t>(plans().size()) - 1;
 }
 
 // x [T, H] fp16, indices [T, K] (int32; other integer types converted), weights [T, K] (fp32; converted) of this
 // rank; plan: a2a_plan's number; experts_per_rank = num_experts / world_size. Returns out [T, H] fp16.
-// KBENCH_A2A_FOUR=1 (read every call) runs the four-launch path; KBENCH_A2A_TRACE=1 stamps the one-launch path's
-// phases (a2a_trace); KBENCH_A2A_BLOCKS=N caps its grid at N blocks (a candidate; default: a block per token or
-// received row, up to two a SM).
+// Read every call: KBENCH_A2A_TRACE=1 stamps the kernel's phases (a2a_trace); KBENCH_A2A_BLOCKS=N caps its grid
+// at N blocks (a candidate; default: a block per token or received row, up to two a SM).
 torch::Tensor a2a_forward(torch::Tensor x, torch::Tensor indices, torch::Tensor weights, int64_t plan, int64_t rank,
                           int64_t experts_per_rank) {
   steps().start();
@@ -72,9 +68,6 @@ torch::Tensor a2a_forward(torch::Tensor x, torch::Tensor indices, torch::Tensor 
   weights = weights.to(at::kFloat).contiguous();
   TORCH_CHECK(indices.dim() == 2 && indices.sizes() == weights.sizes() && indices.size(0) == x.size(0),
               "a2a_forward: indices and weights must be [T, K] for x [T, H]");
-  const bool four = kb::env_is("KBENCH_A2A_FOUR", "1");
-  const std::vector<int64_t>& layout = four ? pl.four : pl.fused;
-  TORCH_CHECK(pl.scratch.numel() >= indices.numel() + 2, "a2a_forward: more (token, slot) pairs than the plan's");
   const c10::cuda::CUDAGuard guard(x.device());
   steps().mark("checks");
   torch::Tensor out = torch::empty_like(x);
@@ -87,22 +80,20 @@ torch::Tensor a2a_forward(torch::Tensor x, torch::Tensor indices, torch::Tensor 
   a.K = static_cast<int>(indices.size(1));
   a.H = static_cast<int>(x.size(1));
   a.experts_per_rank = static_cast<int>(experts_per_rank);
-  a.P = static_cast<int>(layout[0]);
-  a.off_count = layout[1];
-  a.off_pair = layout[2];
-  a.off_x = layout[3];
-  a.off_ret = layout[4];
+  a.M = static_cast<int>(pl.layout[0]);
+  a.off_count = pl.layout[1];
+  a.off_tok = pl.layout[2];
+  a.off_x = pl.layout[3];
+  a.off_ret = pl.layout[4];
   a.x = x.data_ptr();
   a.indices = indices.data_ptr<int>();
   a.weights = weights.data_ptr<float>();
   a.out = out.data_ptr();
-  a.slot = pl.scratch.data_ptr<int>();
-  a.done = pl.scratch.data_ptr<int>() + pl.scratch.numel() - 2;
+  a.done = pl.done.data_ptr<int>();
   a.epoch = ++epoch();
-  a.fused = !four;
   a.trace = nullptr;
   a.max_blocks = kb::env_int("KBENCH_A2A_BLOCKS", 0);
-  if (!four && kb::env_is("KBENCH_A2A_TRACE", "1")) {
+  if (kb::env_is("KBENCH_A2A_TRACE", "1")) {
     if (!trace_buffer().defined())
       trace_buffer() = torch::zeros({kA2aTraceWords}, x.options().dtype(at::kLong));
     a.trace = reinterpret_cast<unsigned long long*>(trace_buffer().data_ptr<int64_t>());

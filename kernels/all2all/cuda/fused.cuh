@@ -15,10 +15,10 @@
 //   combine   waits for every peer's flag; out[t] = sum over the token's experts in ascending id of fp32(y) * weight,
 //             rounded to fp16 after every add; y of this rank's own experts is computed from x in place
 // Blocks wait on peers, and peers on every block of this grid, so all G blocks must be resident at once: the host
-// launches cooperatively (the launch fails rather than deadlocks if they cannot be). Buffer reuse across calls
-// without a barrier is safe for the reasons docs/distributed-notes.md gives for the four-launch path: a rank writes
-// into a peer's receive rows of call N+1 only after that peer's return flag N (sent after its last read of them),
-// and a peer writes return rows of call N+1 only after this rank's dispatch flag N+1 (sent after its combine N).
+// launches cooperatively (the launch fails rather than deadlocks if they cannot be). Buffers are reused across
+// calls without a barrier (docs/distributed-notes.md): a rank writes into a peer's receive rows of call N+1 only
+// after that peer's return flag N (sent after its last read of them), and a peer writes return rows of call N+1 only
+// after this rank's dispatch flag N+1 (sent after its combine N).
 #pragma once
 #include <cstdint>
 #include <cuda_fp16.h>
@@ -31,6 +31,7 @@ constexpr int kFusedThreads = 256;
 constexpr int kFusedWarps = kFusedThreads / 32;
 constexpr int kFlagDispatch = 0, kFlagReturn = 8;  // flag words: [0, 8) by source, [8, 16) by destination
 constexpr int kUnroll = 4;                         // 16-byte words in flight per thread in a row copy
+constexpr int kCombineUnroll = 2;                  // 16-byte chunks of a token's row per thread at once in combine
 
 struct FusedParams {
   kb::PeerPtrs peers;    // every rank's buffer (peers.p[rank] is this rank's own)
@@ -82,25 +83,19 @@ __device__ __forceinline__ void scaled_row(uint4* dst, const uint4* src, int n16
   }
 }
 
+// v's eight fp16 values times s (the simulated expert's fp16 multiply).
+__device__ __forceinline__ uint4 scaled(uint4 v, __half2 s) {
+  __half2* h = reinterpret_cast<__half2*>(&v);
+#pragma unroll
+  for (int e = 0; e < 4; ++e) h[e] = __hmul2(h[e], s);
+  return v;
+}
+
 // Bit d set: the token has an expert on rank d.
 __device__ __forceinline__ int token_mask(const FusedParams& p, int t) {
   int m = 0;
   for (int k = 0; k < p.K; ++k) m |= 1 << (__ldg(p.indices + t * p.K + k) / p.experts_per_rank);
   return m;
-}
-
-// The last block of the grid to arrive (a ticket on *counter, left at zero) runs `last` (thread 0 only): a system
-// fence in every block first, so whatever `last` announces includes every block's stores.
-template <class F>
-__device__ __forceinline__ void when_last(int* counter, F last) {
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    __threadfence_system();
-    if (atomicAdd(counter, 1) == static_cast<int>(gridDim.x) - 1) {
-      last();
-      *counter = 0;
-    }
-  }
 }
 
 // Threads d < ws (d != rank) spin until this rank's flag `word + d` reaches the call's epoch; then the block goes on.
@@ -162,7 +157,7 @@ __device__ void dispatch(const FusedParams& p) {
     __syncthreads();  // owned[] and warp_count[] are rewritten by the next chunk
   }
   stamp(p, 1);
-  when_last(&p.done[0], [&] {
+  kb::when_last(&p.done[0], [&] {
     for (int d = 0; d < p.ws; ++d)
       if (d != p.rank) region<int>(p, d, p.off_count)[p.rank] = run[d];
     for (int d = 0; d < p.ws; ++d)  // the release orders the counts and (after the fences) every block's rows
@@ -194,7 +189,7 @@ __device__ void expert(const FusedParams& p) {
                                         (static_cast<long long>(p.rank) * p.M + t) * p.H),
                reinterpret_cast<const uint4*>(region<__half>(p, p.rank, p.off_x) + row * p.H), n16, scale, true);
   }
-  when_last(&p.done[1], [&] {
+  kb::when_last(&p.done[1], [&] {
     for (int s = 0; s < p.ws; ++s)
       if (s != p.rank) kb::sm90::st_release_sys(region<uint32_t>(p, s, 0) + kFlagReturn + p.rank, p.epoch);
     stamp(p, 4, true);
@@ -232,32 +227,42 @@ __device__ void combine(const FusedParams& p) {
     const uint4* ret = reinterpret_cast<const uint4*>(region<__half>(p, p.rank, p.off_ret) +
                                                       static_cast<long long>(t) * p.H);
     const long long rank_stride = static_cast<long long>(p.M) * p.H / 8;  // 16-byte words between ranks' rows
-    for (int c = threadIdx.x; c < n16; c += kFusedThreads) {
-      uint4 own = __ldg(xrow + c);
-      __half2* oh2 = reinterpret_cast<__half2*>(&own);
+    uint4* orow = reinterpret_cast<uint4*>(p.out + static_cast<long long>(t) * p.H);
+    // kCombineUnroll chunks a thread at once, every expert's y loaded before the chain (those of one rank are the
+    // same row, so the repeats hit L2 together): one latency a chunk, where loading inside the chain cost one per
+    // expert
+    for (int c0 = threadIdx.x; c0 < n16; c0 += kCombineUnroll * kFusedThreads) {
+      uint4 y[kCombineUnroll][8];
 #pragma unroll
-      for (int e = 0; e < 4; ++e) oh2[e] = __hmul2(oh2[e], own_scale);
-      float acc[8] = {};
+      for (int u = 0; u < kCombineUnroll; ++u) {
+        const int c = min(c0 + u * kFusedThreads, n16 - 1);  // (a chunk past the row recomputes the last one)
+        const uint4 own = scaled(__ldg(xrow + c), own_scale);
 #pragma unroll
-      for (int k = 0; k < 8; ++k) {
-        if (k >= K) break;
-        const int d = rank_of[k];
-        const uint4 v = d == p.rank ? own : __ldcg(ret + d * rank_stride + c);
-        const __half* y = reinterpret_cast<const __half*>(&v);
-#pragma unroll
-        for (int e = 0; e < 8; ++e)  // out = fp16(fp32(out) + fp32(y) * w): no fused multiply-add, as the reference
-          acc[e] = __half2float(__float2half_rn(__fadd_rn(acc[e], __fmul_rn(__half2float(y[e]), w[k]))));
+        for (int k = 0; k < 8; ++k)
+          y[u][k] = k < K && rank_of[k] != p.rank ? __ldcg(ret + rank_of[k] * rank_stride + c) : own;
       }
-      uint4 o;
-      __half* oh = reinterpret_cast<__half*>(&o);
 #pragma unroll
-      for (int e = 0; e < 8; ++e) oh[e] = __float2half_rn(acc[e]);
-      reinterpret_cast<uint4*>(p.out + static_cast<long long>(t) * p.H)[c] = o;
+      for (int u = 0; u < kCombineUnroll; ++u) {
+        const int c = c0 + u * kFusedThreads;
+        float acc[8] = {};
+#pragma unroll
+        for (int k = 0; k < 8; ++k) {
+          const __half* yh = reinterpret_cast<const __half*>(&y[u][k]);
+#pragma unroll
+          for (int e = 0; e < 8; ++e)  // out = fp16(fp32(out) + fp32(y) * w): no fused multiply-add, as the reference
+            if (k < K) acc[e] = __half2float(__float2half_rn(__fadd_rn(acc[e], __fmul_rn(__half2float(yh[e]), w[k]))));
+        }
+        uint4 o;
+        __half* oh = reinterpret_cast<__half*>(&o);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) oh[e] = __float2half_rn(acc[e]);
+        if (c < n16) orow[c] = o;
+      }
     }
   }
 }
 
-__global__ void __launch_bounds__(kFusedThreads, 1) fused_kernel(const __grid_constant__ FusedParams p) {
+__global__ void __launch_bounds__(kFusedThreads, 2) fused_kernel(const __grid_constant__ FusedParams p) {
   stamp(p, 0);
   dispatch(p);
   expert(p);

@@ -1,18 +1,11 @@
-"""Where each region of the all2all symmetric buffer sits (the same on every rank), in bytes:
+"""Where each region of the all2all symmetric buffer sits (the same on every rank), in bytes; a row per (token,
+destination rank) each way, M = max_num_tokens rows at most from each source (kernels/all2all/cuda/fused.cuh):
 
-    [0, FLAG_BYTES)  flags: words 0..7 dispatch flags by source, 8..15 combine flags by destination
-    count   int32 [ws]          pairs each source sent here this call
-    pair    int32 [ws][P]       the source's pair id (t*K + k) of each received slot
-    x       fp16  [ws][P][H]    the rows each source sent here
-    ret     fp16  [P][H]        expert outputs returned to this rank, by its own pair id
-P = max_num_tokens * experts_per_token: a source can send every pair of every token to one rank.
-
-`fused_layout` is the one-launch path's (fused.cuh): a row per (token, destination rank), M = max_num_tokens:
+    [0, FLAG_BYTES)  flags: words 0..7 dispatch flags by source, 8..15 return flags by destination
     count   int32 [ws]          rows each source sent here this call
     tok     int32 [ws][M]       the source's token id of each received row
     x       fp16  [ws][M][H]    the rows each source sent here
     ret     fp16  [ws][M][H]    y returned to this rank, by destination rank and token
-Its offsets fill the same five places (M for P, tok for pair).
 """
 from typing import NamedTuple
 
@@ -21,31 +14,22 @@ ALIGN = 256
 
 
 class Layout(NamedTuple):
-    P: int
+    M: int
     off_count: int
-    off_pair: int
+    off_tok: int
     off_x: int
     off_ret: int
     nbytes: int
 
     def offsets(self) -> list[int]:
-        return [self.P, self.off_count, self.off_pair, self.off_x, self.off_ret]
+        return [self.M, self.off_count, self.off_tok, self.off_x, self.off_ret]
 
 
 def _up(n: int) -> int:
     return -(-n // ALIGN) * ALIGN
 
 
-def layout(world_size: int, max_num_tokens: int, experts_per_token: int, hidden_dim: int) -> Layout:
-    P = max_num_tokens * experts_per_token
-    off_count = FLAG_BYTES
-    off_pair = _up(off_count + 4 * world_size)
-    off_x = _up(off_pair + 4 * world_size * P)
-    off_ret = _up(off_x + 2 * world_size * P * hidden_dim)
-    return Layout(P, off_count, off_pair, off_x, off_ret, _up(off_ret + 2 * P * hidden_dim))
-
-
-def fused_layout(world_size: int, max_num_tokens: int, hidden_dim: int) -> Layout:
+def layout(world_size: int, max_num_tokens: int, hidden_dim: int) -> Layout:
     M = max_num_tokens
     off_count = FLAG_BYTES
     off_tok = _up(off_count + 4 * world_size)
