@@ -13,7 +13,7 @@ rank sends over NVLink (its dispatch and its combine) at 450 GB/s. Rows go to be
 --candidates NAME,... also checks and times the CUDA backend under each named candidate's knobs (CANDIDATES; the
 entries read them every call), as "cuda+NAME", every rank under the same knobs. --window adds the official
 multi-rank window (host clock, barriers; without the harness's input clone) for each, torch and `null` (an empty
-output only: the window's own cost), as "NAME[window]" rows of metric host-loop; --trace (all2all) the one-launch
+output only: the window's own cost), as "window/NAME" (median) and "window-mean/NAME" rows of metric host-loop; --trace (all2all) the one-launch
 kernel's phases and the host's issue time, as "cuda[trace]/PHASE" rows.
 """
 from __future__ import annotations
@@ -284,7 +284,7 @@ def main():
         results += [benchlib.Row(gpu, ws, n, "kernel", "geomean", benchlib.geomean(r.get(n) for r in rows))
                     for n in names if benchlib.geomean(r.get(n) for r in rows)]
         wnames = [n for n in rows[0] if n.endswith(("[window]", "[window-mean]"))] if rows else []
-        results += [benchlib.Row(gpu, ws, n, "host-loop", c, v) for n in wnames
+        results += [benchlib.Row(gpu, ws, "{1}/{0}".format(*n[:-1].split("[")), "host-loop", c, v) for n in wnames
                     for c, v in [(r["case"], r[n]) for r in rows] + [("geomean", benchlib.geomean(r[n] for r in rows))]]
         tnames = [n for n in rows[0] if n.endswith("[trace]")] if rows else []
         results += [benchlib.Row(gpu, ws, "cuda[trace]/" + n[:-len("[trace]")], "host-loop", r["case"], r[n])
