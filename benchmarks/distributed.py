@@ -221,7 +221,8 @@ def main():
     ap.add_argument("--probe", action="store_true", help="ag-gemm: time the overlapped path's pieces instead")
     ap.add_argument("--window", action="store_true",
                     help="also time cuda (and each candidate), torch and `null` (an empty output: the window's own "
-                         "cost) in the official multi-rank window, as '<name>[window]' (metric host-loop)")
+                         "cost) in the official multi-rank window, as 'window/<name>' and 'window-mean/<name>' rows "
+                         "(metric host-loop)")
     ap.add_argument("--trace", action="store_true",
                     help="all2all: the one-launch kernel's phases (KBENCH_A2A_TRACE) and the host's issue time, as "
                          "'cuda[trace]/<phase>' rows (metric host-loop)")
