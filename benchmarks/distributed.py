@@ -174,15 +174,19 @@ def windows(ours, theirs, data, candidates: dict, runs: int) -> dict:
     return got
 
 
-TRACE_PHASES = ("dispatch rows", "dispatch flag", "wait dispatch", "expert + flag", "wait return", "combine")
+# (name, first stamp, last stamp) of a2a_api.h's kA2aTraceWords: 0 block 0's start, 1 its dispatch rows stored, 2 the
+# dispatch flags out (the last block), 3 block 0 past the peers' dispatch flags, 4 the return flags out (the last
+# block), 5 block 0 past the peers' return flags, 6 block 0's end. Each pair is in one order in every run (a stamp of
+# the last block follows block 0's before it; block 0's own come in order), so every phase is a time >= 0.
+TRACE_PHASES = (("dispatch rows", 0, 1), ("dispatch flag", 1, 2), ("to peers' dispatch", 1, 3),
+                ("expert + flag", 3, 4), ("to peers' returns", 3, 5), ("combine", 5, 6))
 
 
 def trace(ours, data, runs: int) -> dict:
     """all2all's one-launch path with KBENCH_A2A_TRACE=1, each run after a synchronize and a barrier as the window
     starts. The host: `issue` (its whole time in custom_kernel, no synchronize inside), `python` (before the binding
-    started), the binding's steps (ext.a2a_steps: checks, output, launch). The GPU: per phase (TRACE_PHASES, from
-    a2a_api.h's stamps) the time between consecutive stamps of this rank's kernel. Medians over runs, us, rank 0's,
-    broadcast."""
+    started), the binding's steps (ext.a2a_steps: checks, output, launch). The GPU: the TRACE_PHASES of this rank's
+    kernel. Medians over runs, us, rank 0's, broadcast."""
     cols: dict[str, list] = {}
     with benchlib.knobs({"KBENCH_A2A_TRACE": "1"}):
         for i in range(runs + 3):
@@ -196,7 +200,7 @@ def trace(ours, data, runs: int) -> dict:
             if i < 3:
                 continue
             got = {"issue": (t1 - t0) / 1e3, "python": (entered - t0) / 1e3, **dict(steps)}
-            got.update({n: (b - a) / 1e3 for n, a, b in zip(TRACE_PHASES, stamps, stamps[1:])})
+            got.update({n: (stamps[b] - stamps[a]) / 1e3 for n, a, b in TRACE_PHASES})
             for n, v in got.items():
                 cols.setdefault(n, []).append(v)
     names = list(cols)
