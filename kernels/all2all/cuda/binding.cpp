@@ -1,6 +1,6 @@
 // Torch-facing side of the all2all CUDA backend. entry.py registers a plan once per shape (the peers' buffer
 // addresses and the layout, decided in Python); each call then hands only the inputs and the plan's number,
-// and everything else (checks, dtype fixes, the output, the epoch, the knob) happens here: the official window is
+// and everything else (checks, dtype fixes, the output, the epoch, the knobs) happens here: the official window is
 // a host clock around the call, and each Python-level step costs ~1-3 us of it.
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -36,7 +36,7 @@ kb::StepTimes& steps() {  // the host's steps of the last call (a2a_steps)
   return held;
 }
 
-torch::Tensor& trace_buffer() {  // int64 [kTraceWords] on the device when KBENCH_A2A_TRACE=1, else undefined
+torch::Tensor& trace_buffer() {  // int64 [kA2aTraceWords] on the device once a call was traced, else undefined
   static torch::Tensor t;
   return t;
 }
