@@ -13,8 +13,8 @@ rank sends over NVLink (its dispatch and its combine) at 450 GB/s. Rows go to be
 --candidates NAME,... also checks and times the CUDA backend under each named candidate's knobs (CANDIDATES; the
 entries read them every call), as "cuda+NAME", every rank under the same knobs. --window adds the official
 multi-rank window (host clock, barriers; without the harness's input clone) for each, torch and `null` (an empty
-output only: the window's own cost), as "window/NAME" (median) and "window-mean/NAME" rows of metric host-loop; --trace (all2all) the one-launch
-kernel's phases and the host's issue time, as "cuda[trace]/PHASE" rows.
+output only: the window's own cost), as "window/NAME" (median) and "window-mean/NAME" rows of metric host-loop;
+--trace (all2all) the one-launch kernel's phases and the host's issue time, as "cuda[trace]/PHASE" rows.
 """
 from __future__ import annotations
 
@@ -159,7 +159,7 @@ def probe(rank: int, ws: int, runs: int) -> None:
 
 
 def windows(ours, theirs, data, candidates: dict, runs: int) -> dict:
-    """name[window] (median) and name[window-mean] -> the official window (us) for our backend, each candidate,
+    """window/<name> (median) and window-mean/<name> -> the official window (us) for our backend, each candidate,
     torch's, and `null`, a call that only makes an empty output like ours: what the window costs whatever the
     kernel. The official score is a mean, so the means (and their slow windows) are kept too."""
     out = data[1].x if hasattr(data[1], "x") else data[0]
@@ -169,8 +169,7 @@ def windows(ours, theirs, data, candidates: dict, runs: int) -> dict:
     got = {}
     for name, (fn, settings) in fns.items():
         with benchlib.knobs(settings):
-            med, mean, _ = benchlib.rank_window_us(fn, runs)
-        got[f"{name}[window]"], got[f"{name}[window-mean]"] = med, mean
+            got[f"window/{name}"], got[f"window-mean/{name}"] = benchlib.rank_window_us(fn, runs)
     return got
 
 
@@ -186,7 +185,7 @@ def trace(ours, data, runs: int) -> dict:
     """all2all's one-launch path with KBENCH_A2A_TRACE=1, each run after a synchronize and a barrier as the window
     starts. The host: `issue` (its whole time in custom_kernel, no synchronize inside), `python` (before the binding
     started), the binding's steps (ext.a2a_steps: checks, output, launch). The GPU: the TRACE_PHASES of this rank's
-    kernel. Medians over runs, us, rank 0's, broadcast."""
+    kernel. cuda[trace]/<name> -> its median over runs, us, rank 0's, broadcast."""
     cols: dict[str, list] = {}
     with benchlib.knobs({"KBENCH_A2A_TRACE": "1"}):
         for i in range(runs + 3):
@@ -206,7 +205,7 @@ def trace(ours, data, runs: int) -> dict:
     names = list(cols)
     vals = torch.tensor([benchlib.median(cols[n]) for n in names], device="cuda")
     dist.broadcast(vals, 0)
-    return {f"{n}[trace]": v for n, v in zip(names, vals.tolist())}
+    return {f"cuda[trace]/{n}": v for n, v in zip(names, vals.tolist())}
 
 
 def floor_us(problem: str, data, ws: int) -> float | None:
@@ -265,10 +264,11 @@ def main():
                 dist.all_reduce(bad)  # every rank times a candidate, or none does (the timer is collective)
                 if not bad.item():
                     row[f"cuda+{name}"] = benchlib.rank_time_us(lambda: ours.custom_kernel(data), args.runs)
+        row["host-loop"] = {}  # backend name -> us: the rows of metric host-loop
         if args.window:
-            row.update(windows(ours, theirs, data, candidates, args.runs))
+            row["host-loop"].update(windows(ours, theirs, data, candidates, args.runs))
         if args.trace:
-            row.update(trace(ours, data, args.runs))
+            row["host-loop"].update(trace(ours, data, args.runs))
         for name, fn in peers_ops(args.problem, rank, ws, data, case).items():
             try:
                 row[name] = benchlib.rank_time_us(fn, args.runs)
@@ -288,12 +288,12 @@ def main():
         results = [benchlib.Row(gpu, ws, n, "kernel", r["case"], r[n]) for r in rows for n in names if r.get(n)]
         results += [benchlib.Row(gpu, ws, n, "kernel", "geomean", benchlib.geomean(r.get(n) for r in rows))
                     for n in names if benchlib.geomean(r.get(n) for r in rows)]
-        wnames = [n for n in rows[0] if n.endswith(("[window]", "[window-mean]"))] if rows else []
-        results += [benchlib.Row(gpu, ws, "{1}/{0}".format(*n[:-1].split("[")), "host-loop", c, v) for n in wnames
-                    for c, v in [(r["case"], r[n]) for r in rows] + [("geomean", benchlib.geomean(r[n] for r in rows))]]
-        tnames = [n for n in rows[0] if n.endswith("[trace]")] if rows else []
-        results += [benchlib.Row(gpu, ws, "cuda[trace]/" + n[:-len("[trace]")], "host-loop", r["case"], r[n])
-                    for n in tnames for r in rows]
+        loops = list(rows[0]["host-loop"]) if rows else []
+        results += [benchlib.Row(gpu, ws, n, "host-loop", r["case"], r["host-loop"][n]) for n in loops for r in rows]
+        results += [benchlib.Row(gpu, ws, n, "host-loop", "geomean", benchlib.geomean(r["host-loop"][n] for r in rows))
+                    for n in loops if n.startswith("window")]
+        wnames = [n.split("/", 1)[1] for n in loops if n.startswith("window/")]
+        tnames = [n.split("/", 1)[1] for n in loops if n.startswith("cuda[trace]/")]
         benchlib.record(args.problem, results)
         cols = ["floor", "cuda", "torch", "fused", "gemm", "comm"] + [f"cuda+{n}" for n in candidates]
         ratio = lambda x: None if x is None else f"{x:.2f}"  # noqa: E731
@@ -304,13 +304,15 @@ def main():
         if wnames:
             benchlib.table("the official window (rank 0's host clock, barriers, no input clone; us, median / mean; "
                            "#i: the table's cases in order)",
-                           ["case"] + [n[:-len("[window]")] for n in wnames if n.endswith("[window]")],
-                           [[f"#{i}"] + [f"{r[n]:.1f} / {r[n[:-1] + '-mean]']:.1f}" for n in wnames
-                                         if n.endswith("[window]")] for i, r in enumerate(rows)])
+                           ["case"] + wnames,
+                           [[f"#{i}"] + [f"{r['host-loop']['window/' + n]:.1f} / "
+                                         f"{r['host-loop']['window-mean/' + n]:.1f}" for n in wnames]
+                            for i, r in enumerate(rows)])
         if tnames:
             benchlib.table("the one-launch kernel's phases (rank 0, us, median; issue: the host's time in the call)",
-                           ["case"] + [n[:-len("[trace]")] for n in tnames],
-                           [[f"#{i}"] + [r[n] for n in tnames] for i, r in enumerate(rows)])
+                           ["case"] + tnames,
+                           [[f"#{i}"] + [r["host-loop"]["cuda[trace]/" + n] for n in tnames]
+                            for i, r in enumerate(rows)])
         for f in failures[:10]:
             print("  FAIL " + f)
     dist.barrier()
