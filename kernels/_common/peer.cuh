@@ -4,6 +4,8 @@
 // scope); the receiver spins until the flag has reached that epoch (acquire). Epochs only grow, so flags are never
 // reset, and a sender is at most one epoch ahead of a receiver that has not yet read its flag.
 #pragma once
+#include <cuda_runtime.h>
+
 #include <cstdint>
 
 #include "sm90.cuh"
@@ -11,6 +13,15 @@
 namespace kb {
 
 constexpr int kMaxRanks = 8;
+
+// The current device's SM count, read once a device (the host side sizes the peer kernels' grids by it).
+inline int sm_count() {
+  static int sms[64] = {};  // (a race writes the same value)
+  int dev = 0;
+  cudaGetDevice(&dev);
+  if (sms[dev & 63] == 0) cudaDeviceGetAttribute(&sms[dev & 63], cudaDevAttrMultiProcessorCount, dev);
+  return sms[dev & 63];
+}
 
 struct PeerPtrs {
   uint64_t p[kMaxRanks];  // rank r's buffer, mapped into this process

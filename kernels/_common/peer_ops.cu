@@ -82,15 +82,9 @@ const char* peer_push(const uint64_t* dsts, int count, const void* src, long lon
   kb::PeerPtrs p{};
   for (int i = 0; i < count; ++i) p.p[i] = dsts[i];
   const long long n16 = bytes / 16;
-  static int sms = 0;
-  if (!sms) {
-    int dev = 0;
-    cudaGetDevice(&dev);
-    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-  }
   // a block a 256 x 4 words at most, and no more blocks than 2 a SM (enough stores in flight to fill NVLink) or
   // max_blocks where given (a push beside a GEMM that needs the other SMs)
-  const long long cap = max_blocks > 0 ? max_blocks : 2 * sms;
+  const long long cap = max_blocks > 0 ? max_blocks : 2 * kb::sm_count();
   const long long want = (n16 + 1023) / 1024;
   const int blocks = static_cast<int>(want < 1 ? 1 : want < cap ? want : cap);
   push_kernel<<<blocks, 256, 0, stream>>>(p, count, static_cast<const uint4*>(src), offset, n16, word, epoch, counter);

@@ -8,20 +8,6 @@
 #include "fused.cuh"
 #include "launch_error.h"
 
-namespace {
-
-int sm_count() {
-  static int sms = 0;
-  if (!sms) {
-    int dev = 0;
-    cudaGetDevice(&dev);
-    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-  }
-  return sms;
-}
-
-}  // namespace
-
 const char* a2a_run(const A2aArgs& a, cudaStream_t stream) {
   if (a.ws < 1 || a.ws > kb::kMaxRanks) return "all2all cuda: 1 to 8 ranks";
   if (a.K > 8 || a.H % 8) return "all2all cuda: experts_per_token <= 8 and hidden_dim a multiple of 8";
@@ -50,12 +36,12 @@ const char* a2a_run(const A2aArgs& a, cudaStream_t stream) {
   if (!resident) {
     int per_sm = 0;
     cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, a2a::fused_kernel, a2a::kFusedThreads, 0);
-    resident = std::max(1, per_sm) * sm_count();
+    resident = std::max(1, per_sm) * kb::sm_count();
   }
   // a block per token (dispatch, combine) or per received row (expert), up to two a SM: more only lengthen the
   // tickets. Every launch has at least one block, also for a rank with no tokens: it must still flag its peers and
   // wait for theirs (that wait is what lets the next call write into their buffers).
-  int blocks = std::min({std::max({1, a.T, (a.ws - 1) * a.M}), resident, 2 * sm_count()});
+  int blocks = std::min({std::max({1, a.T, (a.ws - 1) * a.M}), resident, 2 * kb::sm_count()});
   if (a.max_blocks > 0) blocks = std::min(blocks, a.max_blocks);
   void* args[] = {&p};
   const cudaError_t err = cudaLaunchCooperativeKernel(reinterpret_cast<const void*>(a2a::fused_kernel), blocks,
