@@ -159,6 +159,15 @@ __device__ __forceinline__ void stmatrix_x4(void* row, uint32_t r0, uint32_t r1,
                : "memory");
 }
 
+// stmatrix_x4 with each 8x8 matrix transposed: lane l's address is the row of the stored matrix that receives
+// column l % 8 of register matrix l / 8 (an accumulator's column pair becomes a stored column: a [n][m] tile from an
+// m64nN accumulator; moe's swap_gemm.cuh stages its [token][feature] rows so).
+__device__ __forceinline__ void stmatrix_x4_trans(void* row, uint32_t r0, uint32_t r1, uint32_t r2, uint32_t r3) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(smem_u32(row)),
+               "r"(r0), "r"(r1), "r"(r2), "r"(r3)
+               : "memory");
+}
+
 // stmatrix_x4's inverse: the four matrices back into registers, the same lanes giving the same row addresses.
 __device__ __forceinline__ void ldmatrix_x4(const void* row, uint32_t& r0, uint32_t& r1, uint32_t& r2, uint32_t& r3) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
