@@ -94,6 +94,9 @@ CANDIDATES = {
     "swap-fold": {"KBENCH_MOE_SWAP_FOLD": "3"},
     "swap-fold1": {"KBENCH_MOE_SWAP_FOLD": "1"},
     "swap-fold2": {"KBENCH_MOE_SWAP_FOLD": "2"},
+    # the same with each weight box also prefetched into L2 8 / 16 stages (of k 32) ahead
+    "swap-fold-pf8": {"KBENCH_MOE_SWAP_FOLD": "3", "KBENCH_MOE_SWAP_PREFETCH": "8"},
+    "swap-fold-pf16": {"KBENCH_MOE_SWAP_FOLD": "3", "KBENCH_MOE_SWAP_PREFETCH": "16"},
 }
 
 

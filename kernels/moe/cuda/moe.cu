@@ -173,6 +173,7 @@ void launch_gemm(GemmParams g, bool glu, const MoeArgs& a, cudaStream_t stream, 
 #endif
   if (launch_swaps(a, launch)) {  // feature tiles of 64 gate + 64 up columns (GEMM 1) or 128 columns (GEMM 2)
     g.n_tiles = glu ? a.dexp / 64 : a.d / 128;
+    g.swap_prefetch = a.swap_prefetch;
     (glu ? swap::swap_gemm_kernel<true> : swap::swap_gemm_kernel<false>)<<<device_info().sms, kThreads,
                                                                             swap::kSmemBytes, stream>>>(g);
     return;
@@ -213,16 +214,17 @@ MoeConfig moe_config(int T, int K, int E) {
                    kb::env_int("KBENCH_MOE_DECODE_AHEAD", 1) != 0,
                    kb::env_int("KBENCH_MOE_LATE_OUTPUT", 1) != 0 && kb::env_int("KBENCH_MOE_RED_COMBINE", 1) != 0 &&
                        kb::env_int("KBENCH_MOE_SPLIT_ROUTE", 1) != 0,
-                   moe_swap_fold(T, K, E)};
+                   moe_swap_fold(T, K, E), std::max(0, kb::env_int("KBENCH_MOE_SWAP_PREFETCH", 0))};
 }
 
 void moe_describe(const MoeConfig& c, char* buf, int size) {
   snprintf(buf, size,
            "MoeConfig{skip_empty_halves=%d, keep_workspaces=%d, stages=%d, red_combine=%d, split_route=%d, "
            "async_epilogue=%d, shared_first=%d, shared_gather=%d, gather_lsu=%d, band=%d, bk32=%d, "
-           "decode_ahead=%d, late_output=%d, swap_fold=%d}",
+           "decode_ahead=%d, late_output=%d, swap_fold=%d, swap_prefetch=%d}",
            c.skip_empty_halves, c.keep_workspaces, c.stages, c.red_combine, c.split_route, c.async_epilogue,
-           c.shared_first, c.shared_gather, c.gather_lsu, c.band, c.bk32, c.decode_ahead, c.late_output, c.swap_fold);
+           c.shared_first, c.shared_gather, c.gather_lsu, c.band, c.bk32, c.decode_ahead, c.late_output, c.swap_fold,
+           c.swap_prefetch);
 }
 
 const char* moe_run(const MoeArgs& a, cudaStream_t stream, cudaEvent_t* events) {

@@ -58,6 +58,13 @@ __device__ __forceinline__ void produce(const GemmParams& p, const int* s_meta, 
     const CUtensorMap* w0 = &p.b[w.g];
     const CUtensorMap* w1 = kGlu ? &p.b[kMaxGroups + w.g] : &p.b[w.g];
     const int c0 = kGlu ? w.ft * 64 : w.ft * 128, c1 = kGlu ? c0 : c0 + 64;
+    // (swap_prefetch: each weight tile is read by this unit alone, so its DRAM latency is this CTA's; the ring's
+    // stages hold 24 KB of it in flight, and the L2 prefetches take more, without shared memory)
+    const int ahead = p.swap_prefetch;
+    for (int kb = 0; kb < min(ahead, num_kb); ++kb) {
+      tma_prefetch_2d(w0, c0, kb * kBKs);
+      tma_prefetch_2d(w1, c1, kb * kBKs);
+    }
     for (int kb = 0; kb < num_kb; ++kb) {
       mbar_wait(&empty[s], phase ^ 1);
       mbar_arrive_expect_tx(&full[s], kStageW + boxes * kXBox);
@@ -66,6 +73,10 @@ __device__ __forceinline__ void produce(const GemmParams& p, const int* s_meta, 
       tma_load_2d(st + kWBox, w1, &full[s], c1, kb * kBKs);
       for (int j = 0; j < boxes; ++j)
         tma_load_2d(st + kStageW + j * kXBox, xmap, &full[s], kb * kBKs, x_row + kBM * j);
+      if (ahead > 0 && kb + ahead < num_kb) {
+        tma_prefetch_2d(w0, c0, (kb + ahead) * kBKs);
+        tma_prefetch_2d(w1, c1, (kb + ahead) * kBKs);
+      }
       ring_next(s, phase, kStages);
     }
   }
