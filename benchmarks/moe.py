@@ -89,14 +89,6 @@ CANDIDATES = {
     # a distrusted key captured only when it comes twice in a row (the build before the thirty-seventh session; now
     # when it comes back within two calls: leaderboard mode's inputs alternate between two address sets)
     "twice-in-a-row": {"KBENCH_GRAPH_RECUR": "1"},
-    # swap_gemm.cuh in the routed GEMM 1 and GEMM 2 (both, or one): the weights on the MMA's M side, a group of up to
-    # 288 rows one token tile, its tail in a narrow second MMA (the forty-first session)
-    "swap-fold": {"KBENCH_MOE_SWAP_FOLD": "3"},
-    "swap-fold1": {"KBENCH_MOE_SWAP_FOLD": "1"},
-    "swap-fold2": {"KBENCH_MOE_SWAP_FOLD": "2"},
-    # the same with each weight box also prefetched into L2 8 / 16 stages (of k 32) ahead
-    "swap-fold-pf8": {"KBENCH_MOE_SWAP_FOLD": "3", "KBENCH_MOE_SWAP_PREFETCH": "8"},
-    "swap-fold-pf16": {"KBENCH_MOE_SWAP_FOLD": "3", "KBENCH_MOE_SWAP_PREFETCH": "16"},
 }
 
 

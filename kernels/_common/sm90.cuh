@@ -69,13 +69,6 @@ __device__ __forceinline__ void tma_load_2d(void* dst, const CUtensorMap* map, u
       : "memory");
 }
 
-// An L2 prefetch of the box a tma_load_2d with the same map and coordinates would load (nothing lands in shared
-// memory; no barrier).
-__device__ __forceinline__ void tma_prefetch_2d(const CUtensorMap* map, int c0, int c1) {
-  asm volatile("cp.async.bulk.prefetch.tensor.2d.L2.global.tile [%0, {%1, %2}];" ::"l"(map), "r"(c0), "r"(c1)
-               : "memory");
-}
-
 // ---- clusters -------------------------------------------------------------------------------------------
 __device__ __forceinline__ uint32_t cluster_ctarank() {
   uint32_t r;
@@ -163,15 +156,6 @@ __device__ __forceinline__ uint32_t sw128_offset(int row, int chunk) {
 __device__ __forceinline__ void stmatrix_x4(void* row, uint32_t r0, uint32_t r1, uint32_t r2, uint32_t r3) {
   asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(smem_u32(row)), "r"(r0),
                "r"(r1), "r"(r2), "r"(r3)
-               : "memory");
-}
-
-// stmatrix_x4 with each 8x8 matrix transposed: lane l's address is the row of the stored matrix that receives
-// column l % 8 of register matrix l / 8 (an accumulator's column pair becomes a stored column: a [n][m] tile from an
-// m64nN accumulator; moe's swap_gemm.cuh stages its [token][feature] rows so).
-__device__ __forceinline__ void stmatrix_x4_trans(void* row, uint32_t r0, uint32_t r1, uint32_t r2, uint32_t r3) {
-  asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(smem_u32(row)),
-               "r"(r0), "r"(r1), "r"(r2), "r"(r3)
                : "memory");
 }
 

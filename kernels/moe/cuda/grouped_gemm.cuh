@@ -98,7 +98,6 @@ struct GemmParams {
   int decode_ahead;               // MoeConfig::decode_ahead: consumers decode the next unit under this one's last MMAs
                                   // and every scan for a unit's group starts at the previous unit's; 0: at the unit's
                                   // start, from group 0 (the build before)
-  int swap_prefetch;              // swap_gemm.cuh: each weight box also prefetched into L2 this many stages ahead
 #ifdef KBENCH_DEV
   long long* trace;               // KBENCH_MOE_DEV_TRACE: per-unit stamps (kTrace instances; see below)
   int trace_launch;               // which of the call's GEMM launches this is (the trace's first index)

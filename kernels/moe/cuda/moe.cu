@@ -17,7 +17,6 @@
 #include "moe_api.h"
 #include "moe_rules.h"
 #include "route.cuh"
-#include "swap_gemm.cuh"
 #include "tma_host.h"
 
 namespace moe {
@@ -105,23 +104,13 @@ const DeviceInfo& device_info() {
             for (const bool trace : {false, true})
               cudaFuncSetAttribute(gemm_kernel(glu, stages, async, bk, trace),
                                    cudaFuncAttributeMaxDynamicSharedMemorySize, gemm_smem_bytes(stages, async, bk));
-    for (const bool glu : {false, true})
-      cudaFuncSetAttribute(glu ? swap::swap_gemm_kernel<true> : swap::swap_gemm_kernel<false>,
-                           cudaFuncAttributeMaxDynamicSharedMemorySize, swap::kSmemBytes);
   }
   return d;
 }
 
-// Whether launch `launch` (1 the routed GEMM 1, 2 GEMM 2) runs swap_gemm.cuh's kernel (MoeConfig::swap_fold).
-bool launch_swaps(const MoeArgs& a, int launch) {
-  return (launch == 1 && (a.swap_fold & 1)) || (launch == 2 && (a.swap_fold & 2));
-}
-
 // The k of launch `launch`'s ring stages (its tensor maps' boxes and its kernel instance), from MoeConfig::bk32's
-// bits: the shared expert's GEMM 1 (launches 0 and 3), the routed GEMM 1 (1), GEMM 2 (2); 32 where the launch swaps
-// (swap_gemm.cuh's stages hold k 32: its token boxes are the k-32 A tiles' and its weight boxes the k-32 B boxes).
+// bits: the shared expert's GEMM 1 (launches 0 and 3), the routed GEMM 1 (1), GEMM 2 (2).
 int launch_bk(const MoeArgs& a, int launch) {
-  if (launch_swaps(a, launch)) return swap::kBKs;
   const int bit = launch == 1 ? 2 : launch == 2 ? 4 : 1;
   return a.bk32 & bit ? 32 : 64;
 }
@@ -171,13 +160,6 @@ void launch_gemm(GemmParams g, bool glu, const MoeArgs& a, cudaStream_t stream, 
     trace = async && g.trace != nullptr;
   }
 #endif
-  if (launch_swaps(a, launch)) {  // feature tiles of 64 gate + 64 up columns (GEMM 1) or 128 columns (GEMM 2)
-    g.n_tiles = glu ? a.dexp / 64 : a.d / 128;
-    g.swap_prefetch = a.swap_prefetch;
-    (glu ? swap::swap_gemm_kernel<true> : swap::swap_gemm_kernel<false>)<<<device_info().sms, kThreads,
-                                                                            swap::kSmemBytes, stream>>>(g);
-    return;
-  }
   const int bk = launch_bk(a, launch);
   gemm_kernel(glu, a.stages, async, bk, trace)<<<device_info().sms, kThreads, gemm_smem_bytes(a.stages, async, bk),
                                                  stream>>>(g);
@@ -213,18 +195,16 @@ MoeConfig moe_config(int T, int K, int E) {
                    async_epilogue == 3 ? kb::env_int("KBENCH_MOE_BK32", 5) & 7 : 0,
                    kb::env_int("KBENCH_MOE_DECODE_AHEAD", 1) != 0,
                    kb::env_int("KBENCH_MOE_LATE_OUTPUT", 1) != 0 && kb::env_int("KBENCH_MOE_RED_COMBINE", 1) != 0 &&
-                       kb::env_int("KBENCH_MOE_SPLIT_ROUTE", 1) != 0,
-                   moe_swap_fold(T, K, E), std::max(0, kb::env_int("KBENCH_MOE_SWAP_PREFETCH", 0))};
+                       kb::env_int("KBENCH_MOE_SPLIT_ROUTE", 1) != 0};
 }
 
 void moe_describe(const MoeConfig& c, char* buf, int size) {
   snprintf(buf, size,
            "MoeConfig{skip_empty_halves=%d, keep_workspaces=%d, stages=%d, red_combine=%d, split_route=%d, "
            "async_epilogue=%d, shared_first=%d, shared_gather=%d, gather_lsu=%d, band=%d, bk32=%d, "
-           "decode_ahead=%d, late_output=%d, swap_fold=%d, swap_prefetch=%d}",
+           "decode_ahead=%d, late_output=%d}",
            c.skip_empty_halves, c.keep_workspaces, c.stages, c.red_combine, c.split_route, c.async_epilogue,
-           c.shared_first, c.shared_gather, c.gather_lsu, c.band, c.bk32, c.decode_ahead, c.late_output, c.swap_fold,
-           c.swap_prefetch);
+           c.shared_first, c.shared_gather, c.gather_lsu, c.band, c.bk32, c.decode_ahead, c.late_output);
 }
 
 const char* moe_run(const MoeArgs& a, cudaStream_t stream, cudaEvent_t* events) {

@@ -41,8 +41,6 @@ struct MoeArgs {
   int band;               // MoeConfig::band
   int bk32;               // MoeConfig::bk32
   int decode_ahead;       // MoeConfig::decode_ahead
-  int swap_fold;          // MoeConfig::swap_fold
-  int swap_prefetch;      // MoeConfig::swap_prefetch
   // MoeConfig::late_output, in a graph's capture only: the routing's first launch takes the output's address from the
   // host after the launch (late_address.h) and writes it to *out_slot; a null ring: out_slot already holds it
   kb::LateAddress late;
@@ -83,11 +81,6 @@ struct MoeConfig {
   bool late_output;        // graphs the binding launches itself take the output's address from the host after their
                            // launch (late_address.h), so the host makes the output while the GPU routes
                            // (KBENCH_MOE_LATE_OUTPUT; with split_route and red_combine only; 0 the build before)
-  int swap_fold;           // the launches that run swap_gemm.cuh (weights on the MMA's M side, a group's tokens on N,
-                           // up to 288 rows a tile): bit 0 the routed GEMM 1, bit 1 GEMM 2 (KBENCH_MOE_SWAP_FOLD; a
-                           // candidate, 0 by default)
-  int swap_prefetch;       // swap_gemm.cuh's producer also prefetches each weight box into L2 this many k-32 stages
-                           // ahead (KBENCH_MOE_SWAP_PREFETCH; 0: none)
 };
 MoeConfig moe_config(int T, int K, int E);
 void moe_describe(const MoeConfig& c, char* buf, int size);
