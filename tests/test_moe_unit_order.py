@@ -92,3 +92,53 @@ def test_bands_keep_a_wave_on_few_m_tiles(decoder):
         for w0 in range(0, len(units), 132):
             wave = units[w0:w0 + 132]
             assert len({u[1] for u in wave}) <= max_m and len({u[2] for u in wave}) <= max_n
+
+
+FOLD_PROGRAM = r"""
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+#include "unit_order.h"
+int main(int argc, char** argv) {
+  // argv: fold n_tiles rows_0 rows_1 ...: the m-tiles as route.cuh lays them out with MoeConfig::fold
+  const int fold = atoi(argv[1]), n_tiles = atoi(argv[2]), G = argc - 3;
+  std::vector<int> meta(2 * (G + 1));
+  for (int g = 0; g < G; ++g) {
+    const int rows = atoi(argv[3 + g]);
+    meta[g + 1] = meta[g] + rows;
+    meta[G + 1 + g + 1] = meta[G + 1 + g] + moe::group_m_tiles(rows, fold);
+  }
+  for (int u = 0; u < meta[2 * G + 1] * n_tiles; ++u) {
+    const moe::Unit w = moe::decode(meta.data(), G, n_tiles, u);
+    printf("%d %d %d %d\n", w.g, w.mt, w.nt, w.tail_row);
+  }
+  return 0;
+}
+"""
+
+
+@pytest.mark.parametrize("fold", [0, 16])
+def test_a_folded_rest_rides_on_every_full_m_tile(tmp_path, fold):
+    """MoeConfig::fold: a group's rest of up to 16 rows a full m-tile goes with those m-tiles' units, 16 rows each
+    in m-tile order (tail_row: the first, within the group), every unit of the group carrying a share even where it
+    holds no row; other groups keep an m-tile of their own. Every row is computed by exactly one unit of each n-tile."""
+    exe = build_program(tmp_path, FOLD_PROGRAM, MOE)
+    rows = [279, 256, 257, 288, 289, 100, 0, 1100, 1152]  # 289: 33 past two m-tiles, more than 2 x 16
+    out = subprocess.run([str(exe), str(fold), "2", *map(str, rows)], capture_output=True, text=True,
+                         check=True).stdout
+    units = [tuple(map(int, line.split())) for line in out.splitlines()]
+    for g, r in enumerate(rows):
+        mine = [u for u in units if u[0] == g]
+        full, rest = divmod(r, KBM)
+        folds = fold > 0 and full > 0 and 0 < rest <= fold * full
+        assert len({u[1] for u in mine}) == (full if folds or rest == 0 else full + 1)
+        for nt in range(2):
+            covered = []
+            for _, mt, unt, tail_row in (u for u in mine if u[2] == nt):
+                covered += range(mt * KBM, min(r, (mt + 1) * KBM))
+                if folds:
+                    assert tail_row == full * KBM + 16 * mt
+                    covered += range(tail_row, min(r, tail_row + 16))
+                else:
+                    assert tail_row == -1
+            assert sorted(covered) == list(range(r))
