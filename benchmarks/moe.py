@@ -89,9 +89,6 @@ CANDIDATES = {
     # a distrusted key captured only when it comes twice in a row (the build before the thirty-seventh session; now
     # when it comes back within two calls: leaderboard mode's inputs alternate between two address sets)
     "twice-in-a-row": {"KBENCH_GRAPH_RECUR": "1"},
-    # a routed group's rest split among its full m-tiles' units (16 rows each, a swapped m64n16 MMA beside each
-    # unit's own) instead of an m-tile of its own (forty-first session)
-    "fold16": {"KBENCH_MOE_FOLD": "16"},
 }
 
 

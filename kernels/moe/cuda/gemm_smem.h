@@ -26,8 +26,6 @@ constexpr int kSmemLimit = 232448;              // the dynamic shared memory a b
 // A ring stage's A tile (kBM rows x bk of k, fp16) and B tile (four TMA boxes of bk k-rows x 64 columns).
 MOE_SMEM_HD constexpr int a_tile_bytes(int bk) { return kBM * bk * 2; }
 MOE_SMEM_HD constexpr int b_tile_bytes(int bk) { return 4 * bk * 64 * 2; }
-// A ring stage's rows of a folded tail (MoeConfig::fold): 16 rows x bk of k, fp16.
-MOE_SMEM_HD constexpr int tail_tile_bytes(int bk) { return 16 * bk * 2; }
 
 // Byte offsets from the block's 1024-aligned base (the allocation's start moved up to the next multiple of 1024, so
 // `bytes` holds 1024 more than the regions' end). Regions that a configuration does not have are -1.
@@ -44,9 +42,6 @@ struct GemmSmem {
   int meta;       // the launch's group meta, 2 (kMaxGroups + 1) int32
   int gather;     // async: the gather chains' bounce buffers, kGatherChains x kGatherBytes (128-aligned)
   int gather_bar; // async: their barriers, one a chain
-  int tail;       // async: the folded tails' rows, a stage's at tail + stage x tail_tile_bytes (1024-aligned for
-                  // TMA's 128-byte swizzle), inside the gather's region: only the routed launches fold and only the
-                  // shared expert's gathers
   int end;        // the regions' end
   int bytes;      // the allocation the launch asks for: 1024 + end
 };
@@ -70,7 +65,6 @@ MOE_SMEM_HD constexpr GemmSmem gemm_smem(int bk, int stages, bool async) {
   at += 2 * (kMaxGroups + 1) * 4;
   s.gather = async ? (at + 127) / 128 * 128 : -1;
   s.gather_bar = async ? s.gather + kGatherChains * kGatherBytes : -1;
-  s.tail = async ? (s.gather + 1023) / 1024 * 1024 : -1;
   if (async) at = s.gather_bar + kGatherChains * 8;
   s.end = at;
   s.bytes = 1024 + at;

@@ -70,7 +70,6 @@ static_assert(2 * (kConsumerRegs - kLaunchRegs) <= kLaunchRegs - kProducerRegs,
 struct GemmParams {
   CUtensorMap a[2];               // kGlu: [0] the gathered routed rows, [1] x (the shared group); else [0] H
   CUtensorMap b[2 * kMaxGroups];  // kGlu: gate of group g at [g], up at [kMaxGroups + g]; else down at [g]
-  CUtensorMap a_tail;             // MoeConfig::fold: a[0]'s array in boxes of kFoldRows rows (the folded tails)
   const int* meta;
   int meta_groups;                // the group count meta was written for (>= groups)
   int fixed_meta[4];              // meta null: groups = 1 and these are its meta
@@ -160,16 +159,11 @@ __device__ __forceinline__ void red_add_f16x8(__half* out, const uint4& v) {
                : "memory");
 }
 
-// out[0] += v (fp16, rounded to nearest, subnormals kept): a folded tail's element.
-__device__ __forceinline__ void red_add_f16(__half* out, __half v) {
-  asm volatile("red.global.add.noftz.f16 [%0], %1;" ::"l"(out), "h"(__half_as_ushort(v)) : "memory");
-}
-
 // The producer (one thread): for each of this CTA's units, every k-block's A tile and four B boxes into the next
-// free stage, and (s_t: kAsync) a folded group's unit's 16 tail rows of A into the stage's tail tile.
+// free stage.
 template <bool kGlu, int kStages, int kBK>
 __device__ __forceinline__ void produce(const GemmParams& p, const int* s_meta, uint8_t* s_a, uint8_t* s_b,
-                                        uint8_t* s_t, uint64_t* full, uint64_t* empty, int units, int num_kb) {
+                                        uint64_t* full, uint64_t* empty, int units, int num_kb) {
   using R = Ring<kBK>;
   const int G = p.groups;
   int s = 0, g_from = 0;
@@ -186,13 +180,10 @@ __device__ __forceinline__ void produce(const GemmParams& p, const int* s_meta, 
     // at the group's end (zeros for free) tied (thirty-fourth session), though zero operands cost the MMAs ~30% less
     // energy in isolation (benchmarks/wgmma_energy_probe.py).
     const int a_row = (shared_x ? 0 : w.row0) + w.mt * kBM;
-    const bool tail = s_t != nullptr && w.tail_row >= 0;  // (never the shared group: route.cuh folds routed ones)
-    constexpr int kTail = tail_tile_bytes(kBK);
     for (int kb = 0; kb < num_kb; ++kb) {
       mbar_wait(&empty[s], phase ^ 1);
-      mbar_arrive_expect_tx(&full[s], R::kStageBytes + (tail ? kTail : 0));
+      mbar_arrive_expect_tx(&full[s], R::kStageBytes);
       tma_load_2d(s_a + s * R::kABytes, amap, &full[s], kb * kBK, a_row);
-      if (tail) tma_load_2d(s_t + s * kTail, &p.a_tail, &full[s], kb * kBK, w.row0 + w.tail_row);
       uint8_t* sb = s_b + s * R::kBBytes;
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
@@ -354,45 +345,6 @@ __device__ __forceinline__ void drain_epilogues(const GemmParams& p, const int* 
   }
 }
 
-// A folded tail's results, by the consumer warpgroup that computed them: tacc[b] (the swapped m64n16 MMA) holds 64
-// output columns (the fragment's rows) x the unit's 16 tail rows (its columns): GEMM 1 b = 0 gate, 1 up of H columns
-// nt 128 + 64 cw + [0, 64); GEMM 2 output columns nt 256 + 64 (2 cw + b) + [0, 64). Rows past the group's end
-// (row_target -1) are dropped.
-template <bool kGlu>
-__device__ __forceinline__ void store_tail(const GemmParams& p, const Unit& w, const float (&tacc)[2][8], int cw,
-                                           int t, __half* out, bool accumulate) {
-  const int f0 = (t / 32) * 16 + (t % 32) / 4;  // fragment rows f0 and f0 + 8: output columns within the block
-#pragma unroll
-  for (int c = 0; c < 2; ++c) {
-#pragma unroll
-    for (int e = 0; e < 2; ++e) {
-      __half2 scale;
-      const long long off = row_target<kGlu>(p, w, w.tail_row + 8 * c + 2 * (t % 4) + e, accumulate, scale);
-      if (off < 0) continue;
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int i = 4 * c + 2 * h + e, f = f0 + 8 * h;
-        if constexpr (kGlu) {
-          out[off + w.nt * 128 + 64 * cw + f] = glu(tacc[0][i], tacc[1][i]);
-        } else {
-#pragma unroll
-          for (int b = 0; b < 2; ++b) {
-            __half* const at = out + off + w.nt * 256 + 64 * (2 * cw + b) + f;
-            const __half v = __float2half_rn(tacc[b][i]);
-            if (accumulate) red_add_f16(at, __hmul(v, __low2half(scale)));
-            else *at = v;
-          }
-        }
-      }
-    }
-  }
-}
-
-template <bool kB>
-struct Flag {
-  static constexpr bool value = kB;
-};
-
 template <bool kGlu, int kStages, bool kAsync = false, bool kTrace = false, int kBK = 64>
 __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_kernel(const __grid_constant__ GemmParams p) {
   static_assert(kStages >= 2 && kStages <= kMaxStages, "the ring needs two stages and fits eight");
@@ -443,8 +395,7 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_kernel(const __grid_
 
   if (wg == 0) {
     setmaxnreg_dec<kProducerRegs>();
-    if (threadIdx.x == 0)
-      produce<kGlu, kStages, kBK>(p, s_meta, s_a, s_b, async_at(L.tail), full, empty, units, num_kb);
+    if (threadIdx.x == 0) produce<kGlu, kStages, kBK>(p, s_meta, s_a, s_b, full, empty, units, num_kb);
     if constexpr (kAsync) {
       if (threadIdx.x >= 32)
         drain_epilogues<kGlu>(p, s_meta, s_c, s_off, s_scale, stg_full, stg_empty, units, threadIdx.x - 32, s_gbuf,
@@ -469,22 +420,14 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_kernel(const __grid_
   // Each unit is decoded while the previous one's last MMAs run (wn below): between a hand-over and the next unit's
   // first MMA the consumers only wait for the stage.
   Unit w = decode(s_meta, G, p.n_tiles, blockIdx.x, p.band), wn = w;
-  // A folded tail's MMAs read B's chunks tb0 and tb1 (GEMM 1: this warpgroup's gate and up columns, 64 cw + [0, 64)
-  // of each; GEMM 2: output columns 128 cw + [0, 128)).
-  const int tb0 = kGlu ? cw : 2 * cw, tb1 = kGlu ? cw + 2 : 2 * cw + 1;
-  uint8_t* const s_t = async_at(L.tail);  // kAsync: the stages' folded-tail rows
-  // One unit's k-loop and epilogue, instantiated with the folded tail's MMAs and stores (kFold) and without: one body
-  // with a branch around them made ptxas inject wgmma fences (C7519: tacc live, undefined, on the other path;
-  // docs/moe-notes.md, twenty-sixth session).
-  auto run_unit = [&](int u, auto fold) {
-    constexpr bool kFold = decltype(fold)::value;
+  for (int u = blockIdx.x; u < units; u += gridDim.x, w = wn) {
+    if (!p.decode_ahead) w = decode(s_meta, G, p.n_tiles, u, p.band);
     // The last m-tile of a group often holds 64 rows or fewer: its second half is empty. With skip_empty_halves
     // that warpgroup only releases the stages (same arrivals), and the other one has the tensor cores to itself.
     // (Broadcast from lane 0: the compiler must see the branch around the wgmma as warp-uniform, or it serializes
     // every wgmma of the kernel, ptxas C7518.)
     const bool idle = __shfl_sync(0xffffffffu, p.skip_empty_halves && w.mt * kBM + cw * 64 >= w.rows, 0);
     float acc[128];
-    float tacc[2][8];  // kFold only
     int prev = -1;
     long long tr_ns[3], tr_clk = 0, tr_wait = 0;  // kTrace only
     if constexpr (kTrace) tr_ns[0] = global_ns();
@@ -503,16 +446,8 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_kernel(const __grid_
         const uint64_t db = make_desc_sw128(s_b + s * kBBytes, R::kBChunk, 1024);
         wgmma_fence();
 #pragma unroll
-        for (int q = 0; q < R::kSteps; ++q) {  // k16 steps: A advances 32 bytes, B 16 rows of 128 bytes
+        for (int q = 0; q < R::kSteps; ++q)  // k16 steps: A advances 32 bytes, B 16 rows of 128 bytes
           wgmma_m64n256k16_f16<1>(acc, da + 2 * q, db + (2048 >> 4) * q, kb > 0 || q > 0);
-          if constexpr (kFold) {  // out^T = B^T tail^T: B's chunks read M-major, the tail rows K-major
-            const uint64_t dt = R::a_desc(s_t + s * tail_tile_bytes(kBK)) + 2 * q;
-            const uint64_t c0 = make_desc_sw128(s_b + s * kBBytes + tb0 * R::kBChunk, R::kBChunk, 1024);
-            const uint64_t c1 = make_desc_sw128(s_b + s * kBBytes + tb1 * R::kBChunk, R::kBChunk, 1024);
-            wgmma_m64n16k16_f16<0, 1>(tacc[0], c0 + (2048 >> 4) * q, dt, kb > 0 || q > 0);
-            wgmma_m64n16k16_f16<0, 1>(tacc[1], c1 + (2048 >> 4) * q, dt, kb > 0 || q > 0);
-          }
-        }
         wgmma_commit();
       }
       if (prev >= 0) release_after_wgmma(&empty[prev], lane);
@@ -537,10 +472,6 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_kernel(const __grid_
     wgmma_wait<0>();
 #pragma unroll
     for (int i = 0; i < 128; ++i) reg_fence(acc[i]);
-    if constexpr (kFold) {
-#pragma unroll
-      for (int i = 0; i < 8; ++i) reg_fence(tacc[0][i]), reg_fence(tacc[1][i]);
-    }
     long long tr_end_clk = 0;
     if constexpr (kTrace) tr_ns[2] = global_ns(), tr_end_clk = clock64();
     __syncwarp();
@@ -558,7 +489,6 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_kernel(const __grid_
       }
       mbar_arrive(&stg_full[cw]);  // every thread: its own writes are released to the epilogue warps
       stg_phase ^= 1;
-      if constexpr (kFold) store_tail<kGlu>(p, w, tacc, cw, t, out, accumulate);
 #ifdef KBENCH_DEV
       if constexpr (kTrace) {
         if (cw == 0 && t == 0 && p.trace && u < kTraceUnits) {
@@ -577,9 +507,9 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_kernel(const __grid_
         }
       }
 #endif
-      return;
+      continue;
     }
-    if (idle) return;  // no rows of this warpgroup to store
+    if (idle) continue;  // no rows of this warpgroup to store
 
     // Epilogue: 64-column passes through shared memory, so global stores are 128-byte row segments.
     constexpr int kPasses = kGlu ? 2 : 4;
@@ -617,13 +547,6 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_kernel(const __grid_
         }
       }
     }
-  };
-  for (int u = blockIdx.x; u < units; u += gridDim.x, w = wn) {
-    if (!p.decode_ahead) w = decode(s_meta, G, p.n_tiles, u, p.band);
-    // (a folded group's units, tested warp-uniform as `idle` is; only the asynchronous instances have the tail's
-    // shared memory, and the host folds only for them)
-    if (kAsync && __shfl_sync(0xffffffffu, w.tail_row >= 0, 0)) run_unit(u, Flag<kAsync>{});
-    else run_unit(u, Flag<false>{});
   }
 }
 

@@ -195,18 +195,16 @@ MoeConfig moe_config(int T, int K, int E) {
                    async_epilogue == 3 ? kb::env_int("KBENCH_MOE_BK32", 5) & 7 : 0,
                    kb::env_int("KBENCH_MOE_DECODE_AHEAD", 1) != 0,
                    kb::env_int("KBENCH_MOE_LATE_OUTPUT", 1) != 0 && kb::env_int("KBENCH_MOE_RED_COMBINE", 1) != 0 &&
-                       kb::env_int("KBENCH_MOE_SPLIT_ROUTE", 1) != 0,
-                   // the tails' MMAs and stores live in the asynchronous instances only
-                   async_epilogue == 3 ? moe_fold(T, K, E) : 0};
+                       kb::env_int("KBENCH_MOE_SPLIT_ROUTE", 1) != 0};
 }
 
 void moe_describe(const MoeConfig& c, char* buf, int size) {
   snprintf(buf, size,
            "MoeConfig{skip_empty_halves=%d, keep_workspaces=%d, stages=%d, red_combine=%d, split_route=%d, "
            "async_epilogue=%d, shared_first=%d, shared_gather=%d, gather_lsu=%d, band=%d, bk32=%d, "
-           "decode_ahead=%d, late_output=%d, fold=%d}",
+           "decode_ahead=%d, late_output=%d}",
            c.skip_empty_halves, c.keep_workspaces, c.stages, c.red_combine, c.split_route, c.async_epilogue,
-           c.shared_first, c.shared_gather, c.gather_lsu, c.band, c.bk32, c.decode_ahead, c.late_output, c.fold);
+           c.shared_first, c.shared_gather, c.gather_lsu, c.band, c.bk32, c.decode_ahead, c.late_output);
 }
 
 const char* moe_run(const MoeArgs& a, cudaStream_t stream, cudaEvent_t* events) {
@@ -221,10 +219,9 @@ const char* moe_run(const MoeArgs& a, cudaStream_t stream, cudaEvent_t* events) 
     const int blocks = route_blocks(pairs);
     route_count_kernel<<<blocks, kRouteThreads, 0, stream>>>(a.experts, pairs, a.E, a.route_hist, a.late);
     route_place_kernel<<<blocks, kRouteThreads, 0, stream>>>(a.experts, a.T, a.K, a.E, a.route_hist, blocks, a.meta,
-                                                             a.rows_pair, a.pair_row, a.fold);
+                                                             a.rows_pair, a.pair_row);
   } else {
-    route_kernel<<<1, kRouteThreads, 0, stream>>>(a.experts, a.T, a.K, a.E, a.meta, a.rows_pair, a.pair_row,
-                                                  a.fold);
+    route_kernel<<<1, kRouteThreads, 0, stream>>>(a.experts, a.T, a.K, a.E, a.meta, a.rows_pair, a.pair_row);
   }
   mark(1);
   __half* const* out_slot = reinterpret_cast<__half* const*>(a.out_slot);
@@ -253,9 +250,6 @@ const char* moe_run(const MoeArgs& a, cudaStream_t stream, cudaEvent_t* events) 
   const int bk1 = launch_bk(a, 1), bk2 = launch_bk(a, 2);
   bool ok = map_f16(&g1.a[0], a.xs, a.d, pairs, kBM, bk1) && map_f16(&g1.a[1], a.x, a.d, a.T, kBM, bk1) &&
             map_f16(&g2.a[0], a.h, a.dexp, pairs + a.T, kBM, bk2);
-  if (ok && a.fold)  // the folded tails' rows: boxes of kFoldRows rows over a[0]'s arrays
-    ok = map_f16(&g1.a_tail, a.xs, a.d, pairs, kFoldRows, bk1) &&
-         map_f16(&g2.a_tail, a.h, a.dexp, pairs + a.T, kFoldRows, bk2);
   for (int g = 0; ok && g < G; ++g) {
     ok = (g >= G1 || (map_f16(&g1.b[g], a.w_gate[g], a.dexp, a.d, bk1) &&
                       map_f16(&g1.b[kMaxGroups + g], a.w_up[g], a.dexp, a.d, bk1))) &&

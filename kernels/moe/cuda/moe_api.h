@@ -41,7 +41,6 @@ struct MoeArgs {
   int band;               // MoeConfig::band
   int bk32;               // MoeConfig::bk32
   int decode_ahead;       // MoeConfig::decode_ahead
-  int fold;               // MoeConfig::fold
   // MoeConfig::late_output, in a graph's capture only: the routing's first launch takes the output's address from the
   // host after the launch (late_address.h) and writes it to *out_slot; a null ring: out_slot already holds it
   kb::LateAddress late;
@@ -82,9 +81,6 @@ struct MoeConfig {
   bool late_output;        // graphs the binding launches itself take the output's address from the host after their
                            // launch (late_address.h), so the host makes the output while the GPU routes
                            // (KBENCH_MOE_LATE_OUTPUT; with split_route and red_combine only; 0 the build before)
-  int fold;                // rows a full m-tile's units take of their group's rest (unit_order.h group_m_tiles), each
-                           // as a swapped m64n16 MMA beside its own; 0: a rest is an m-tile of its own (KBENCH_MOE_FOLD,
-                           // 0 or 16; a candidate; both epilogues asynchronous only)
 };
 MoeConfig moe_config(int T, int K, int E);
 void moe_describe(const MoeConfig& c, char* buf, int size);

@@ -9,10 +9,6 @@
 // either way, so they keep their neighbours' step, and the MMAs skipped raise the clock (-1.1% / -1.8% of GEMM 1 /
 // 2, official -0.25% at 2048, twenty-sixth session). With larger groups the few half-empty units end early and fall
 // out of the step (+3% at 8192 tokens; docs/moe-notes.md).
-// fold (a routed group's rest past its full m-tiles split among their units, 16 rows each at most): KBENCH_MOE_FOLD
-// (16, else 0), 0 unless set (a candidate).
-inline int moe_fold(int, int, int) { return kb::env_int("KBENCH_MOE_FOLD", 0) > 0 ? 16 : 0; }
-
 inline bool moe_skip_empty_halves(int T, int K, int E) {
   const int forced = kb::env_int("KBENCH_MOE_SKIP_EMPTY_HALVES", -1);
   return forced < 0 ? static_cast<long long>(T) * K <= 512LL * E : forced != 0;

@@ -20,11 +20,9 @@ constexpr int kRouteThreads = 1024;
 // meta (see GemmParams) from the groups' row counts, by one thread: meta[g] = group g's first row, meta[G] = all
 // rows, meta[G + 1 + g] = its first m-tile, meta[2G + 1] = all m-tiles (G = E + 1). Groups: E routed experts, then
 // the shared expert with all T tokens. rows_from(g, row): routed group g's row count, told its first row (from which
-// the caller hands out the group's rows). meta null: only the rows are handed out. fold (MoeConfig::fold): a routed
-// group's rest past its full m-tiles goes with them where it fits (unit_order.h group_m_tiles); never the shared
-// group's (its GEMM 1 may run alone, its m-tiles counted on the host).
+// the caller hands out the group's rows). meta null: only the rows are handed out.
 template <class RowsFrom>
-__device__ __forceinline__ void lay_out_groups(int T, int E, int* meta, int fold, RowsFrom&& rows_from) {
+__device__ __forceinline__ void lay_out_groups(int T, int E, int* meta, RowsFrom&& rows_from) {
   const int G = E + 1;
   int row = 0, mtile = 0;
   for (int g = 0; g < G; ++g) {
@@ -34,7 +32,7 @@ __device__ __forceinline__ void lay_out_groups(int T, int E, int* meta, int fold
     }
     const int rows = g < E ? rows_from(g, row) : T;
     row += rows;
-    mtile += group_m_tiles(rows, g < E ? fold : 0);
+    mtile += (rows + kBM - 1) / kBM;
   }
   if (meta) {
     meta[G] = row;
@@ -50,7 +48,7 @@ __device__ __forceinline__ void lay_out_groups(int T, int E, int* meta, int fold
 __global__ void __launch_bounds__(kRouteThreads) route_kernel(const int64_t* __restrict__ experts, int T, int K,
                                                               int E, int* __restrict__ meta,
                                                               int* __restrict__ rows_pair,
-                                                              int* __restrict__ pair_row, int fold) {
+                                                              int* __restrict__ pair_row) {
   constexpr int kWarps = kRouteThreads / 32, kBatch = 16;
   __shared__ int cnt[kWarps][kMaxGroups];  // per warp, per expert: count, then the warp's first row of the expert
   const int pairs = T * K, warp = threadIdx.x / 32;
@@ -74,7 +72,7 @@ __global__ void __launch_bounds__(kRouteThreads) route_kernel(const int64_t* __r
   for_pairs([&](int, int e) { atomicAdd(&cnt[warp][e], 1); });
   __syncthreads();
   if (threadIdx.x == 0)
-    lay_out_groups(T, E, meta, fold, [&](int g, int row) {
+    lay_out_groups(T, E, meta, [&](int g, int row) {
       int rows = 0;
       for (int w = 0; w < kWarps; ++w) {  // counts -> each warp's first row of expert g
         const int c = cnt[w][g];
@@ -133,7 +131,7 @@ __global__ void __launch_bounds__(kRouteThreads) route_place_kernel(const int64_
                                                                     int E, const int* __restrict__ hist, int blocks,
                                                                     int* __restrict__ meta,
                                                                     int* __restrict__ rows_pair,
-                                                                    int* __restrict__ pair_row, int fold) {
+                                                                    int* __restrict__ pair_row) {
   __shared__ int next[kMaxGroups];   // this chunk's next row of expert e
   __shared__ int total[kMaxGroups];  // expert e's rows over all chunks
   const int pairs = T * K;
@@ -151,7 +149,7 @@ __global__ void __launch_bounds__(kRouteThreads) route_place_kernel(const int64_
   }
   __syncthreads();
   if (threadIdx.x == 0)
-    lay_out_groups(T, E, blockIdx.x == 0 ? meta : nullptr, fold, [&](int g, int row) {
+    lay_out_groups(T, E, blockIdx.x == 0 ? meta : nullptr, [&](int g, int row) {
       next[g] += row;
       return total[g];
     });

@@ -11,26 +11,10 @@
 
 namespace moe {
 
-constexpr int kTileRows = 128;  // rows an m-tile (grouped_gemm.cuh kBM)
-constexpr int kFoldRows = 16;   // rows of a folded tail an m-tile's units take at most (an m64n16 MMA)
-
 struct Unit {
   int g, mt, nt, rows;  // group, m-tile within it, n-tile, the group's row count
   int row0;             // the group's first sorted row
-  int tail_row;         // folded group: the first of the 16 tail rows (within the group) this unit also computes,
-                        // some or all of which may lie past the group's end; else -1
 };
-
-// A group's m-tiles: one a 128 rows, except that with fold > 0 (MoeConfig::fold, at most kFoldRows) a rest of up to
-// fold rows a full m-tile is split among the full m-tiles' units (16 rows each, in m-tile order), each computing its
-// share beside its 128 rows, instead of an m-tile of its own that would read the group's weights again for a few rows.
-// Every unit of a folded group carries a share (empty or not), so the units that read one B tile stay in step
-// (docs/moe-notes.md, twenty-sixth session: tails on one m-tile's units alone broke the step, +26% official).
-MOE_HD int group_m_tiles(int rows, int fold) {
-  const int full = rows / kTileRows, rest = rows % kTileRows;
-  if (rest == 0) return full;
-  return fold > 0 && full > 0 && rest <= fold * full ? full : full + 1;
-}
 
 // meta: [0, G] the groups' first sorted rows (meta[G]: the end), then [G + 1, 2 G + 1] their first m-tiles. Units go
 // group by group, n-tile by n-tile, m-tile fastest: CTAs working at the same time share B tiles (the expert weights,
@@ -63,7 +47,6 @@ MOE_HD Unit decode(const int* meta, int G, int n_tiles, int u, int band = 0, int
   }
   w.row0 = meta[g];
   w.rows = meta[g + 1] - meta[g];
-  w.tail_row = m_tiles * kTileRows < w.rows ? m_tiles * kTileRows + kFoldRows * w.mt : -1;
   return w;
 }
 
