@@ -13,7 +13,10 @@ the GEMM of the local shard runs from A itself, then each peer's rows in the ord
 its flag (a one-thread kernel, no host wait). KBENCH_AG_PUSH=ce: the gather by the copy engine and a flag launch a
 rank (the build before).
 Buffers alternate by call parity; a push waits for this rank's previous call, whose flags prove the peers are done
-with the buffer it overwrites (docs/distributed-notes.md). `ext` is the load_inline module the template defines above.
+with the buffer it overwrites (docs/distributed-notes.md). The gather-first call is one extension call
+(ext.ag_forward, binding.cpp) on a plan registered once per shape (the peers' addresses) where KBENCH_AG_CPP_HOST=1
+(a candidate: -52 to -91 us a window on 2x H200, the benchmark cases checked, the GPU test file not yet run on it;
+docs/distributed-notes.md); else from Python, as before. `ext` is the load_inline module the template defines above.
 """
 import os
 
@@ -27,6 +30,7 @@ CHUNK_ROWS = 1 << 30  # the overlapped path's rows a shard: off unless KBENCH_AG
 _calls = [0]
 _streams = {}      # (device, high priority) -> the side stream the overlapped path's pushes run on
 _counters = {}     # (device, stream's role) -> int32 [1]: push_peers' ticket of finished blocks (zero between launches)
+_plans = {}        # (device, rows, k) -> the binding's plan number
 
 
 def _counter(dev: torch.device, role: str) -> torch.Tensor:
@@ -35,12 +39,30 @@ def _counter(dev: torch.device, role: str) -> torch.Tensor:
     return _counters[dev, role]
 
 
+def _plan(dev: torch.device, rows: int, k: int) -> int:
+    """A plan for shards of [rows, k], registered with the binding: the peers' addresses and the halves of the buffer
+    (symm.half grows it where the shape needs more: a collective, which every rank reaches in the same call). A
+    buffer outgrown later stays mapped (symm.py), so its plans stay valid (the halves' rule holds across buffers:
+    gemm-rs's entry says why)."""
+    nbytes = rows * dist.get_world_size() * k * 2
+    half0, peers = symm.half(nbytes, 0, dev)
+    half1, _ = symm.half(nbytes, 1, dev)
+    plan = _plans[dev, rows, k] = ext.ag_plan(peers, symm.flags_address(dev), half0, half1 - half0,  # noqa: F821
+                                              dist.get_rank())
+    return plan
+
+
 def custom_kernel(data: input_t) -> output_t:
     a, w, bias = data
+    _calls[0] += 1
+    if os.environ.get("KBENCH_AG_CPP_HOST") == "1" and "KBENCH_AG_CHUNK_ROWS" not in os.environ:
+        plan = _plans.get((a.device, a.shape[0], a.shape[1]))
+        if plan is None:
+            plan = _plan(a.device, a.shape[0], a.shape[1])
+        return ext.ag_forward(a, w, bias, plan, _calls[0], _counter(a.device, "main"))  # noqa: F821
     ws, rank = dist.get_world_size(), dist.get_rank()
     rows, k = a.shape
     m = rows * ws
-    _calls[0] += 1
     epoch, parity = _calls[0], _calls[0] % 2
     base, peers = symm.half(m * k * 2, parity, a.device)  # this call's half: the gathered A, ws slots of [rows, k]
     dev, wt = a.device, w.T

@@ -11,6 +11,9 @@ Small ones: one GEMM of all m rows into this rank's own buffer (chunking would r
 peer, and the owner pulls its rows from every rank's buffer while it sums. Buffers alternate by call parity, and
 a rank reuses one only after the flags of the call between prove its readers are done (docs/distributed-notes.md).
 KBENCH_RS_CHUNK_ROWS: the rows an owner from which the chunked path runs (default CHUNK_ROWS).
+KBENCH_RS_CPP_HOST=1 (a candidate, not yet run on a GPU in this form): the whole call in one extension call
+(ext.rs_forward, binding.cpp) on a plan registered once per shape (the peers' addresses); all2all's move of its host
+steps into C++ took ~30 us off its official window, ag-gemm's 52-91 us (docs/distributed-notes.md).
 `ext` is the load_inline module the template defines above this code.
 """
 import os
@@ -24,14 +27,40 @@ from task import input_t, output_t
 CHUNK_ROWS = 2048  # rows per owner from which a GEMM per owner beats one GEMM + pulling (W read once per chunk;
 # at m 2048 on 2x H200 one GEMM read 152.2 / 149.1 us against 163.0 / 163.4 chunked in two calls: notes)
 _calls = [0]
+_plans = {}  # (device, bytes a call needs) -> the binding's plan number
+
+
+def _plan(dev: torch.device, nbytes: int) -> int:
+    """A plan for calls of `nbytes` a half, registered with the binding: the peers' addresses and the halves of the
+    buffer (symm.half grows it where this shape needs more: a collective, which every rank reaches in the same call,
+    as every rank meets a new shape in the same call). A buffer outgrown later stays mapped (symm.py), so its plans
+    stay valid: calls on two buffers keep the halves' rule, since a rank's writes of call N + 2 follow in its stream
+    its sum of call N + 1, which waited for every peer's flag of call N + 1, which each peer raised after its reads of
+    call N."""
+    half0, peers = symm.half(nbytes, 0, dev)
+    half1, _ = symm.half(nbytes, 1, dev)
+    plan = _plans[dev, nbytes] = ext.rs_plan(peers, symm.flags_address(dev), half0, half1 - half0,  # noqa: F821
+                                             dist.get_rank())
+    return plan
 
 
 def custom_kernel(data: input_t) -> output_t:
     a, w, bias = data
+    _calls[0] += 1
+    if os.environ.get("KBENCH_RS_CPP_HOST") == "1":
+        nbytes = a.shape[0] * w.shape[0] * 2
+        plan = _plans.get((a.device, nbytes))
+        if plan is None:
+            plan = _plan(a.device, nbytes)
+        return ext.rs_forward(a, w, bias, plan, _calls[0], CHUNK_ROWS)  # noqa: F821
+    return _python_host(a, w, bias)
+
+
+def _python_host(a, w, bias):
+    """The call's steps from Python (the default)."""
     ws, rank = dist.get_world_size(), dist.get_rank()
     m, n = a.shape[0], w.shape[0]
     rows = m // ws
-    _calls[0] += 1
     epoch, parity = _calls[0], _calls[0] % 2
     # this call's half of the buffer: ws slots of [rows, n], or one [m, n]
     base, peers = symm.half(m * n * 2, parity, a.device)
