@@ -16,6 +16,36 @@ inline std::vector<uint64_t> addresses(const std::vector<int64_t>& v) {
 
 inline void check(const char* err) { TORCH_CHECK(err == nullptr, err ? err : ""); }
 
+// A symmetric buffer as one rank sees it (gemm-rs's and ag-gemm's one-call paths): every rank's base address, this
+// rank's flag words, the byte offset of half 0 and the size of each half (symm.py half), this rank's index.
+struct Plan {
+  std::vector<uint64_t> peers;
+  uint64_t flags;
+  int64_t half0, half_size;
+  int rank;
+};
+
+// The plans registered so far. (static: one store a binding; an inline function's static local is one object a
+// process, which every binding loaded would share: _common/held_graphs.h.)
+static inline std::vector<Plan>& plans() {
+  static std::vector<Plan> held;
+  return held;
+}
+
+// Registers a plan and returns its number.
+static inline int64_t add_plan(const std::vector<int64_t>& peers, int64_t flags, int64_t half0, int64_t half_size,
+                               int64_t rank) {
+  const auto p = addresses(peers);
+  TORCH_CHECK(rank >= 0 && rank < static_cast<int64_t>(p.size()), "plan: rank out of range");
+  plans().push_back(Plan{p, static_cast<uint64_t>(flags), half0, half_size, static_cast<int>(rank)});
+  return static_cast<int64_t>(plans().size()) - 1;
+}
+
+static inline const Plan& plan_at(int64_t plan) {
+  TORCH_CHECK(plan >= 0 && plan < static_cast<int64_t>(plans().size()), "unknown plan ", plan);
+  return plans()[plan];
+}
+
 }  // namespace kbpeer
 
 // Store `epoch` at word `word` of each peer buffer, on the current stream after its earlier work.

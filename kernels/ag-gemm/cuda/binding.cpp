@@ -7,29 +7,9 @@
 #include "knobs.h"
 #include "peer_binding.h"
 
-namespace {
-
-// A symmetric buffer as this rank sees it: every rank's base address, this rank's flag words, the byte offset of
-// half 0 and the size of each half (symm.py half), this rank's index.
-struct AgPlan {
-  std::vector<uint64_t> peers;
-  uint64_t flags;
-  int64_t half0, half_size;
-  int rank;
-};
-
-std::vector<AgPlan>& ag_plans() {
-  static std::vector<AgPlan> held;
-  return held;
-}
-
-}  // namespace
-
+// The peers' addresses of a buffer, registered once per shape (kbpeer::Plan).
 int64_t ag_plan(std::vector<int64_t> peers, int64_t flags, int64_t half0, int64_t half_size, int64_t rank) {
-  const auto p = kbpeer::addresses(peers);
-  TORCH_CHECK(rank >= 0 && rank < static_cast<int64_t>(p.size()), "ag_plan: rank out of range");
-  ag_plans().push_back(AgPlan{p, static_cast<uint64_t>(flags), half0, half_size, static_cast<int>(rank)});
-  return static_cast<int64_t>(ag_plans().size()) - 1;
+  return kbpeer::add_plan(peers, flags, half0, half_size, rank);
 }
 
 // entry.py's gather-first call: a [m/ws, k] and w [n/ws, k] bf16, bias [n/ws] or None; epoch: the call's number
@@ -39,8 +19,7 @@ int64_t ag_plan(std::vector<int64_t> peers, int64_t flags, int64_t half0, int64_
 // waits for every rank's flag and one GEMM reads the gathered [m, k]. Returns [m, n/ws].
 torch::Tensor ag_forward(torch::Tensor a, torch::Tensor w, c10::optional<torch::Tensor> bias, int64_t plan,
                          int64_t epoch, torch::Tensor counter) {
-  TORCH_CHECK(plan >= 0 && plan < static_cast<int64_t>(ag_plans().size()), "ag_forward: unknown plan");
-  const AgPlan& pl = ag_plans()[plan];
+  const kbpeer::Plan& pl = kbpeer::plan_at(plan);
   TORCH_CHECK(a.is_cuda() && a.scalar_type() == at::kBFloat16 && w.scalar_type() == at::kBFloat16 && a.dim() == 2 &&
                   w.dim() == 2 && a.size(1) == w.size(1),
               "ag_forward: a [m/ws, k] and w [n/ws, k] must be bf16 CUDA tensors of one k");

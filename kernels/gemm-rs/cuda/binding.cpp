@@ -19,29 +19,9 @@ void sum_rows(torch::Tensor out, std::vector<int64_t> srcs, int64_t flags, int64
                               c10::cuda::getCurrentCUDAStream().stream()));
 }
 
-namespace {
-
-// A symmetric buffer as this rank sees it: every rank's base address, this rank's flag words, the byte offset of
-// half 0 and the size of each half (symm.py half), this rank's index.
-struct RsPlan {
-  std::vector<uint64_t> peers;
-  uint64_t flags;
-  int64_t half0, half_size;
-  int rank;
-};
-
-std::vector<RsPlan>& rs_plans() {
-  static std::vector<RsPlan> held;
-  return held;
-}
-
-}  // namespace
-
+// The peers' addresses of a buffer, registered once per shape (kbpeer::Plan).
 int64_t rs_plan(std::vector<int64_t> peers, int64_t flags, int64_t half0, int64_t half_size, int64_t rank) {
-  const auto p = kbpeer::addresses(peers);
-  TORCH_CHECK(rank >= 0 && rank < static_cast<int64_t>(p.size()), "rs_plan: rank out of range");
-  rs_plans().push_back(RsPlan{p, static_cast<uint64_t>(flags), half0, half_size, static_cast<int>(rank)});
-  return static_cast<int64_t>(rs_plans().size()) - 1;
+  return kbpeer::add_plan(peers, flags, half0, half_size, rank);
 }
 
 // The call of entry.py's docstring: a [m, k/ws] and w [n, k/ws] bf16, bias [n] or None; epoch: the call's number
@@ -51,8 +31,7 @@ int64_t rs_plan(std::vector<int64_t> peers, int64_t flags, int64_t half0, int64_
 // pull their rows while they sum.
 torch::Tensor rs_forward(torch::Tensor a, torch::Tensor w, c10::optional<torch::Tensor> bias, int64_t plan,
                          int64_t epoch, int64_t chunk_rows) {
-  TORCH_CHECK(plan >= 0 && plan < static_cast<int64_t>(rs_plans().size()), "rs_forward: unknown plan");
-  const RsPlan& pl = rs_plans()[plan];
+  const kbpeer::Plan& pl = kbpeer::plan_at(plan);
   TORCH_CHECK(a.is_cuda() && a.scalar_type() == at::kBFloat16 && w.scalar_type() == at::kBFloat16 && a.dim() == 2 &&
                   w.dim() == 2 && a.size(1) == w.size(1),
               "rs_forward: a [m, k] and w [n, k] must be bf16 CUDA tensors of one k");
