@@ -23,6 +23,8 @@ struct Plan {
   uint64_t flags;
   int64_t half0, half_size;
   int rank;
+  // The byte offset of call `epoch`'s half (calls alternate halves by parity, as symm.py's half does).
+  uint64_t half_at(int64_t epoch) const { return half0 + (epoch % 2) * half_size; }
 };
 
 // The plans registered so far. (static: one store a binding; an inline function's static local is one object a

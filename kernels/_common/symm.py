@@ -68,6 +68,17 @@ def half(nbytes: int, parity: int, device: torch.device) -> tuple[int, list]:
     return FLAG_BYTES + parity * size, peers
 
 
+def plan_args(nbytes: int, device: torch.device) -> tuple[list, int, int, int, int]:
+    """What a binding's one-call plan of calls needing `nbytes` a half holds (kernels/_common/peer_binding.h
+    kbpeer::Plan): (the peers' addresses, this rank's flag words, half 0's byte offset, the size of a half, this
+    rank). A collective where the buffer grows, as half is. A buffer outgrown later stays mapped, so a plan made on it
+    stays valid: calls on two buffers keep the halves' rule, since a rank's writes of call N + 2 follow in its stream
+    its wait of call N + 1 for every peer's flag, which each peer raised after its reads of call N."""
+    half0, peers = half(nbytes, 0, device)
+    half1, _ = half(nbytes, 1, device)
+    return peers, flags_address(device), half0, half1 - half0, dist.get_rank()
+
+
 def view(device: torch.device, rank: int, offset: int, shape: tuple, dtype: torch.dtype) -> torch.Tensor:
     """A tensor over rank `rank`'s buffer (this process's mapping of it) at byte `offset` (after the flags):
     writes go straight to that GPU (over NVLink for a peer), as a kernel or a copy engine performs them."""

@@ -1,6 +1,6 @@
 // Torch-facing side of the ag-gemm CUDA backend: the gather-first call in one extension call (ag_forward: the push
 // into every rank's buffer, the wait for every rank's flag, the GEMM through ATen), with the peers' addresses
-// registered once per buffer (ag_plan); and the pieces the Python paths call (signal_peers, wait_flags, push_peers).
+// registered once per shape (ag_plan); and the pieces the Python paths call (signal_peers, wait_flags, push_peers).
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAGuard.h>
 
@@ -32,7 +32,7 @@ torch::Tensor ag_forward(torch::Tensor a, torch::Tensor w, c10::optional<torch::
   const int64_t bytes = rows * k * 2;
   TORCH_CHECK(m * k * 2 <= pl.half_size, "ag_forward: the plan's buffer is smaller than this call needs");
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
-  const uint64_t base = pl.half0 + (epoch % 2) * pl.half_size;
+  const uint64_t base = pl.half_at(epoch);
   const uint64_t mine = base + pl.rank * bytes;  // this rank's slot in every rank's half
   const auto e = static_cast<uint32_t>(epoch);
   const bool sm_storable = bytes % 16 == 0 && reinterpret_cast<uintptr_t>(a.data_ptr()) % 16 == 0;

@@ -39,26 +39,15 @@ def _counter(dev: torch.device, role: str) -> torch.Tensor:
     return _counters[dev, role]
 
 
-def _plan(dev: torch.device, rows: int, k: int) -> int:
-    """A plan for shards of [rows, k], registered with the binding: the peers' addresses and the halves of the buffer
-    (symm.half grows it where the shape needs more: a collective, which every rank reaches in the same call). A
-    buffer outgrown later stays mapped (symm.py), so its plans stay valid (the halves' rule holds across buffers:
-    gemm-rs's entry says why)."""
-    nbytes = rows * dist.get_world_size() * k * 2
-    half0, peers = symm.half(nbytes, 0, dev)
-    half1, _ = symm.half(nbytes, 1, dev)
-    plan = _plans[dev, rows, k] = ext.ag_plan(peers, symm.flags_address(dev), half0, half1 - half0,  # noqa: F821
-                                              dist.get_rank())
-    return plan
-
-
 def custom_kernel(data: input_t) -> output_t:
     a, w, bias = data
     _calls[0] += 1
     if os.environ.get("KBENCH_AG_CPP_HOST") == "1" and "KBENCH_AG_CHUNK_ROWS" not in os.environ:
-        plan = _plans.get((a.device, a.shape[0], a.shape[1]))
-        if plan is None:
-            plan = _plan(a.device, a.shape[0], a.shape[1])
+        key = (a.device, a.shape[0], a.shape[1])
+        plan = _plans.get(key)
+        if plan is None:  # (every rank meets a new shape in the same call: symm.plan_args may be a collective)
+            nbytes = a.shape[0] * dist.get_world_size() * a.shape[1] * 2  # the gathered A
+            plan = _plans[key] = ext.ag_plan(*symm.plan_args(nbytes, a.device))  # noqa: F821
         return ext.ag_forward(a, w, bias, plan, _calls[0], _counter(a.device, "main"))  # noqa: F821
     ws, rank = dist.get_world_size(), dist.get_rank()
     rows, k = a.shape

@@ -1,6 +1,6 @@
 // Torch-facing side of the gemm-rs CUDA backend: the whole call in one extension call (rs_forward: the GEMMs through
 // ATen into the owners' symmetric buffers, the flags and the deterministic sum), with the peers' addresses registered
-// once per buffer (rs_plan); and the pieces the Python path calls (signal_peers, wait_flags, sum_rows).
+// once per shape (rs_plan); and the pieces the Python path calls (signal_peers, wait_flags, sum_rows).
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAGuard.h>
 
@@ -41,7 +41,7 @@ torch::Tensor rs_forward(torch::Tensor a, torch::Tensor w, c10::optional<torch::
   TORCH_CHECK(2 * m * n <= pl.half_size, "rs_forward: the plan's buffer is smaller than this call needs");
   const c10::cuda::CUDAGuard guard(a.device());
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
-  const uint64_t base = pl.half0 + (epoch % 2) * pl.half_size;
+  const uint64_t base = pl.half_at(epoch);
   const auto opts = a.options();
   const auto wt = w.t();
   const auto gemm = [&](const torch::Tensor& src, uint64_t at_address, int64_t out_rows) {
