@@ -43,12 +43,12 @@ CANDIDATES = {
         "chunk-sm16": {"KBENCH_AG_CHUNK_ROWS": "1024", "KBENCH_AG_CHUNK_PUSH": "sm", "KBENCH_AG_PUSH_BLOCKS": "16"},
         "chunk-sm32": {"KBENCH_AG_CHUNK_ROWS": "1024", "KBENCH_AG_CHUNK_PUSH": "sm", "KBENCH_AG_PUSH_BLOCKS": "32"},
         "ce-push": {"KBENCH_AG_PUSH": "ce"},  # the gather by the copy engine and a flag launch a rank
-        "cpp-host": {"KBENCH_AG_CPP_HOST": "1"},  # the gather-first call's host steps in one binding call
+        "python-host": {"KBENCH_AG_CPP_HOST": "0"},  # the gather-first call's host steps from Python (the build before)
     },
     "gemm-rs": {
         "one-gemm": {"KBENCH_RS_CHUNK_ROWS": "1000000000"},  # every case: one GEMM of all rows, owners pull
         "chunk-1024": {"KBENCH_RS_CHUNK_ROWS": "1024"},  # the build before this session
-        "cpp-host": {"KBENCH_RS_CPP_HOST": "1"},  # the call's host steps in one binding call
+        "python-host": {"KBENCH_RS_CPP_HOST": "0"},  # the call's host steps from Python (the build before)
     },
     "all2all": {
         # the one-launch grid capped (default: a block per token or received row, up to two a SM): fewer blocks
