@@ -12,9 +12,8 @@ peer, and the owner pulls its rows from every rank's buffer while it sums. Buffe
 a rank reuses one only after the flags of the call between prove its readers are done (docs/distributed-notes.md).
 KBENCH_RS_CHUNK_ROWS: the rows an owner from which the chunked path runs (default CHUNK_ROWS).
 The whole call is one extension call (ext.rs_forward, binding.cpp) on a plan registered once per shape (the peers'
-addresses): on 2x H200 its window read -17 to -44 us a case under the same steps from Python on five of the six
-benchmark cases (the sixth, 3 ms of GPU work, is the GPU's: docs/distributed-notes.md); KBENCH_RS_CPP_HOST=0 keeps
-the Python steps.
+addresses): on 2x H200 its window read 11-96 us a case under the same steps from Python (the 3 ms case, the same GPU
+work, went with the order of timing: docs/distributed-notes.md); KBENCH_RS_CPP_HOST=0 keeps the Python steps.
 `ext` is the load_inline module the template defines above this code.
 """
 import os
