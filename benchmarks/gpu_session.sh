@@ -75,7 +75,8 @@ for part in "$@"; do
   fp8-check) step 400 fp8_check python3 -m pytest -q -x -p no:cacheprovider tests/test_fp8_cuda_plans_gpu.py tests/test_fp8_backends_gpu.py -k "not triton" ;;
   fp8-perf) step 500 fp8_bench python3 benchmarks/fp8_mm.py --no-triton
             step 200 fp8_perf kbench perf fp8-mm --backend cuda --json "$W/records/perf_fp8-mm_cuda.json" ;;
-  moe-check) step 500 moe_check python3 -m pytest -q -x -p no:cacheprovider tests/test_moe_cuda_gpu.py ;;
+  moe-check) step "${CHECK_S:-500}" moe_check python3 -m pytest -q -x -p no:cacheprovider ${MOE_CHECK_K:+-k "$MOE_CHECK_K"} \
+               tests/test_moe_cuda_gpu.py ;;  # MOE_CHECK_K: a -k expression (one candidate's tests)
   moe-perf) step 400 moe_bench python3 benchmarks/moe.py
             step 300 moe_perf kbench perf moe --backend cuda --json "$W/records/perf_moe_cuda.json"
             step 400 moe_lb kbench perf moe --backend cuda --mode leaderboard --json "$W/records/lb_moe_cuda.json" ;;
