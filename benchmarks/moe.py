@@ -89,8 +89,6 @@ CANDIDATES = {
     # a distrusted key captured only when it comes twice in a row (the build before the thirty-seventh session; now
     # when it comes back within two calls: leaderboard mode's inputs alternate between two address sets)
     "twice-in-a-row": {"KBENCH_GRAPH_RECUR": "1"},
-    # the routed GEMM 1's A rows straight from x, one TMA box a row, so nothing writes xs (forty-third session)
-    "row-gather": {"KBENCH_MOE_ROW_GATHER": "1"},
 }
 
 

@@ -51,8 +51,7 @@ ROUTINGS = [(1, 4, 4, None), (7, 8, 2, None), (300, 8, 4, 4), (1000, 32, 4, None
 # every launch, 64 in every launch (the default has 32 in the shared expert's GEMM 1 and GEMM 2 beside the routed
 # GEMM 1's 64), and 32 with bands and the gather pass; every half-empty unit's MMAs issued (the default skips them
 # where experts average <= 512 rows: most of these routings); each unit decoded at its start from group 0 (the build
-# before decode-ahead), with the consumers' own epilogue and bands of 2; the routed GEMM 1's A rows loaded from x
-# row by row (the row-gather candidate), alone and with bands of 2 and every half-empty unit's MMAs issued
+# before decode-ahead), with the consumers' own epilogue and bands of 2
 KNOBS = [{}, {"KBENCH_MOE_SKIP_EMPTY_HALVES": "1", "KBENCH_MOE_KEEP_WORKSPACES": "1", "KBENCH_MOE_STAGES": "3",
               "KBENCH_MOE_ASYNC_EPILOGUE": "0"},
          {"KBENCH_MOE_RED_COMBINE": "0", "KBENCH_MOE_SPLIT_ROUTE": "0"},
@@ -62,12 +61,10 @@ KNOBS = [{}, {"KBENCH_MOE_SKIP_EMPTY_HALVES": "1", "KBENCH_MOE_KEEP_WORKSPACES":
          {"KBENCH_MOE_BK32": "7"}, {"KBENCH_MOE_BK32": "0"},
          {"KBENCH_MOE_BK32": "7", "KBENCH_MOE_BAND": "2", "KBENCH_MOE_SHARED_GATHER": "0"},
          {"KBENCH_MOE_SKIP_EMPTY_HALVES": "0"},
-         {"KBENCH_MOE_DECODE_AHEAD": "0", "KBENCH_MOE_ASYNC_EPILOGUE": "0", "KBENCH_MOE_BAND": "2"},
-         {"KBENCH_MOE_ROW_GATHER": "1"},
-         {"KBENCH_MOE_ROW_GATHER": "1", "KBENCH_MOE_BAND": "2", "KBENCH_MOE_SKIP_EMPTY_HALVES": "0"}]
+         {"KBENCH_MOE_DECODE_AHEAD": "0", "KBENCH_MOE_ASYNC_EPILOGUE": "0", "KBENCH_MOE_BAND": "2"}]
 KNOB_IDS = ["default", "candidates", "combine-pass", "sync-epilogue", "sync-epilogue-y", "gather-pass",
             "tma-gather-no-band", "band2", "band3-sync-epilogue", "bk32", "bk64", "bk32-band2-gather-pass",
-            "no-skip", "decode-scan-sync-epilogue-band2", "row-gather", "row-gather-band2-no-skip"]
+            "no-skip", "decode-scan-sync-epilogue-band2"]
 
 
 @pytest.mark.gpu
@@ -102,9 +99,8 @@ def test_synthetic_routings_match_the_definition(moe, tokens, n_experts, k, skew
 
 # moe_layer's launch orders (kernels/moe/cuda/moe_api.h: MoeConfig): the shared expert's GEMM 1 gathering after the
 # routing (the default, and with the TMA unit's bulk copies), before the router, and after the router with the gather
-# pass; and the routed GEMM 1 reading x row by row after the shared expert's launch (row-gather)
+# pass
 LAYER_ORDERS = {"shared-gather": {}, "shared-gather-tma": {"KBENCH_MOE_GATHER_LSU": "0"},
-                "row-gather": {"KBENCH_MOE_ROW_GATHER": "1"},
                 "shared-first": {"KBENCH_MOE_SHARED_GATHER": "0"},
                 "shared-last": {"KBENCH_MOE_SHARED_GATHER": "0", "KBENCH_MOE_SHARED_FIRST": "0"}}
 

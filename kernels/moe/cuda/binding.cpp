@@ -142,7 +142,6 @@ MoeArgs layer_args(const torch::Tensor& x, const std::vector<torch::Tensor>& gat
   a.band = config.band;
   a.bk32 = config.bk32;
   a.decode_ahead = config.decode_ahead;
-  a.row_gather = config.row_gather;
   return a;
 }
 

@@ -90,7 +90,7 @@ struct GemmParams {
   // (gather_lsu: cp.async and stores, else bulk copies; the gather pass's job, under the MMAs), and zero those
   // tokens' output rows, which GEMM 2 adds into. gather_x null: neither.
   const __half* gather_x;         // x [T][d] (d = k)
-  __half* gather_xs;              // xs [T*K][d]; null: no copies, only the zeroing (row_gather reads x itself)
+  __half* gather_xs;              // xs [T*K][d]
   const int* gather_pair_row;     // [T*K]: the sorted row of pair t*K + k
   __half* const* zero_slot;       // the output's address in device memory; null: not zeroed here
   int gather_lsu;                 // MoeConfig::gather_lsu: the copies through the load/store units (gather_slice_lsu)
@@ -98,11 +98,6 @@ struct GemmParams {
   int decode_ahead;               // MoeConfig::decode_ahead: consumers decode the next unit under this one's last MMAs
                                   // and every scan for a unit's group starts at the previous unit's; 0: at the unit's
                                   // start, from group 0 (the build before)
-  // MoeConfig::row_gather, GEMM 1 of the routed groups at k 64: A's rows straight from x, one TMA box of one row
-  // each (a[0] maps x with one-row boxes), by the producer warp's 32 lanes, row r of a group's tokens being that of
-  // sorted row row0 + r's pair, a_pairs[row0 + r] / K (the shared group's: its own index). null: a[0]'s boxes of 128
-  // rows from the gathered xs.
-  const int* a_pairs;
 #ifdef KBENCH_DEV
   long long* trace;               // KBENCH_MOE_DEV_TRACE: per-unit stamps (kTrace instances; see below)
   int trace_launch;               // which of the call's GEMM launches this is (the trace's first index)
@@ -204,50 +199,6 @@ __device__ __forceinline__ void produce(const GemmParams& p, const int* s_meta, 
   }
 }
 
-// GemmParams::a_pairs (row_gather): the producer warp's lanes load each stage's A rows from x one row a box (lane l:
-// rows l, l + 32, l + 64, l + 96 of the tile), lane 0 the four B boxes. Rows past the group's end are not loaded:
-// the stage keeps whatever an earlier stage left there (fp16 of the same inputs), and no row of theirs is stored.
-// A one-row box at a 128-byte offset in the 1024-aligned tile lands swizzled as the whole tile's box would put it
-// (the swizzle follows the shared-memory address), which is what the consumers' descriptors read.
-template <int kStages>
-__device__ __forceinline__ void produce_rows(const GemmParams& p, const int* s_meta, uint8_t* s_a, uint8_t* s_b,
-                                             uint64_t* full, uint64_t* empty, int units, int num_kb, int lane) {
-  using R = Ring<64>;
-  const int G = p.groups;
-  int s = 0, g_from = 0;
-  uint32_t phase = 0;
-  for (int u = blockIdx.x; u < units; u += gridDim.x) {
-    const Unit w = decode(s_meta, G, p.n_tiles, u, p.band, p.decode_ahead ? g_from : 0);
-    g_from = w.g;
-    const int first = w.mt * kBM;                // the tile's first row within the group
-    const int valid = min(kBM, w.rows - first);  // >= 1: a group of no rows has no m-tiles
-    int tok[4];
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const int r = lane + 32 * i;
-      tok[i] = r >= valid ? -1 : w.g == p.shared_group ? first + r : p.a_pairs[w.row0 + first + r] / p.K;
-    }
-    const uint32_t bytes = static_cast<uint32_t>(valid) * 64 * 2 + R::kBBytes;
-    for (int kb = 0; kb < num_kb; ++kb) {
-      mbar_wait(&empty[s], phase ^ 1);
-      uint8_t* sa = s_a + s * R::kABytes;
-      if (lane == 0) {
-        mbar_arrive_expect_tx(&full[s], bytes);
-        uint8_t* sb = s_b + s * R::kBBytes;
-#pragma unroll
-        for (int j = 0; j < 4; ++j)
-          tma_load_2d(sb + j * R::kBChunk, &p.b[(j < 2 ? 0 : kMaxGroups) + w.g], &full[s],
-                      w.nt * 128 + (j & 1) * 64, kb * 64);
-      }
-      __syncwarp();  // the stage's bytes are expected before any row's complete
-#pragma unroll
-      for (int i = 0; i < 4; ++i)
-        if (tok[i] >= 0) tma_load_2d(sa + (lane + 32 * i) * 128, &p.a[0], &full[s], kb * 64, tok[i]);
-      ring_next(s, phase, kStages);
-    }
-  }
-}
-
 // GemmParams::gather_x: unit u of the shared expert's launch copies tokens [u T / units, (u + 1) T / units) of x to
 // their K rows of xs and zeroes their output rows, while the consumers compute unit u. Lane 0 of each drain warp is
 // a copy chain (every third token: a piece of its row into the chain's bounce buffer by one bulk copy, then K bulk
@@ -259,7 +210,6 @@ __device__ __forceinline__ void gather_slice(const GemmParams& p, int u, int uni
   const int t1 = static_cast<int>(static_cast<long long>(u + 1) * T / units);
   const int d = p.k, chain = e / 32, lane = e % 32;
   if (lane == 0) {
-    if (!p.gather_xs) return;
     const uint32_t row_bytes = d * 2;
     s_gbuf += chain * kGatherBytes;
     gbar += chain;
@@ -299,7 +249,7 @@ __device__ __forceinline__ void gather_slice_lsu(const GemmParams& p, int u, int
   const int lane = e % 32;
   uint8_t* const buf = s_gbuf + (e / 32) * kGatherBytes;
 #pragma unroll 1
-  for (int t = t0 + e / 32; p.gather_xs && t < t1; t += kGatherChains) {
+  for (int t = t0 + e / 32; t < t1; t += kGatherChains) {
     const int my_row = lane < p.K ? p.gather_pair_row[t * p.K + lane] : 0;  // lane k: the sorted row of slot k
 #pragma unroll 1
     for (int off = 0; off < 2 * p.k; off += kGatherBytes) {
@@ -445,15 +395,7 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_kernel(const __grid_
 
   if (wg == 0) {
     setmaxnreg_dec<kProducerRegs>();
-    if constexpr (kGlu && kBK == 64) {
-      if (p.a_pairs) {
-        if (threadIdx.x < 32) produce_rows<kStages>(p, s_meta, s_a, s_b, full, empty, units, num_kb, threadIdx.x);
-      } else if (threadIdx.x == 0) {
-        produce<kGlu, kStages, kBK>(p, s_meta, s_a, s_b, full, empty, units, num_kb);
-      }
-    } else if (threadIdx.x == 0) {
-      produce<kGlu, kStages, kBK>(p, s_meta, s_a, s_b, full, empty, units, num_kb);
-    }
+    if (threadIdx.x == 0) produce<kGlu, kStages, kBK>(p, s_meta, s_a, s_b, full, empty, units, num_kb);
     if constexpr (kAsync) {
       if (threadIdx.x >= 32)
         drain_epilogues<kGlu>(p, s_meta, s_c, s_off, s_scale, stg_full, stg_empty, units, threadIdx.x - 32, s_gbuf,

@@ -185,7 +185,7 @@ MoeConfig moe_config(int T, int K, int E) {
   const bool shared_gather = kb::env_int("KBENCH_MOE_SHARED_GATHER", 1) != 0 && (async_epilogue & 1);
   // the gathering launch must follow the routing, so it cannot also go before the router
   const bool shared_first = kb::env_int("KBENCH_MOE_SHARED_FIRST", 1) != 0 && !shared_gather;
-  MoeConfig c{moe_skip_empty_halves(T, K, E),
+  return MoeConfig{moe_skip_empty_halves(T, K, E),
                    kb::env_int("KBENCH_MOE_KEEP_WORKSPACES", 0) != 0, stages,
                    kb::env_int("KBENCH_MOE_RED_COMBINE", 1) != 0, kb::env_int("KBENCH_MOE_SPLIT_ROUTE", 1) != 0,
                    async_epilogue, shared_first, shared_gather, kb::env_int("KBENCH_MOE_GATHER_LSU", 1) != 0,
@@ -195,22 +195,16 @@ MoeConfig moe_config(int T, int K, int E) {
                    async_epilogue == 3 ? kb::env_int("KBENCH_MOE_BK32", 5) & 7 : 0,
                    kb::env_int("KBENCH_MOE_DECODE_AHEAD", 1) != 0,
                    kb::env_int("KBENCH_MOE_LATE_OUTPUT", 1) != 0 && kb::env_int("KBENCH_MOE_RED_COMBINE", 1) != 0 &&
-                       kb::env_int("KBENCH_MOE_SPLIT_ROUTE", 1) != 0,
-                   false};
-  // one-row boxes need 128-byte rows in the stage (TMA's shared-memory alignment): the routed GEMM 1 at k 64; the
-  // zeroing stays with the shared expert's launch
-  c.row_gather = kb::env_int("KBENCH_MOE_ROW_GATHER", 0) != 0 && shared_gather && !(c.bk32 & 2);
-  return c;
+                       kb::env_int("KBENCH_MOE_SPLIT_ROUTE", 1) != 0};
 }
 
 void moe_describe(const MoeConfig& c, char* buf, int size) {
   snprintf(buf, size,
            "MoeConfig{skip_empty_halves=%d, keep_workspaces=%d, stages=%d, red_combine=%d, split_route=%d, "
            "async_epilogue=%d, shared_first=%d, shared_gather=%d, gather_lsu=%d, band=%d, bk32=%d, "
-           "decode_ahead=%d, late_output=%d, row_gather=%d}",
+           "decode_ahead=%d, late_output=%d}",
            c.skip_empty_halves, c.keep_workspaces, c.stages, c.red_combine, c.split_route, c.async_epilogue,
-           c.shared_first, c.shared_gather, c.gather_lsu, c.band, c.bk32, c.decode_ahead, c.late_output,
-           c.row_gather);
+           c.shared_first, c.shared_gather, c.gather_lsu, c.band, c.bk32, c.decode_ahead, c.late_output);
 }
 
 const char* moe_run(const MoeArgs& a, cudaStream_t stream, cudaEvent_t* events) {
@@ -237,7 +231,7 @@ const char* moe_run(const MoeArgs& a, cudaStream_t stream, cudaEvent_t* events) 
     if (!shared_gemm1_params(a, gs))
       return "moe cuda: cuTensorMapEncodeTiled failed (driver entry point missing or misaligned weights)";
     gs.gather_x = static_cast<const __half*>(a.x);
-    gs.gather_xs = a.row_gather ? nullptr : static_cast<__half*>(a.xs);  // row_gather: the routed GEMM 1 reads x
+    gs.gather_xs = static_cast<__half*>(a.xs);
     gs.gather_pair_row = a.pair_row;
     gs.K = a.K;
     gs.zero_slot = out_slot;
@@ -254,9 +248,7 @@ const char* moe_run(const MoeArgs& a, cudaStream_t stream, cudaEvent_t* events) 
   const int G1 = shared_ran ? a.E : G;
   GemmParams g1 = gemm1_params(a), g2{};
   const int bk1 = launch_bk(a, 1), bk2 = launch_bk(a, 2);
-  const bool row_gather = a.row_gather && shared_gather && bk1 == 64;
-  bool ok = (row_gather ? map_f16(&g1.a[0], a.x, a.d, a.T, 1, bk1) : map_f16(&g1.a[0], a.xs, a.d, pairs, kBM, bk1)) &&
-            map_f16(&g1.a[1], a.x, a.d, a.T, kBM, bk1) &&
+  bool ok = map_f16(&g1.a[0], a.xs, a.d, pairs, kBM, bk1) && map_f16(&g1.a[1], a.x, a.d, a.T, kBM, bk1) &&
             map_f16(&g2.a[0], a.h, a.dexp, pairs + a.T, kBM, bk2);
   for (int g = 0; ok && g < G; ++g) {
     ok = (g >= G1 || (map_f16(&g1.b[g], a.w_gate[g], a.dexp, a.d, bk1) &&
@@ -269,10 +261,6 @@ const char* moe_run(const MoeArgs& a, cudaStream_t stream, cudaEvent_t* events) 
   g1.groups = G1;
   g2.groups = G;
   g1.shared_group = shared_ran ? -1 : a.E;
-  if (row_gather) {
-    g1.a_pairs = a.rows_pair;
-    g1.K = a.K;
-  }
   g2.shared_group = a.E;
   g2.out = static_cast<__half*>(a.y);
   g2.out_rows = a.rows_pair;

@@ -41,7 +41,6 @@ struct MoeArgs {
   int band;               // MoeConfig::band
   int bk32;               // MoeConfig::bk32
   int decode_ahead;       // MoeConfig::decode_ahead
-  int row_gather;         // MoeConfig::row_gather
   // MoeConfig::late_output, in a graph's capture only: the routing's first launch takes the output's address from the
   // host after the launch (late_address.h) and writes it to *out_slot; a null ring: out_slot already holds it
   kb::LateAddress late;
@@ -82,9 +81,6 @@ struct MoeConfig {
   bool late_output;        // graphs the binding launches itself take the output's address from the host after their
                            // launch (late_address.h), so the host makes the output while the GPU routes
                            // (KBENCH_MOE_LATE_OUTPUT; with split_route and red_combine only; 0 the build before)
-  bool row_gather;         // the routed GEMM 1 loads its A rows from x by one-row TMA boxes, so the shared expert's
-                           // launch only zeroes the output and xs is not written (KBENCH_MOE_ROW_GATHER; with
-                           // shared_gather and a k-64 routed GEMM 1 only; candidate, off)
 };
 MoeConfig moe_config(int T, int K, int E);
 void moe_describe(const MoeConfig& c, char* buf, int size);
