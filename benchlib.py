@@ -17,6 +17,7 @@ import io
 import json
 import math
 import os
+import statistics
 import subprocess
 import sys
 import tarfile
@@ -419,6 +420,9 @@ def official_figures(problem: str, backend: str, candidates: Mapping[str, Mappin
 
 README_BEGIN = "<!-- results:begin (made by `python benchmarks/readme_tables.py` from benchmarks/results/*.csv) -->"
 README_END = "<!-- results:end -->"
+SUMMARY_BEGIN = "<!-- summary:begin (made by `python benchmarks/readme_tables.py` from benchmarks/results/*.csv) -->"
+SUMMARY_END = "<!-- summary:end -->"
+SUMMARY_BACKENDS = ("cuda", "torch")  # the shipped kernels and the baseline every problem has
 
 
 def _case_labels(cases: Sequence[str]) -> dict[str, str]:
@@ -491,17 +495,51 @@ def results_markdown(folder: Path) -> str:
     return "\n".join(out).rstrip() + "\n"
 
 
-def update_readme(readme: Path, folder: Path, check: bool = False) -> bool:
-    """Rewrite the README's block between README_BEGIN and README_END from the results; True if it was current.
-    check=True only compares."""
-    text = readme.read_text()
-    head, sep, rest = text.partition(README_BEGIN)
-    body, sep2, tail = rest.partition(README_END)
+def summary_markdown(folder: Path) -> str:
+    """One table of the official scores: per problem, GPU and world size, the geomean of each of SUMMARY_BACKENDS on
+    the latest date it was measured: the median of that date's rows, with their spread where there are several (one
+    machine differs from the next by a few %, the multi-GPU windows by more), and torch's over cuda's."""
+    header = ["problem", "GPU", "world size"] + [f"{b} (µs)" for b in SUMMARY_BACKENDS] + ["torch / cuda", "dates"]
+    lines = []
+    for path in sorted(Path(folder).glob("*.csv")):
+        rows = [r for r in read(path) if r["metric"] == "official" and r["case"] == "geomean"
+                and r["backend"] in SUMMARY_BACKENDS]
+        for gpu, ws in sorted(dict.fromkeys((r["gpu"], r["world_size"]) for r in rows), key=lambda g: (g[0], int(g[1]))):
+            sel = sorted((r for r in rows if (r["gpu"], r["world_size"]) == (gpu, ws)), key=lambda r: r["date"])
+            median, dates, cells = {}, {}, []
+            for b in SUMMARY_BACKENDS:
+                mine = [r for r in sel if r["backend"] == b]
+                if not mine:
+                    cells.append("—")
+                    continue
+                dates[b] = mine[-1]["date"]
+                day = [float(r["us"]) for r in mine if r["date"] == dates[b]]
+                median[b] = statistics.median(day)
+                spread = f" ({min(day):.1f}–{max(day):.1f}, {len(day)} runs)" if len(day) > 1 else ""
+                cells.append(f"{median[b]:.1f}{spread}")
+            if "cuda" not in median:
+                continue
+            ratio = f"{median['torch'] / median['cuda']:.2f}x" if "torch" in median else "—"
+            lines.append([path.stem, gpu, ws] + cells + [ratio, " / ".join(dict.fromkeys(dates.values()))])
+    return "\n".join(_markdown(header, lines)) + "\n"
+
+
+def _rewrite(text: str, begin: str, end: str, fresh: str) -> str:
+    head, sep, rest = text.partition(begin)
+    _, sep2, tail = rest.partition(end)
     if not sep or not sep2:
-        raise ValueError(f"{readme} lacks the markers {README_BEGIN!r} ... {README_END!r}")
-    fresh = "\n" + results_markdown(folder) + "\n"
-    if body == fresh:
+        raise ValueError(f"the README lacks the markers {begin!r} ... {end!r}")
+    return head + begin + fresh + end + tail
+
+
+def update_readme(readme: Path, folder: Path, check: bool = False) -> bool:
+    """Rewrite the README's blocks between SUMMARY_BEGIN / SUMMARY_END (summary_markdown) and README_BEGIN /
+    README_END (results_markdown) from the results; True if both were current. check=True only compares."""
+    text = readme.read_text()
+    fresh = _rewrite(text, SUMMARY_BEGIN, SUMMARY_END, "\n" + summary_markdown(folder))
+    fresh = _rewrite(fresh, README_BEGIN, README_END, "\n" + results_markdown(folder) + "\n")
+    if fresh == text:
         return True
     if not check:
-        readme.write_text(head + README_BEGIN + fresh + README_END + tail)
+        readme.write_text(fresh)
     return False

@@ -95,16 +95,39 @@ def test_cases_of_a_stage_alone_stay_out_of_the_backends_table(tmp_path):
 def test_update_readme_rewrites_only_between_the_markers(tmp_path):
     _write(tmp_path, "moe", [("H100", 1, "cuda", "official", "geomean", 1.5, "2026-01-01")])
     readme = tmp_path / "README.md"
-    readme.write_text(f"intro\n{benchlib.README_BEGIN}\nold table\n{benchlib.README_END}\nafter\n")
+    readme.write_text(f"intro\n{benchlib.SUMMARY_BEGIN}\nold summary\n{benchlib.SUMMARY_END}\nmiddle\n"
+                      f"{benchlib.README_BEGIN}\nold table\n{benchlib.README_END}\nafter\n")
     assert not benchlib.update_readme(readme, tmp_path, check=True)
     assert "old table" in readme.read_text()  # check only compares
     assert not benchlib.update_readme(readme, tmp_path)
     text = readme.read_text()
     assert text.startswith("intro\n") and text.endswith("after\n") and "| **geomean** | 1.5 |" in text
+    assert "\nmiddle\n" in text and "old summary" not in text and "| moe | H100 | 1 | 1.5 | — | — | 2026-01-01 |" in text
+    assert text.index("| moe | H100") < text.index("middle") < text.index("**geomean**")
     assert benchlib.update_readme(readme, tmp_path, check=True)
-    readme.write_text("no markers\n")
-    with pytest.raises(ValueError, match="markers"):
-        benchlib.update_readme(readme, tmp_path)
+    for broken in ("no markers\n", f"{benchlib.README_BEGIN}\n{benchlib.README_END}\n"):  # the summary's are needed too
+        readme.write_text(broken)
+        with pytest.raises(ValueError, match="markers"):
+            benchlib.update_readme(readme, tmp_path)
+
+
+def test_summary_gives_each_gpu_the_median_official_geomean_of_its_latest_date_and_the_spread(tmp_path):
+    _write(tmp_path, "moe", [
+        ("H100", 1, "cuda", "official", "geomean", 3100.0, "2026-01-01"),
+        ("H100", 1, "cuda", "official", "geomean", 3050.0, "2026-01-02"),
+        ("H100", 1, "cuda", "official", "geomean", 3000.0, "2026-01-02"),   # the latest date's median: 3025
+        ("H100", 1, "torch", "official", "geomean", 6000.0, "2026-01-01"),
+        ("H100", 1, "cuda+candidate", "official", "geomean", 10.0, "2026-01-03"),  # not a summary backend
+        ("H100", 1, "cuda", "kernel", "geomean", 20.0, "2026-01-03"),              # not the official metric
+        ("H200", 1, "cuda", "official", "geomean", 2500.0, "2026-01-02"),
+        ("H200", 1, "torch", "official", "geomean", 5000.0, "2026-01-02"),
+        ("B200", 1, "torch", "official", "geomean", 900.0, "2026-01-02"),          # no cuda figure: no line
+    ])
+    text = benchlib.summary_markdown(tmp_path)
+    assert "| moe | H100 | 1 | 3025.0 (3000.0–3050.0, 2 runs) | 6000.0 | 1.98x | 2026-01-02 / 2026-01-01 |" in text
+    assert "| moe | H200 | 1 | 2500.0 | 5000.0 | 2.00x | 2026-01-02 |" in text
+    assert "B200" not in text and "10.0" not in text and "20.0" not in text
+    assert text.index("H100") < text.index("H200")
 
 
 def test_record_refuses_unknown_metrics_and_problems(tmp_path):
