@@ -165,9 +165,13 @@ def main():
         sys.exit(1 if failures else 0)
     rows = timing(mod, ref, args.runs, not args.no_triton)
     peers = ["cuda", "cuda_again", "cuda_fp8_mma", "cublas_fp16_noscale", "cublas_fp8_blockwise", "triton"]
-    benchlib.record("fp8-mm", [benchlib.Row(gpu, 1, name, "kernel", r["case"], r[name])
+    # the results files' backend names (the README's columns): peers hyphenated, a second timing as a label
+    row_names = {"cuda_again": "cuda[again]", "cuda_fp8_mma": "cuda-fp8-mma",
+                 "cublas_fp16_noscale": "cublas-fp16-noscale", "cublas_fp8_blockwise": "cublas-fp8-blockwise"}
+    benchlib.record("fp8-mm", [benchlib.Row(gpu, 1, row_names.get(name, name), "kernel", r["case"], r[name])
                                for r in rows for name in peers if r[name]] +
-                    [benchlib.Row(gpu, 1, name, "kernel", "geomean", benchlib.geomean(r[name] for r in rows))
+                    [benchlib.Row(gpu, 1, row_names.get(name, name), "kernel", "geomean",
+                                  benchlib.geomean(r[name] for r in rows))
                      for name in peers if benchlib.geomean(r[name] for r in rows)])
     cols = ["floor", "f16_floor"] + peers
     benchlib.table(f"fp8-mm kernel time on {gpu} (us, median, L2 flushed); failures: {len(failures)}",

@@ -12,7 +12,8 @@
 #   shipped build and of each candidate, in the modes OFFICIAL_MODES, default benchmark; OFFICIAL_CANDIDATES = which
 #   candidates, comma-separated, default all); host-gap (benchmarks/host_gap.py for GAP_PROBLEMS: the official
 #   window with CUDA events inside it; GAP_LEADERBOARD=1: inputs regenerated and checked every run, as leaderboard mode
-#   does; GAP_ADDRESSES=1: which inputs move between runs, and the graphs the binding launched); energy (benchmarks/energy.py ENERGY_ARGS, default moe: J a call, SM clock);
+#   does; GAP_ADDRESSES=1: which inputs move between runs, and the graphs the binding launched; GAP_LABEL: the rows'
+#   backend name, for a run with a knob set); energy (benchmarks/energy.py ENERGY_ARGS, default moe: J a call, SM clock);
 #   mla-energy (the attention kernel alone: J a call, SM clock, power cap; ENERGY_ROUNDS, BENCH_CANDIDATES);
 #   mla-windows (official-style host windows in one process, BENCH_CANDIDATES alternating with the shipped path in
 #   WINDOW_ROUNDS rounds, BENCH_RUNS calls each; WINDOW_LEADERBOARD=1: inputs regenerated and checked every window);
@@ -21,6 +22,9 @@
 #   moe-phases (benchmarks/moe_launch_phases.py: custom_kernel's host steps before
 #   and around its graph launch, PHASES_CANDIDATES beside the shipped path, PHASES_RUNS calls, PHASES_S seconds,
 #   PHASES_PIECES > 0: each host step alone that many times; PHASES_NO_CLONE=1: a no-clone arm beside them);
+#   perf (kbench perf of each PERF_SPECS entry "problem:backend[:mode[:NAME=VALUE]]", run with that variable set, in
+#   the order given; its record in records/perf_P_B_M[_NAME=VALUE]_I.json, I its place in the list, for `collect.py
+#   record`);
 # Limits: TIER_S, PROFILE_S, SANITIZE_S seconds; PROFILE_PROBLEMS = which problems `profile` runs; TIER_FILES = the test files of the tier, in the order given;
 #   TIER_K = a pytest -k expression selecting among them; SANITIZE_TOOL = compute-sanitizer's tool (memcheck,
 #   racecheck, synccheck), SANITIZE_K = the tests it runs (a pytest -k expression; it matches
@@ -75,6 +79,12 @@ for part in "$@"; do
   fp8-check) step 400 fp8_check python3 -m pytest -q -x -p no:cacheprovider tests/test_fp8_cuda_plans_gpu.py tests/test_fp8_backends_gpu.py -k "not triton" ;;
   fp8-perf) step 500 fp8_bench python3 benchmarks/fp8_mm.py --no-triton
             step 200 fp8_perf kbench perf fp8-mm --backend cuda --json "$W/records/perf_fp8-mm_cuda.json" ;;
+  perf) i=0
+        for spec in ${PERF_SPECS:?PERF_SPECS lists problem:backend[:mode[:NAME=VALUE]] entries}; do
+          IFS=: read -r p b m e <<<"$spec"; m=${m:-benchmark}; i=$((i + 1)); name="perf_${p}_${b}_$m${e:+_$e}_$i"
+          step "${PERF_S:-300}" "$name" env ${e:+"$e"} kbench perf "$p" --backend "$b" --mode "$m" \
+            --json "$W/records/$name.json"
+        done ;;
   moe-check) step "${CHECK_S:-500}" moe_check python3 -m pytest -q -x -p no:cacheprovider ${MOE_CHECK_K:+-k "$MOE_CHECK_K"} \
                tests/test_moe_cuda_gpu.py ;;  # MOE_CHECK_K: a -k expression (one candidate's tests)
   moe-perf) step 400 moe_bench python3 benchmarks/moe.py
@@ -109,7 +119,7 @@ for part in "$@"; do
   # (GAP_HOST_TRACE=N: N more runs under the profiler, the host's calls and the kernels, the last window's timeline;
   # GAP_NO_CLONE=1: the inputs not cloned between windows)
   host-gap) for p in ${GAP_PROBLEMS:-mla-decode moe}; do  # the official window with CUDA events inside it
-              step "${GAP_S:-300}" "host_gap_$p" python3 benchmarks/host_gap.py "$p" --runs "${GAP_RUNS:-40}" --profile "${GAP_PROFILE:-0}" ${GAP_CPROFILE:+--cprofile} ${GAP_HOST_TRACE:+--host-trace "$GAP_HOST_TRACE"} \
+              step "${GAP_S:-300}" "host_gap_$p" python3 benchmarks/host_gap.py "$p" --runs "${GAP_RUNS:-40}" --profile "${GAP_PROFILE:-0}" ${GAP_CPROFILE:+--cprofile} ${GAP_HOST_TRACE:+--host-trace "$GAP_HOST_TRACE"} ${GAP_LABEL:+--label "$GAP_LABEL"} \
                 ${GAP_NO_CLONE:+--no-clone} ${GAP_LEADERBOARD:+--leaderboard --check-each} ${GAP_ADDRESSES:+--addresses}
             done ;;
   energy) step "${ENERGY_S:-300}" energy python3 benchmarks/energy.py ${ENERGY_ARGS:-moe} ;;  # J a call (NVML)

@@ -46,3 +46,36 @@ def test_every_configuration_matches_the_reference_twice(backend, shape):
             torch.cuda.synchronize()
             ratio = benchlib.tolerance_ratio(out, expected, tol.rtol, tol.atol)
             assert ratio <= 1, f"config {cfg} call {attempt + 1}: worst error {ratio:.2f}x the tolerance"
+
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("keep", ["", "0"], ids=["kept-scratch", "KBENCH_FP8_HOST_CACHE=0"])
+def test_kept_scratch_follows_shapes_and_streams(backend, keep, monkeypatch):
+    """The shipped call keeps its scratch buffers (the K-major copies, the split-K workspace) and tensor maps from one
+    call to the next: shapes that grow, shrink, split K (1024x512x7168 on 132 SMs) or not, fresh inputs each call and
+    a call on a side stream (which gets buffers of its own) must all match the reference, c NaN-poisoned before each
+    call. KBENCH_FP8_HOST_CACHE=0 (a fresh buffer and fresh maps every call, the build before) alike."""
+    import torch
+
+    monkeypatch.setenv("KBENCH_FP8_HOST_CACHE", keep) if keep else monkeypatch.delenv("KBENCH_FP8_HOST_CACHE",
+                                                                                      raising=False)
+    mod, reference = backend
+    tol = problems.load_spec("fp8-mm").tolerance
+    side = torch.cuda.Stream()
+    for i, (m, n, k) in enumerate([(256, 4160, 1024), (2048, 2560, 1024), (1024, 512, 7168), (96, 8192, 1024),
+                                   (2048, 2560, 1024), (1024, 512, 7168)]):
+        data = reference.generate_input(m=m, n=n, k=k, seed=100 + i)
+        expected = reference.ref_kernel(tuple(t.clone() for t in data))
+        for on_side in (False, True):
+            benchlib.poison(data[4])
+            if on_side:
+                side.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(side):
+                    out = mod.custom_kernel(data)
+                torch.cuda.current_stream().wait_stream(side)
+            else:
+                out = mod.custom_kernel(data)
+            torch.cuda.synchronize()
+            ratio = benchlib.tolerance_ratio(out, expected, tol.rtol, tol.atol)
+            assert ratio <= 1, f"{m}x{n}x{k} (side stream: {on_side}): worst error {ratio:.2f}x the tolerance"

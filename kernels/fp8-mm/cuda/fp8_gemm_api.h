@@ -17,6 +17,7 @@ struct Fp8GemmArgs {
   uint16_t* c;  // bf16 [m][n] row-major, written
   float* ws;    // fp32 [m][n] scratch when plan.splits > 1
   int m, n, k;  // m, n multiples of 16; k multiple of 128
+  bool host_cache;  // KBENCH_FP8_HOST_CACHE: the transpose launched before the tensor maps, which come from a cache
 };
 
 // Consumer schedules of the exact path, per k-block (gemm.cuh has the details and docs/fp8-mm-notes.md the

@@ -8,7 +8,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <mutex>
-#include <unordered_map>
 
 #include "driver_api.h"
 #include "grouped_gemm.cuh"
@@ -28,35 +27,8 @@ namespace {
 // arguments, so maps are kept by them: the weights of the next call usually sit at the same addresses.
 bool map_f16(CUtensorMap* map, const void* ptr, uint64_t cols, uint64_t rows, uint32_t box_rows,
              uint32_t box_cols = 64) {
-  struct Key {
-    const void* ptr;
-    uint64_t cols, rows;
-    uint32_t box_rows, box_cols;
-    bool operator==(const Key& o) const {
-      return ptr == o.ptr && cols == o.cols && rows == o.rows && box_rows == o.box_rows && box_cols == o.box_cols;
-    }
-  };
-  struct KeyHash {
-    size_t operator()(const Key& k) const {
-      return std::hash<const void*>()(k.ptr) ^ (k.cols * 0x9E3779B97F4A7C15ull) ^ (k.rows << 20) ^ k.box_rows ^
-             (static_cast<size_t>(k.box_cols) << 40);
-    }
-  };
-  static std::unordered_map<Key, CUtensorMap, KeyHash> cache;
-  static std::mutex mu;
-  const Key key{ptr, cols, rows, box_rows, box_cols};
-  std::lock_guard<std::mutex> lock(mu);
-  auto hit = cache.find(key);
-  if (hit != cache.end()) {
-    *map = hit->second;
-    return true;
-  }
-  if (!kb::make_map_2d(map, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, ptr, cols, rows, cols * 2, box_cols, box_rows,
-                       box_cols == 64 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B))
-    return false;
-  if (cache.size() > 4096) cache.clear();  // bounded: addresses of freed tensors accumulate otherwise
-  cache.emplace(key, *map);
-  return true;
+  return kb::cached_map_2d(map, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, ptr, cols, rows, cols * 2, box_cols, box_rows,
+                           box_cols == 64 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B);
 }
 
 // The grouped GEMM for one use (glu: GEMM 1, else GEMM 2) and ring depth (MoeConfig::stages, 3 or 4): the one
