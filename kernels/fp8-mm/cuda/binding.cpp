@@ -1,5 +1,5 @@
-// Torch-facing side of the fp8-mm CUDA backend: validates and normalises layouts, allocates the scratch
-// buffers through the caching allocator, and hands raw pointers to kernel.cu. The only file that sees torch.
+// Torch-facing side of the fp8-mm CUDA backend: validates and normalises layouts, keeps the scratch buffers
+// (allocated through the caching allocator), and hands raw pointers to kernel.cu. The only file that sees torch.
 #include <c10/cuda/CUDAStream.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/extension.h>
