@@ -50,6 +50,12 @@ static inline const Plan& plan_at(int64_t plan) {
 
 }  // namespace kbpeer
 
+// Registers the peers' addresses of a buffer once per shape (kbpeer::Plan, from symm.py's plan_args); returns the
+// plan's number, which a binding's one-call path (rs_forward, ag_forward) takes.
+int64_t peer_plan(std::vector<int64_t> peers, int64_t flags, int64_t half0, int64_t half_size, int64_t rank) {
+  return kbpeer::add_plan(peers, flags, half0, half_size, rank);
+}
+
 // Store `epoch` at word `word` of each peer buffer, on the current stream after its earlier work.
 void signal_peers(std::vector<int64_t> peers, int64_t word, int64_t epoch) {
   const auto p = kbpeer::addresses(peers);

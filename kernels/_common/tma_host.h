@@ -38,8 +38,9 @@ inline bool make_map_2d(CUtensorMap* map, CUtensorMapDataType type, const void* 
 
 // make_map_2d through a process-wide cache keyed by every argument (a map's 128 bytes depend on nothing else): a
 // call whose tensors sit where the last one's did (a harness's clone of the inputs, kept scratch buffers) finds its
-// maps instead of encoding them on the host's critical path before the launch.
-inline bool cached_map_2d(CUtensorMap* map, CUtensorMapDataType type, const void* ptr, uint64_t cols, uint64_t rows,
+// maps instead of encoding them on the host's critical path before the launch. static: one cache a binding (an
+// inline function's static locals are one object a process across the extensions loaded, _common/held_graphs.h).
+static inline bool cached_map_2d(CUtensorMap* map, CUtensorMapDataType type, const void* ptr, uint64_t cols, uint64_t rows,
                           uint64_t pitch_bytes, uint32_t box_cols, uint32_t box_rows, CUtensorMapSwizzle swz) {
   struct Key {
     const void* ptr;

@@ -1,16 +1,11 @@
 // Torch-facing side of the ag-gemm CUDA backend: the gather-first call in one extension call (ag_forward: the push
 // into every rank's buffer, the wait for every rank's flag, the GEMM through ATen), with the peers' addresses
-// registered once per shape (ag_plan); and the pieces the Python paths call (signal_peers, wait_flags, push_peers).
+// registered once per shape (peer_plan); and the pieces the Python paths call (signal_peers, wait_flags, push_peers).
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAGuard.h>
 
 #include "knobs.h"
 #include "peer_binding.h"
-
-// The peers' addresses of a buffer, registered once per shape (kbpeer::Plan).
-int64_t ag_plan(std::vector<int64_t> peers, int64_t flags, int64_t half0, int64_t half_size, int64_t rank) {
-  return kbpeer::add_plan(peers, flags, half0, half_size, rank);
-}
 
 // entry.py's gather-first call: a [m/ws, k] and w [n/ws, k] bf16, bias [n/ws] or None; epoch: the call's number
 // (every rank counts the same calls), its parity the buffer half; counter: push_peers' int32 ticket (zeroed once).

@@ -47,7 +47,7 @@ def custom_kernel(data: input_t) -> output_t:
         plan = _plans.get(key)
         if plan is None:  # (every rank meets a new shape in the same call: symm.plan_args may be a collective)
             nbytes = a.shape[0] * dist.get_world_size() * a.shape[1] * 2  # the gathered A
-            plan = _plans[key] = ext.ag_plan(*symm.plan_args(nbytes, a.device))  # noqa: F821
+            plan = _plans[key] = ext.peer_plan(*symm.plan_args(nbytes, a.device))  # noqa: F821
         return ext.ag_forward(a, w, bias, plan, _calls[0], _counter(a.device, "main"))  # noqa: F821
     ws, rank = dist.get_world_size(), dist.get_rank()
     rows, k = a.shape

@@ -1,6 +1,6 @@
 // Torch-facing side of the gemm-rs CUDA backend: the whole call in one extension call (rs_forward: the GEMMs through
 // ATen into the owners' symmetric buffers, the flags and the deterministic sum), with the peers' addresses registered
-// once per shape (rs_plan); and the pieces the Python path calls (signal_peers, wait_flags, sum_rows).
+// once per shape (peer_plan); and the pieces the Python path calls (signal_peers, wait_flags, sum_rows).
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAGuard.h>
 
@@ -19,10 +19,6 @@ void sum_rows(torch::Tensor out, std::vector<int64_t> srcs, int64_t flags, int64
                               c10::cuda::getCurrentCUDAStream().stream()));
 }
 
-// The peers' addresses of a buffer, registered once per shape (kbpeer::Plan).
-int64_t rs_plan(std::vector<int64_t> peers, int64_t flags, int64_t half0, int64_t half_size, int64_t rank) {
-  return kbpeer::add_plan(peers, flags, half0, half_size, rank);
-}
 
 // The call of entry.py's docstring: a [m, k/ws] and w [n, k/ws] bf16, bias [n] or None; epoch: the call's number
 // (every rank counts the same calls), its parity the buffer half. Returns this rank's rows [m/ws, n] of the sum.

@@ -37,7 +37,7 @@ def custom_kernel(data: input_t) -> output_t:
         nbytes = a.shape[0] * w.shape[0] * 2
         plan = _plans.get((a.device, nbytes))
         if plan is None:  # (every rank meets a new shape in the same call: symm.plan_args may be a collective)
-            plan = _plans[a.device, nbytes] = ext.rs_plan(*symm.plan_args(nbytes, a.device))  # noqa: F821
+            plan = _plans[a.device, nbytes] = ext.peer_plan(*symm.plan_args(nbytes, a.device))  # noqa: F821
         return ext.rs_forward(a, w, bias, plan, _calls[0], CHUNK_ROWS)  # noqa: F821
     return _python_host(a, w, bias)
 
