@@ -26,7 +26,7 @@ void maybe_print(int64_t m, int64_t n, int64_t k, const GemmConfig& c) {
 
 // A scratch buffer of at least `bytes` for role `slot` (0: A's K-major copy, 1: B's, 2: the split-K workspace).
 // keep (KBENCH_FP8_HOST_CACHE, default 1): it stays allocated from one call to the next, where torch::empty took
-// 2.4-4.3 us of host time each before the first launch under the profiler (benchmarks/host_gap.py --host-trace,
+// 3.0-9.0 us of host time each before the first launch under the profiler (benchmarks/host_gap.py --host-trace,
 // forty-third session). A kept buffer serves only calls on the stream that last used it (stream order makes the
 // reuse safe) and never a stream that is capturing a graph (a capture's allocations belong to its pool); those get
 // a fresh one, as every call did before. (Held by a leaked table: no tensor destructor runs at process exit.)
