@@ -24,6 +24,8 @@ class CaseResult:
     err_ns: float | None = None
     best_ns: float | None = None
     worst_ns: float | None = None
+    median_ns: float | None = None
+    durations_ns: list[float] = field(default_factory=list)  # rank 0's timed runs in order (the score uses their mean)
     wall_s: float = 0.0             # generation + check + timing of this case
     output: str = ""                # the last lines the submission printed during this case (every rank's)
 

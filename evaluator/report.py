@@ -97,8 +97,8 @@ class RunProgress:
 def case_table(record: Any, sol: Mapping[int, float] | None = None,
                speedups: Mapping[int, float] | None = None, noise: set[int] = frozenset(),
                compact: bool = False) -> Table:
-    """One row per case: case, status, mean ± err, best, worst, runs, and % SOL / speedup where known (a speedup
-    within two standard errors of the difference reads "~": noise)."""
+    """One row per case: case, status, mean ± err, median, best, worst, runs, and % SOL / speedup where known (a
+    speedup within two standard errors of the difference reads "~": noise)."""
     # profile mode reports kernels, not means: its columns are the test table's unless the runner timed it too
     timed = record.mode in ("benchmark", "leaderboard") or any(r.mean_ns is not None for r in record.cases)
     title = f"{record.problem} · {record.mode} · {device_label(record)}"
@@ -110,7 +110,7 @@ def case_table(record: Any, sol: Mapping[int, float] | None = None,
     table.add_column("status", no_wrap=True)
     if timed:
         # numbers never wrap; the case text takes whatever width is left
-        for name in ("mean ± err", "runs") if compact else ("mean ± err", "best", "worst", "runs"):
+        for name in ("mean ± err", "runs") if compact else ("mean ± err", "median", "best", "worst", "runs"):
             table.add_column(name, justify="right", no_wrap=True)
         if sol:
             table.add_column("% SOL", justify="right", no_wrap=True)
@@ -120,8 +120,8 @@ def case_table(record: Any, sol: Mapping[int, float] | None = None,
         row = [str(r.index), case_text(r.case), Text(r.status, style=STATUS_STYLE.get(r.status, ""))]
         if timed:
             mean = f"{fmt_ns(r.mean_ns)} ± {fmt_ns(r.err_ns)}" if r.mean_ns is not None else "—"
-            row += [mean, str(r.runs or "—")] if compact else [mean, fmt_ns(r.best_ns), fmt_ns(r.worst_ns),
-                                                                str(r.runs or "—")]
+            row += [mean, str(r.runs or "—")] if compact else [mean, fmt_ns(r.median_ns), fmt_ns(r.best_ns),
+                                                                fmt_ns(r.worst_ns), str(r.runs or "—")]
             if sol:
                 row.append(f"{sol[r.index]:.1f}%" if r.index in sol else "—")
             if speedups is not None:
@@ -139,6 +139,26 @@ def _by_rank(lines: list[str]) -> list[str]:
     if lines and all(_RANK.match(ln) for ln in lines):
         return sorted(lines, key=lambda ln: int(_RANK.match(ln).group(1)))
     return lines
+
+
+SLOW_RUN = 2.0     # a run over this many medians is an outlier worth naming
+LIFTED_MEAN = 1.05  # ... when the outliers lift the case's mean this far above its median
+
+
+def outlier_lines(record: Any) -> list[str]:
+    """A line for each passed case whose mean (what the score uses) a few slow runs lifted: how many runs took over
+    SLOW_RUN x the median, the worst, and how far above the median they put the mean. Runs of seconds where the
+    median is microseconds are usually the machine (another process, a clock change), not the submission."""
+    out = []
+    for r in record.cases:
+        if r.status != "pass" or not r.durations_ns or not r.median_ns or not r.mean_ns:
+            continue
+        slow = [d for d in r.durations_ns if d > SLOW_RUN * r.median_ns]
+        if slow and r.mean_ns > LIFTED_MEAN * r.median_ns:
+            out.append(f"#{r.index}: {len(slow)} of {r.runs} runs took over {SLOW_RUN:g}x the median "
+                       f"{fmt_ns(r.median_ns)} (worst {fmt_ns(max(slow))}); the mean is "
+                       f"{r.mean_ns / r.median_ns - 1:.0%} above the median")
+    return out
 
 
 def failure_lines(record: Any) -> list[str]:
@@ -199,6 +219,11 @@ def print_report(record: Any, console: Console, sol: Mapping[int, float] | None 
         if sol:
             gm = math.exp(sum(math.log(v) for v in sol.values()) / len(sol))
             console.print(f"geomean % of speed of light: {gm:.1f}%")
+        lifted = outlier_lines(record)
+        if lifted:
+            console.print("[yellow]slow runs lifted these means (--json keeps every run's time):[/]")
+            for line in lifted:
+                console.print(line, highlight=False, markup=False, soft_wrap=True)
     if comparison is not None:
         if comparison.geomean_ratio is not None:
             faster = "faster" if comparison.geomean_ratio >= 1 else "slower"

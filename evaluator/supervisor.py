@@ -108,11 +108,13 @@ class Supervisor:
                             wall_s=rank0.get("wall_s") or (time.monotonic() - self.started_at))
         if status == "pass":
             result.message = rank0.get("message", "")  # the profile table, if any
-            stats = timing.summarize(rank0.get("durations", []))
+            durations = rank0.get("durations", [])
+            stats = timing.summarize(durations)
             if stats:
                 result.runs = stats["runs"]
                 result.mean_ns, result.std_ns, result.err_ns = stats["mean"], stats["std"], stats["err"]
-                result.best_ns, result.worst_ns = stats["best"], stats["worst"]
+                result.median_ns, result.best_ns, result.worst_ns = stats["median"], stats["best"], stats["worst"]
+                result.durations_ns = [float(d) for d in durations]
         else:
             result.message = "\n".join(self._failure_lines(dead, message)) or "failed"
         self.run.results[index] = result

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import statistics
 import tempfile
 import time
 from typing import Any, Callable, NamedTuple
@@ -81,13 +82,13 @@ def timer_for(kind: str, ranks: int, has_events: bool) -> Callable[[Clock, Calla
 
 
 def summarize(durations_ns: list[float]) -> dict:
-    """runs, mean, std (n-1), err = std/sqrt(n), best, worst of a list of durations (ns); {} when empty."""
+    """runs, mean, std (n-1), err = std/sqrt(n), median, best, worst of a list of durations (ns); {} when empty."""
     n = len(durations_ns)
     if n == 0:
         return {}
     mean = sum(durations_ns) / n
     std = math.sqrt(sum((d - mean) ** 2 for d in durations_ns) / (n - 1)) if n > 1 else 0.0
-    return {"runs": n, "mean": mean, "std": std, "err": std / math.sqrt(n),
+    return {"runs": n, "mean": mean, "std": std, "err": std / math.sqrt(n), "median": statistics.median(durations_ns),
             "best": min(durations_ns), "worst": max(durations_ns)}
 
 

@@ -616,6 +616,21 @@ def test_report_table_sol_score_and_failures():
     assert "score (geomean of means) (CPU): 2 µs" in text
 
 
+def test_report_names_the_slow_runs_that_lift_a_mean():
+    """The score uses means: a few windows of the machine's (several medians long) move it, and the report says so."""
+    lifted = make_result(0, CASES[0], mean=1.2e6, runs=100)
+    lifted.durations_ns = [1e6] * 95 + [5e6] * 5                # mean 1.2 ms, median 1 ms
+    lifted.median_ns, lifted.worst_ns = 1e6, 5e6
+    steady = make_result(1, CASES[1], mean=2e6, runs=100)
+    steady.durations_ns = [2e6] * 99 + [4.5e6]                  # one slow run: the mean only 1.25% above the median
+    steady.median_ns = 2e6
+    text = _render(make_record([lifted, steady]))
+    assert "median" in text and "1 ms" in text
+    assert "#0: 5 of 100 runs took over 2x the median 1 ms (worst 5 ms); the mean is 20% above the median" in text
+    assert "#1:" not in text
+    assert "slow runs lifted" not in _render(make_record([steady]))
+
+
 def test_report_reads_at_80_columns():
     """A pipe is 80 columns: no line is longer, and no figure is broken across lines (the case text folds)."""
     results = [make_result(i, c, mean=31.2e3 * (i + 1)) for i, c in enumerate(CASES)]

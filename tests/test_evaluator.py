@@ -86,6 +86,7 @@ def test_statistics_use_n_minus_1_and_stop_by_the_official_rules():
     assert s["runs"] == 3 and s["mean"] == 12.0 and s["best"] == 10.0 and s["worst"] == 14.0
     assert s["std"] == pytest.approx(2.0)                      # sqrt(((-2)^2 + 0 + 2^2) / (3 - 1))
     assert s["err"] == pytest.approx(2.0 / math.sqrt(3))
+    assert s["median"] == 12.0 and timing.summarize([1.0, 2.0, 3.0, 100.0])["median"] == 2.5
     assert timing.summarize([]) == {}
     rule = dict(rel_err_stop=0.001, budget_s=10.0, max_wall_s=120.0, min_runs=3, max_runs=100)
     steady = [1e6] * 2
@@ -299,6 +300,9 @@ def test_benchmark_times_a_good_submission_with_official_statistics():
     assert case.status == "pass", case.message
     assert case.runs == 5                                       # rel_err_stop 0: only max_runs stops it
     assert 0 < case.best_ns <= case.mean_ns <= case.worst_ns
+    assert case.best_ns <= case.median_ns <= case.worst_ns
+    assert len(case.durations_ns) == case.runs                  # every run's time kept, in order, for --json
+    assert sum(case.durations_ns) / case.runs == pytest.approx(case.mean_ns)
     assert case.err_ns == pytest.approx(case.std_ns / math.sqrt(case.runs))
     assert rec.score_s() == pytest.approx(case.mean_ns / 1e9)
     assert rec.seed == 7 and case.case == fp8_case()            # the record keeps the case as given
