@@ -40,7 +40,8 @@ COLUMNS = ("date", "gpu", "world_size", "backend", "metric", "case", "us")
 # --phase-trace), the median per tile in us at the SM clock ("<backend>/trace:<phase>"). energy: millijoules a call
 # from NVML's energy counter over back-to-back calls (benchmarks/energy.py), the one metric whose value column ("us")
 # holds another unit (UNITS).
-METRICS = ("official", "leaderboard", "kernel", "profiler", "ncu", "host-loop", "trace", "energy")
+METRICS = ("official", "leaderboard", "official-median", "leaderboard-median", "kernel", "profiler", "ncu", "host-loop",
+           "trace", "energy")
 UNITS = {"energy": "mJ a call"}  # a metric's unit where it is not us
 
 
@@ -321,14 +322,23 @@ def merge(src: Path, dst: Path, rename: Callable[[str], str] | None = None) -> i
 
 
 def rows_from_record(record: dict, backend: str, metric: str | None = None) -> list[Row]:
-    """The per-case means and the score of a ``kbench perf --json`` record as rows (metric: the record's mode)."""
+    """The per-case means and the score of a ``kbench perf --json`` record as rows (metric: the record's mode), then,
+    where the record kept them, the per-case medians and their geomean (metric + "-median": the figure a few slow
+    runs of the machine cannot move, for comparing runs on one machine; the score is the means')."""
     metric = metric or ("official" if record["mode"] == "benchmark" else "leaderboard")
     env = record.get("environment") or {}
     gpu, ws = env.get("gpu") or record["device"], record.get("world_size") or 1
-    rows = [Row(gpu, ws, backend, metric, problems.format_case(c["case"]), c["mean_ns"] / 1e3)
-            for c in record["cases"] if c["status"] == "pass" and c.get("mean_ns")]
+    passed = [c for c in record["cases"] if c["status"] == "pass" and c.get("mean_ns")]
+    rows = [Row(gpu, ws, backend, metric, problems.format_case(c["case"]), c["mean_ns"] / 1e3) for c in passed]
     if record.get("score_s"):
         rows.append(Row(gpu, ws, backend, metric, "geomean", record["score_s"] * 1e6))
+    medians = [c["median_ns"] / 1e3 for c in passed if c.get("median_ns")]
+    if medians and len(medians) == len(passed):
+        rows += [Row(gpu, ws, backend, f"{metric}-median", problems.format_case(c["case"]), us)
+                 for c, us in zip(passed, medians)]
+        if record.get("score_s"):  # every case passed
+            rows.append(Row(gpu, ws, backend, f"{metric}-median", "geomean", math.exp(
+                sum(math.log(us) for us in medians) / len(medians))))
     return rows
 
 

@@ -121,7 +121,7 @@ def main():
     backend = renamed(args.backend or record["environment"].get("backend") or "submission", renames)
     rows = benchlib.rows_from_record(record, backend)
     benchlib.record(args.problem or record["problem"], rows, RESULTS)
-    print(f"{record['problem']}: {len(rows)} rows ({rows[0].metric if rows else 'none'})")
+    print(f"{record['problem']}: {len(rows)} rows ({', '.join(dict.fromkeys(r.metric for r in rows)) or 'none'})")
 
 
 if __name__ == "__main__":

@@ -22,6 +22,8 @@
 #   moe-phases (benchmarks/moe_launch_phases.py: custom_kernel's host steps before
 #   and around its graph launch, PHASES_CANDIDATES beside the shipped path, PHASES_RUNS calls, PHASES_S seconds,
 #   PHASES_PIECES > 0: each host step alone that many times; PHASES_NO_CLONE=1: a no-clone arm beside them);
+#   gc-ab (GC_PROBLEMS' generated GC_BACKEND submission, default torch, judged by kbench perf with and without Python's
+#   cyclic garbage collector, alternating, GC_ROUNDS rounds: records/gc_P[_nogc]_R.json);
 #   perf (kbench perf of each PERF_SPECS entry "problem:backend[:mode[:NAME=VALUE]]", run with that variable set, in
 #   the order given; its record in records/perf_P_B_M[_NAME=VALUE]_I.json, I its place in the list, for `collect.py
 #   record`);
@@ -85,6 +87,16 @@ for part in "$@"; do
           step "${PERF_S:-300}" "$name" env ${e:+"$e"} kbench perf "$p" --backend "$b" --mode "$m" \
             --json "$W/records/$name.json"
         done ;;
+  gc-ab) for p in ${GC_PROBLEMS:-gemm-rs}; do  # is Python's cyclic GC what makes the official windows' rare slow runs?
+           ws=$(python3 -c "from kbench import problems; print('--world-size $n' if problems.load_spec('$p').world_size else '')" 2>/dev/null)
+           kbench gen "$p" --backend "${GC_BACKEND:-torch}" -o "$W/sub_$p.py" >/dev/null
+           { echo "import gc; gc.disable()  # gc-ab: the collector off in every rank"; cat "$W/sub_$p.py"; } >"$W/sub_${p}_nogc.py"
+           for r in $(seq "${GC_ROUNDS:-2}"); do
+             for v in "" _nogc; do
+               step 200 "gc_${p}${v}_$r" kbench perf "$p" --submission "$W/sub_$p$v.py" $ws --json "$W/records/gc_${p}${v}_$r.json"
+             done
+           done
+         done ;;
   moe-check) step "${CHECK_S:-500}" moe_check python3 -m pytest -q -x -p no:cacheprovider ${MOE_CHECK_K:+-k "$MOE_CHECK_K"} \
                tests/test_moe_cuda_gpu.py ;;  # MOE_CHECK_K: a -k expression (one candidate's tests)
   moe-perf) step 400 moe_bench python3 benchmarks/moe.py

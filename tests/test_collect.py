@@ -41,3 +41,22 @@ def test_ncu_rows_name_a_kernels_successive_launches_in_a_case():
 def test_a_time_without_a_unit_is_refused():
     with pytest.raises(ValueError, match="not a time"):
         collect._us("256.3")
+
+
+def test_a_records_rows_hold_its_means_and_where_kept_its_medians():
+    from kbench import benchlib
+
+    case = lambda seed: {"m": 64, "n": 128, "k": 256, "seed": seed}  # noqa: E731
+    record = {"problem": "fp8-mm", "mode": "benchmark", "device": "cuda", "world_size": None, "score_s": 2e-6,
+              "environment": {"gpu": "NVIDIA H200"},
+              "cases": [{"case": case(1), "status": "pass", "mean_ns": 1e3, "median_ns": 900.0},
+                        {"case": case(2), "status": "pass", "mean_ns": 4e3, "median_ns": 3600.0}]}
+    got = {(r.metric, r.case): r.us for r in benchlib.rows_from_record(record, "cuda")}
+    assert got == {("official", "m: 64; n: 128; k: 256; seed: 1"): 1.0, ("official", "m: 64; n: 128; k: 256; seed: 2"): 4.0,
+                   ("official", "geomean"): 2.0,
+                   ("official-median", "m: 64; n: 128; k: 256; seed: 1"): 0.9,
+                   ("official-median", "m: 64; n: 128; k: 256; seed: 2"): 3.6,
+                   ("official-median", "geomean"): pytest.approx(1.8)}
+    for c in record["cases"]:  # a record from before medians were kept: the means only
+        del c["median_ns"]
+    assert {r.metric for r in benchlib.rows_from_record(record, "cuda")} == {"official"}
