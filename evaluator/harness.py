@@ -11,6 +11,7 @@ and sends one message per event through ``conn`` (the write end of a pipe only t
     ("result", rank, index, payload)    payload: {"status": "pass"|"fail", "message": str, "durations": [ns...],
                                                   "wall_s": float, "leaving": bool (several ranks: exits next)}
     ("fatal", rank, message)            the submission (or the problem's files) cannot be imported: nothing can run
+    ("imported", rank, seconds)         the submission's import took this long (its extension builds included)
     ("done", rank)                      every case of the job ran
 
 job: {"run_dir", "rank", "world_size" (1 for one process), "distributed" (multi-rank problem: checks use
@@ -164,6 +165,7 @@ class Judge:
 
     def __init__(self, rank: Rank, protocol: dict):
         self.r, self.p = rank, types.SimpleNamespace(**protocol)
+        self.import_s = 0.0
 
     def import_modules(self) -> str | None:
         """Import the problem's files, capture what the judge calls, then import the submission; an error or None."""
@@ -181,10 +183,12 @@ class Judge:
         self.clear_l2 = getattr(utils, "clear_l2_cache", _noop) if self.p.l2_flush else None
         if self.r.distributed and (self._ref_local is None or self._compare is None):
             return "reference.py of a distributed problem must define ref_kernel_local(rank, **case) and compare()"
+        t0 = _perf_ns()
         try:
             import submission
         except BaseException as exc:  # SystemExit from a submission is an import failure too
             return describe(exc, "importing submission.py")
+        self.import_s = (_perf_ns() - t0) / 1e9  # load_inline builds (or finds in torch's cache) inside the import
         fn = getattr(submission, "custom_kernel", None)
         if not callable(fn):
             return "submission.py defines no custom_kernel(data): add `def custom_kernel(data): ...`"
@@ -350,6 +354,7 @@ def work(conn, job: dict) -> None:
     if error:
         send(("fatal", rank.rank, error))
         return
+    send(("imported", rank.rank, judge.import_s))
     lines = read_case_file(job["run_dir"])
     parse = lambda n: parse_line(lines[n], job["intended_bools"])  # noqa: E731
     for n, (index, line_no) in enumerate(job["run"]):

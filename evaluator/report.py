@@ -141,6 +141,24 @@ def _by_rank(lines: list[str]) -> list[str]:
     return lines
 
 
+def import_line(record: Any) -> str:
+    """How long the submission's import took (load_inline's build inside it), and a warning past the official runner's
+    allowance for compiling: there the build starts from nothing, so a time read from torch's warm cache is a lower
+    bound."""
+    env = record.environment or {}
+    seconds = env.get("import_s")
+    if seconds is None:
+        return ""
+    groups = env.get("imports", 1)
+    line = f"submission import: {fmt_s(seconds)} at the slowest" + (
+        f" (imported by {groups} fresh worker groups: the official runner starts one a case)" if groups > 1 else "")
+    allowance = (record.plan or {}).get("protocol", {}).get("compile_allowance_s")
+    if allowance and seconds > allowance:
+        line += (f"; over the {allowance:g} s the official runner allows for compiling: the leaderboard would "
+                 "time out (fewer or smaller translation units, or fewer template instances, build faster)")
+    return line
+
+
 SLOW_RUN = 2.0     # a run over this many medians is an outlier worth naming
 LIFTED_MEAN = 1.05  # ... when the outliers lift the case's mean this far above its median
 
@@ -209,6 +227,9 @@ def print_report(record: Any, console: Console, sol: Mapping[int, float] | None 
     ran = len(record.cases) - len(skipped)
     why = "interrupted" if record.interrupted else (skipped[0].message.removeprefix("not run: ") if skipped else "")
     console.print(f"{passed}/{ran} cases passed" + (f" ({len(skipped)} skipped: {why})" if skipped else ""))
+    line = import_line(record)
+    if line:
+        console.print(line, highlight=False)
     if record.mode in ("benchmark", "leaderboard"):
         score = record.score_s()
         where = " (CPU)" if record.device == "cpu" else ""

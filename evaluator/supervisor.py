@@ -23,7 +23,7 @@ from .stage import case_output
 from .workers import WorkerGroup, exit_text, stale_build_locks
 
 MAX_MESSAGE_BYTES = 64 << 20  # far above any real message (a profile table); a forged length header fails at once
-KINDS = ("hello", "start", "result", "fatal", "done")
+KINDS = ("hello", "start", "imported", "result", "fatal", "done")
 Progress = Callable[[str, int, "CaseResult | None"], None]
 
 
@@ -131,6 +131,10 @@ class Supervisor:
         if kind == "hello":
             if rank == 0:
                 self.run.environment.update(msg[2])
+        elif kind == "imported":  # the slowest import of any rank in any group, and how many groups imported it
+            env = self.run.environment
+            env["import_s"] = max(env.get("import_s", 0.0), float(msg[2]))
+            env["imports"] = env.get("imports", 0) + (rank == 0)
         elif kind == "start":
             if rank == 0 and self.run.progress and msg[2] == self.current[0]:
                 self.run.progress("start", msg[2], None)

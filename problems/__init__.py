@@ -214,6 +214,7 @@ class Protocol:
     min_runs: int = 3
     budget_s: Mapping[str, float] = field(default_factory=lambda: {"benchmark": 10.0, "leaderboard": 30.0})
     max_wall_s: float = 120.0
+    compile_allowance_s: float = 120.0  # the runner's allowance for building the submission (its import), inside the time limit
     warmup_budget_s: Mapping[str, float] = field(default_factory=lambda: {"benchmark": 0.1, "leaderboard": 0.01})
     reseed_step: int = 13
     # case keys that must divide by the world size (checked before any worker starts, so --world-size N fails early)

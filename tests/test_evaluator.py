@@ -441,3 +441,23 @@ def test_two_ranks_over_nccl():
     assert [c.status for c in rec.cases] == ["pass", "pass"], [c.message for c in rec.cases]
     assert all(c.runs == 5 and c.mean_ns > 0 for c in rec.cases)
     assert_no_workers_left()
+
+
+def test_the_record_keeps_how_long_the_submission_took_to_import():
+    """load_inline builds inside the import, and the official runner allows 120 s for that: the report says how long
+    it took, and warns past the allowance."""
+    from rich.console import Console
+
+    from kbench.evaluator import report
+
+    rec = judge("slow_import.py", mode="benchmark", cases=[fp8_case()],
+                protocol={**QUICK, "compile_allowance_s": 0.2}, worker_per_case=True)
+    assert rec.passed(), rec.cases
+    assert rec.environment["import_s"] >= 0.3 and rec.environment["imports"] == 1
+    console = Console(record=True, width=200, color_system=None)
+    report.print_report(rec, console)
+    text = console.export_text()
+    assert "submission import: " in text and "over the 0.2 s the official runner allows for compiling" in text
+    quick = judge("fp8_good.py", mode="benchmark", cases=fp8_smoke()[:2], protocol=QUICK, worker_per_case=True)
+    assert quick.environment["imports"] == 2                    # a fresh worker a case, as the official runner
+    assert "allows" not in report.import_line(quick)
