@@ -38,11 +38,13 @@ COLUMNS = ("date", "gpu", "world_size", "backend", "metric", "case", "us")
 # by benchmarks/host_gap.py, beside the CUDA events inside that window ("<backend>/host", "<backend>/device").
 # trace: one phase of a kernel's loop from its own clock64 stamps in a dev build (benchmarks/mla_decode.py
 # --phase-trace), the median per tile in us at the SM clock ("<backend>/trace:<phase>"). energy: millijoules a call
-# from NVML's energy counter over back-to-back calls (benchmarks/energy.py), the one metric whose value column ("us")
-# holds another unit (UNITS).
+# from NVML's energy counter over back-to-back calls (benchmarks/energy.py). import: seconds the submission's import
+# took in a `kbench perf` run (load_inline's build inside it; case IMPORT_CASE). official-median, leaderboard-median:
+# the per-case medians of those runs. energy and import hold another unit than us in the value column (UNITS).
 METRICS = ("official", "leaderboard", "official-median", "leaderboard-median", "kernel", "profiler", "ncu", "host-loop",
-           "trace", "energy")
-UNITS = {"energy": "mJ a call"}  # a metric's unit where it is not us
+           "trace", "energy", "import")
+UNITS = {"energy": "mJ a call", "import": "s"}  # a metric's unit where it is not us
+IMPORT_CASE = "submission import"  # the import metric's one row a run: not a case, the run's slowest import
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -323,8 +325,9 @@ def merge(src: Path, dst: Path, rename: Callable[[str], str] | None = None) -> i
 
 def rows_from_record(record: dict, backend: str, metric: str | None = None) -> list[Row]:
     """The per-case means and the score of a ``kbench perf --json`` record as rows (metric: the record's mode), then,
-    where the record kept them, the per-case medians and their geomean (metric + "-median": the figure a few slow
-    runs of the machine cannot move, for comparing runs on one machine; the score is the means')."""
+    where the record kept them, the submission's import time (metric "import", seconds: load_inline's build inside
+    it) and the per-case medians and their geomean (metric + "-median": the figure a few slow runs of the machine
+    cannot move, for comparing runs on one machine; the score is the means')."""
     metric = metric or ("official" if record["mode"] == "benchmark" else "leaderboard")
     env = record.get("environment") or {}
     gpu, ws = env.get("gpu") or record["device"], record.get("world_size") or 1
@@ -332,6 +335,8 @@ def rows_from_record(record: dict, backend: str, metric: str | None = None) -> l
     rows = [Row(gpu, ws, backend, metric, problems.format_case(c["case"]), c["mean_ns"] / 1e3) for c in passed]
     if record.get("score_s"):
         rows.append(Row(gpu, ws, backend, metric, "geomean", record["score_s"] * 1e6))
+    if (record.get("environment") or {}).get("import_s") is not None:
+        rows.append(Row(gpu, ws, backend, "import", IMPORT_CASE, record["environment"]["import_s"]))
     medians = [c["median_ns"] / 1e3 for c in passed if c.get("median_ns")]
     if medians and len(medians) == len(passed):
         rows += [Row(gpu, ws, backend, f"{metric}-median", problems.format_case(c["case"]), us)
@@ -438,13 +443,14 @@ SUMMARY_BACKENDS = ("cuda", "torch")  # the shipped kernels and the baseline eve
 def _case_labels(cases: Sequence[str]) -> dict[str, str]:
     """Short labels: only the keys whose values differ between the cases that have them (the seed only where labels
     would clash; a case measured outside the official set may lack keys the official ones share)."""
-    parsed = {c: dict(kv.split(": ", 1) for kv in c.split("; ")) for c in cases if c != "geomean"}
+    whole_run = ("geomean", IMPORT_CASE)  # a figure of the whole run, not a case
+    parsed = {c: dict(kv.split(": ", 1) for kv in c.split("; ")) for c in cases if c not in whole_run}
     keys = [k for c in parsed.values() for k in c]
     varying = [k for k in dict.fromkeys(keys) if len({c[k] for c in parsed.values() if k in c}) > 1]
     labels = {c: "; ".join(f"{k}: {v[k]}" for k in varying if k != "seed" and k in v) for c, v in parsed.items()}
     if len(set(labels.values())) < len(labels):
         labels = {c: "; ".join(f"{k}: {v[k]}" for k in varying if k in v) for c, v in parsed.items()}
-    return {**{c: (label or c) for c, label in labels.items()}, "geomean": "**geomean**"}
+    return {**{c: (label or c) for c, label in labels.items()}, "geomean": "**geomean**", IMPORT_CASE: IMPORT_CASE}
 
 
 def _markdown(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:

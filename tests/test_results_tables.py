@@ -31,7 +31,8 @@ def test_every_results_row_is_well_formed(path):
         assert row["metric"] in benchlib.METRICS, f"{where}: metric {row['metric']!r}"
         assert row["gpu"] and row["backend"], where
         assert int(row["world_size"]) >= 1 and float(row["us"]) > 0, where
-        if row["case"] != "geomean":
+        assert (row["metric"] == "import") == (row["case"] == benchlib.IMPORT_CASE), f"{where}: {row['case']!r}"
+        if row["case"] not in ("geomean", benchlib.IMPORT_CASE):
             case_keys = {kv.split(": ", 1)[0] for kv in row["case"].split("; ")}
             assert case_keys <= keys, f"{where}: case keys {sorted(case_keys - keys)} are not the problem's"
 
@@ -50,8 +51,10 @@ def test_tables_show_the_latest_figure_stages_apart_and_short_case_labels(tmp_pa
         ("H100", 1, "peer", "kernel", b, 30.0, "2026-01-01"),
         ("H100", 1, "cuda/gemm", "kernel", a, 6.0, "2026-01-02"),
         ("H100", 1, "cuda", "official", "geomean", 15.0, "2026-01-02"),
+        ("H100", 1, "cuda", "import", benchlib.IMPORT_CASE, 27.5, "2026-01-02"),
     ])
     text = benchlib.results_markdown(tmp_path)
+    assert "import · H100 · world size 1 · 2026-01-02 (s)" in text and "| submission import | 27.5 |" in text
     assert "| k: 256 | 8.0 | — |" in text and "| k: 512 | 20.0 | 30.0 |" in text
     assert "| stages of | case | gemm |" in text and "| cuda | k: 256 | 6.0 |" in text
     assert "10.0" not in text
@@ -169,7 +172,7 @@ def test_official_figures_judge_the_shipped_build_and_each_candidate_with_its_kn
     monkeypatch.delenv("KBENCH_TEST_KNOB", raising=False)
     rows = benchlib.official_figures("fp8-mm", "torch", {"marked": {"KBENCH_TEST_KNOB": str(marker)}})
     score = {r.backend: r.us for r in rows if r.case == "geomean" and r.metric == "official"}
-    assert set(score) == {"torch", "torch+marked"} and {r.metric for r in rows} == {"official", "official-median"}
+    assert set(score) == {"torch", "torch+marked"} and {r.metric for r in rows} == {"official", "official-median", "import"}
     assert marker.is_file(), "the candidate's knob did not reach the judged worker"
     assert "KBENCH_TEST_KNOB" not in os.environ, "the candidate's knob leaked into the caller's environment"
     assert {r["backend"] for r in benchlib.read(tmp_path / "results" / "fp8-mm.csv")} == {"torch", "torch+marked"}
