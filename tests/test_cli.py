@@ -648,6 +648,10 @@ def test_report_comparison_warns_across_gpu_models():
     text = _render(new, comparison=results_io.compare(results_io.record_json(old), new, "old.json"))
     assert "2.00x" in text and "geomean speedup 2.000x (faster)" in text
     assert "timed on NVIDIA H200, this run on NVIDIA H100 80GB HBM3" in text
+    assert "multi-GPU windows" not in text
+    two = make_record([make_result(0, CASES[0], mean=1e3)], world_size=2)
+    warnings = results_io.compare(results_io.record_json(old), two, "old.json").warnings
+    assert any("multi-GPU windows move as a whole" in w for w in warnings)
 
 
 def test_device_command_without_gpu(monkeypatch):
