@@ -22,6 +22,8 @@
 #   moe-phases (benchmarks/moe_launch_phases.py: custom_kernel's host steps before
 #   and around its graph launch, PHASES_CANDIDATES beside the shipped path, PHASES_RUNS calls, PHASES_S seconds,
 #   PHASES_PIECES > 0: each host step alone that many times; PHASES_NO_CLONE=1: a no-clone arm beside them);
+#   import-probe (kbench test of PROBE_PROBLEM's cuda backend twice, then each kbench build folder's times, ninja log
+#   and `ninja -n -d explain`: why an unchanged submission's import rebuilds on the device machine);
 #   gc-ab (GC_PROBLEMS' generated GC_BACKEND submission, default torch, judged by kbench perf with and without Python's
 #   cyclic garbage collector, alternating, GC_ROUNDS rounds: records/gc_P[_nogc]_R.json);
 #   perf (kbench perf of each PERF_SPECS entry "problem:backend[:mode[:NAME=VALUE]]", run with that variable set, in
@@ -97,6 +99,16 @@ for part in "$@"; do
              done
            done
          done ;;
+  import-probe) for i in 1 2; do  # why a GPU run's import rebuilds an unchanged submission (docs/distributed-notes.md)
+                  step 300 "import_probe_$i" kbench test "${PROBE_PROBLEM:-fp8-mm}" --backend cuda \
+                    --case "${PROBE_CASE:-m: 64; n: 128; k: 256; seed: 1}"
+                done
+                root=$(python3 -c "import torch.utils.cpp_extension as c; print(c.get_default_build_root())")
+                for d in "$root"/*/kbench_*; do  # what ninja would redo now, and why
+                  { echo "== $d"; ls -la --time-style=+%T.%N "$d"; tail -n 8 "$d/.ninja_log"; ninja -C "$d" -n -d explain; } \
+                    >>"$W/logs/import_probe_ninja.log" 2>&1
+                done
+                tail -n 40 "$W/logs/import_probe_ninja.log" ;;
   moe-check) step "${CHECK_S:-500}" moe_check python3 -m pytest -q -x -p no:cacheprovider ${MOE_CHECK_K:+-k "$MOE_CHECK_K"} \
                tests/test_moe_cuda_gpu.py ;;  # MOE_CHECK_K: a -k expression (one candidate's tests)
   moe-perf) step 400 moe_bench python3 benchmarks/moe.py
