@@ -310,11 +310,39 @@ def _execute(problem: str, mode: str, opts: dict) -> None:
         plan = replace(plan, submission=submission)
         console = _console()
         ceil = _load_ceilings() if plan.device == "cuda" and mode in ("benchmark", "leaderboard") else None
-        with report.RunProgress(console, plan.cases, mode) as progress, _one_line_errors():
-            record = evaluator.execute(plan, progress)
+        record = _judge_rounds(plan, mode, opts, console)
     record.environment.update(origin)
     record.command = record.command or " ".join(shlex.quote(a) for a in ["kbench", *sys.argv[1:]])
     _finish(record, plan, old, opts, console, ceil)
+
+
+def _judge_rounds(plan, mode: str, opts: dict, console):
+    """One run of the plan, or (perf --rounds N) N runs, each in fresh worker groups, alternating with --against's file
+    (A B, B A, ...: a machine that drifts favours neither): the submission's last record, every run's score in
+    record.rounds. A failed or interrupted run ends the rounds."""
+    from . import evaluator
+    from .evaluator import report
+
+    files = [("submission", plan.submission)]
+    if opts.get("against"):
+        files.append(("against", str(Path(opts["against"]).resolve())))
+    rounds, last = [], None
+    for r in range(opts.get("rounds") or 1):
+        for label, path in (files if r % 2 == 0 else files[::-1]):
+            if len(files) > 1 or (opts.get("rounds") or 1) > 1:
+                _note(f"round {r + 1}: {label} ({path})")
+            with report.RunProgress(console, plan.cases, mode) as progress, _one_line_errors():
+                rec = evaluator.execute(replace(plan, submission=path), progress)
+            rounds.append({"file": label, "score_s": rec.score_s(), "passed": rec.passed()})
+            last = rec if label == "submission" else last
+            if not rec.passed():
+                if label == "against":
+                    _note(f"--against {opts['against']} did not pass round {r + 1}; the rounds end here")
+                last = last or rec
+                last.rounds = rounds if len(rounds) > 1 else []
+                return last
+    last.rounds = rounds if len(rounds) > 1 else []
+    return last
 
 
 def _finish(record, plan, old, opts: dict, console, ceil) -> None:
@@ -359,8 +387,16 @@ def test_cmd(problem: str, **opts: Any) -> None:
 @click.option("--mode", type=click.Choice(("benchmark", "leaderboard")), default="benchmark", show_default=True,
               help="benchmark: time each case; leaderboard: also reseed, regenerate and check every timed run.")
 @click.option("--compare", metavar="OLD.json", help="Show per-case speedups (old/new) and the geomean ratio vs a --json record.")
+@click.option("--rounds", type=click.IntRange(1, 50), default=1, show_default=True, metavar="N",
+              help="Judge N times, each in fresh worker processes (on several GPUs one file's score moves by tens of % "
+                   "from one run to the next): every round's score and the median. The report is the last round's.")
+@click.option("--against", metavar="FILE",
+              help="Another submission judged in alternation with this one, --rounds times each (A B, B A, ...): "
+                   "the two medians and their ratio, the fair way to compare two files on one machine.")
 def perf_cmd(problem: str, mode: str, **opts: Any) -> None:
     """Time a submission on the spec's benchmarks: mean ± err per case, geomean score, % of speed of light."""
+    if opts.get("against") and not Path(opts["against"]).is_file():
+        raise KbenchError(f"--against {opts['against']}: no such file (pass the other submission.py to alternate with)")
     _interruptible(problem, mode, opts)
 
 

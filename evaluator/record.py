@@ -49,6 +49,7 @@ class RunRecord:
     environment: dict = field(default_factory=dict)
     command: str = ""
     plan: dict = field(default_factory=dict)      # the plan that ran (evaluator/plan.py RunPlan.to_json())
+    rounds: list = field(default_factory=list)    # kbench perf --rounds: every run's {"file", "score_s", "passed"}
 
     def score_s(self) -> float | None:
         """Geometric mean of the per-case mean times in seconds; None if a case did not pass or nothing was timed."""

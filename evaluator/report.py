@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import re
+import statistics
 from typing import Any, Mapping, Sequence
 
 from rich.console import Console
@@ -159,6 +160,27 @@ def import_line(record: Any) -> str:
     return line
 
 
+def rounds_lines(record: Any) -> list[str]:
+    """kbench perf --rounds: each file's scores in order and their median, and with --against the ratio of the two
+    medians (the submission's speedup over the other file)."""
+    if not record.rounds:
+        return []
+    medians, out = {}, []
+    for label in dict.fromkeys(r["file"] for r in record.rounds):
+        scores = [r["score_s"] for r in record.rounds if r["file"] == label]
+        timed = sorted(x for x in scores if x)
+        shown = ", ".join(fmt_s(x) if x else "failed" for x in scores)
+        if timed and len(timed) == len(scores):
+            medians[label] = statistics.median(timed)
+            shown += f" (median {fmt_s(medians[label])})"
+        out.append(f"{label} over {len(scores)} rounds: {shown}")
+    if len(medians) == 2:
+        ratio = medians["against"] / medians["submission"]
+        out.append(f"the submission is {ratio:.3f}x {'faster' if ratio >= 1 else 'slower'} than --against "
+                   f"(median over median, alternating rounds)")
+    return out
+
+
 SLOW_RUN = 2.0     # a run over this many medians is an outlier worth naming
 LIFTED_MEAN = 1.05  # ... when the outliers lift the case's mean this far above its median
 
@@ -240,6 +262,8 @@ def print_report(record: Any, console: Console, sol: Mapping[int, float] | None 
         if sol:
             gm = math.exp(sum(math.log(v) for v in sol.values()) / len(sol))
             console.print(f"geomean % of speed of light: {gm:.1f}%")
+        for line in rounds_lines(record):
+            console.print(line, highlight=False)
         lifted = outlier_lines(record)
         if lifted:
             console.print("[yellow]slow runs lifted these means (--json keeps every run's time):[/]")

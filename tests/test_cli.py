@@ -641,6 +641,31 @@ def test_report_reads_at_80_columns():
     assert "best" not in text.split("\n", 3)[2]  # best and worst stay in --json when narrow
 
 
+def test_perf_rounds_alternate_with_another_file(fake_run, submission, tmp_path, monkeypatch):
+    """--against B --rounds 2 judges A B, B A in fresh runs, reports each file's scores, medians and their ratio."""
+    other = tmp_path / "other.py"
+    other.write_text("def custom_kernel(data):\n    return data\n")
+
+    def judged(plan, progress=None, deadline=None):  # the other file takes twice as long on every case
+        fake_run.means = {i: 2000.0 * (i + 1) for i in range(9)} if plan.submission.endswith("other.py") else {}
+        return fake_run(plan, progress, deadline)
+
+    monkeypatch.setattr(evaluator, "judge", judged, raising=False)
+    out = tmp_path / "run.json"
+    result = invoke("perf", "fp8-mm", "--submission", submission, "--against", str(other), "--rounds", "2",
+                    "--device", "cpu", "--json", str(out))
+    assert result.exit_code == 0, result.output
+    assert [Path(c["submission"]).name for c in fake_run.calls] == ["submission.py", "other.py", "other.py",
+                                                                      "submission.py"]
+    assert "submission over 2 rounds:" in result.output and "against over 2 rounds:" in result.output
+    assert "the submission is 2.000x faster than --against" in result.output
+    rounds = json.loads(out.read_text())["rounds"]
+    assert [r["file"] for r in rounds] == ["submission", "against", "against", "submission"]
+    assert all(r["passed"] for r in rounds)
+    assert_one_line_error(invoke("perf", "fp8-mm", "--submission", submission, "--against", "missing.py"),
+                          "--against missing.py: no such file")
+
+
 def test_report_comparison_warns_across_gpu_models():
     old = make_record([make_result(0, CASES[0], mean=2e3)])
     old.environment["gpu"] = "NVIDIA H200"
