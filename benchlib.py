@@ -335,8 +335,8 @@ def rows_from_record(record: dict, backend: str, metric: str | None = None) -> l
     rows = [Row(gpu, ws, backend, metric, problems.format_case(c["case"]), c["mean_ns"] / 1e3) for c in passed]
     if record.get("score_s"):
         rows.append(Row(gpu, ws, backend, metric, "geomean", record["score_s"] * 1e6))
-    if (record.get("environment") or {}).get("import_s") is not None:
-        rows.append(Row(gpu, ws, backend, "import", IMPORT_CASE, record["environment"]["import_s"]))
+    if env.get("import_s") is not None:
+        rows.append(Row(gpu, ws, backend, "import", IMPORT_CASE, env["import_s"]))
     medians = [c["median_ns"] / 1e3 for c in passed if c.get("median_ns")]
     if medians and len(medians) == len(passed):
         rows += [Row(gpu, ws, backend, f"{metric}-median", problems.format_case(c["case"]), us)

@@ -326,21 +326,22 @@ def _judge_rounds(plan, mode: str, opts: dict, console):
     files = [("submission", plan.submission)]
     if opts.get("against"):
         files.append(("against", str(Path(opts["against"]).resolve())))
+    runs = [(r, label, path) for r in range(opts.get("rounds") or 1)
+            for label, path in (files if r % 2 == 0 else files[::-1])]
     rounds, last = [], None
-    for r in range(opts.get("rounds") or 1):
-        for label, path in (files if r % 2 == 0 else files[::-1]):
-            if len(files) > 1 or (opts.get("rounds") or 1) > 1:
-                _note(f"round {r + 1}: {label} ({path})")
-            with report.RunProgress(console, plan.cases, mode) as progress, _one_line_errors():
-                rec = evaluator.execute(replace(plan, submission=path), progress)
-            rounds.append({"file": label, "score_s": rec.score_s(), "passed": rec.passed()})
-            last = rec if label == "submission" else last
-            if not rec.passed():
-                if label == "against":
-                    _note(f"--against {opts['against']} did not pass round {r + 1}; the rounds end here")
-                last = last or rec
-                last.rounds = rounds if len(rounds) > 1 else []
-                return last
+    for r, label, path in runs:
+        if len(runs) > 1:
+            _note(f"round {r + 1}: {label} ({path})")
+        with report.RunProgress(console, plan.cases, mode) as progress, _one_line_errors():
+            rec = evaluator.execute(replace(plan, submission=path), progress)
+        rounds.append({"file": label, "score_s": rec.score_s(), "passed": rec.passed()})
+        if label == "submission":
+            last = rec
+        if not rec.passed():
+            if label == "against":
+                _note(f"--against {opts['against']} did not pass round {r + 1}; the rounds end here")
+            break
+    last = last or rec
     last.rounds = rounds if len(rounds) > 1 else []
     return last
 

@@ -168,7 +168,7 @@ def rounds_lines(record: Any) -> list[str]:
     medians, out = {}, []
     for label in dict.fromkeys(r["file"] for r in record.rounds):
         scores = [r["score_s"] for r in record.rounds if r["file"] == label]
-        timed = sorted(x for x in scores if x)
+        timed = [x for x in scores if x]
         shown = ", ".join(fmt_s(x) if x else "failed" for x in scores)
         if timed and len(timed) == len(scores):
             medians[label] = statistics.median(timed)

@@ -40,6 +40,10 @@ def _encoded(names: tuple) -> tuple:
     return tuple(os.fsencode(n) for n in names)
 
 
+# a knob's "0" and "1" as env_values returns them: bytes where it reads os.environ's own dict, str elsewhere
+OFF, ON = (b"0", "0"), (b"1", "1")
+
+
 def env_values(names: tuple) -> tuple:
     """The environment's values of `names` (None where unset), for a key: as raw bytes where the platform keeps them
     so (read straight from os.environ's dict, ~20x faster than os.environ.get, which matters on a host-timed call)."""

@@ -39,7 +39,6 @@ _CONFIG_KNOBS = ("KBENCH_MLA_SPLITS", "KBENCH_MLA_PREFETCH_TABLES", "KBENCH_MLA_
                  "KBENCH_MLA_STAGED_ST", "KBENCH_MLA_PERSISTENT", "KBENCH_MLA_NARROW_TAIL", "KBENCH_MLA_LATE",
                  "KBENCH_MLA_MOVING")
 _EAGER_FIRST = ("KBENCH_MLA_EAGER_FIRST",)  # (how the Python path orders its work, not what a graph holds)
-_OFF = (b"0", "0")  # env_values gives bytes where it reads os.environ's own dict
 if not graph_replay.BINDING_LAUNCHES:  # (a graph replayed from Python takes nothing late)
     os.environ.setdefault("KBENCH_MLA_LATE", "0")
 
@@ -113,7 +112,7 @@ def _python_path(inputs: tuple, kv_len: int) -> torch.Tensor:
     if os.environ.get("KBENCH_MLA_GRAPH") == "0":  # the launches one by one (docs/mla-decode-notes.md)
         return step()
     key = lambda: _input_key(inputs, graph_replay.env_values(_CONFIG_KNOBS))  # noqa: E731
-    if len(_graphs) or graph_replay.env_values(_EAGER_FIRST)[0] in _OFF:
+    if len(_graphs) or graph_replay.env_values(_EAGER_FIRST)[0] in graph_replay.OFF:
         inputs[-1].fill_(kv_len)
         key = key()
     out = _graphs.replay(key, step, on_capture=lambda graph, output: _hold(graph, output, inputs, step))

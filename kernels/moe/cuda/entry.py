@@ -33,7 +33,6 @@ _KNOBS = ("KBENCH_MOE_SKIP_EMPTY_HALVES", "KBENCH_MOE_KEEP_WORKSPACES", "KBENCH_
           "KBENCH_MOE_BK32", "KBENCH_MOE_DECODE_AHEAD", "KBENCH_MOE_LATE_OUTPUT",
           "KBENCH_MOE_PUBLISH_KERNEL")  # (the last used before the launch, outside the graph; keyed all the same)
 _PY_KEY = ("KBENCH_MOE_PY_KEY",)  # (how the key is read, not what the graph holds: no part of the key)
-_ON = (b"1", "1")  # env_values gives bytes where it reads os.environ's own dict
 
 
 @functools.lru_cache(maxsize=None)
@@ -67,7 +66,7 @@ def prepare(x: torch.Tensor, weights: dict, n_experts: int, k: int) -> tuple:
     through Python's data_ptr(). benchmarks/moe_launch_phases.py times this step as custom_kernel takes it."""
     x2d = x.view(-1, x.shape[-1])
     extra = _host_values(x, n_experts, k)
-    if graph_replay.env_values(_PY_KEY)[0] in _ON:
+    if graph_replay.env_values(_PY_KEY)[0] in graph_replay.ON:
         out = ext.moe_output(x2d, k, n_experts)  # noqa: F821 (ext: template)
         return out, graph_replay.addresses((x, *weights.values())) + extra
     out, addresses = ext.moe_prepare(x2d, weights, k, n_experts)  # noqa: F821 (ext: template)
