@@ -323,18 +323,22 @@ def merge(src: Path, dst: Path, rename: Callable[[str], str] | None = None) -> i
     return moved
 
 
-def rows_from_record(record: dict, backend: str, metric: str | None = None) -> list[Row]:
+def rows_from_record(record: dict, backend: str, metric: str | None = None, against: str | None = None) -> list[Row]:
     """The per-case means and the score of a ``kbench perf --json`` record as rows (metric: the record's mode), then,
     where the record kept them, the submission's import time (metric "import", seconds: load_inline's build inside
     it) and the per-case medians and their geomean (metric + "-median": the figure a few slow runs of the machine
-    cannot move, for comparing runs on one machine; the score is the means')."""
+    cannot move, for comparing runs on one machine; the score is the means'). A ``--rounds`` record gives a score row
+    for every round instead of the last one's, and with ``against`` (the backend name of ``--against``'s file) that
+    file's scores too: the per-case rows are the submission's last round."""
     metric = metric or ("official" if record["mode"] == "benchmark" else "leaderboard")
     env = record.get("environment") or {}
     gpu, ws = env.get("gpu") or record["device"], record.get("world_size") or 1
     passed = [c for c in record["cases"] if c["status"] == "pass" and c.get("mean_ns")]
     rows = [Row(gpu, ws, backend, metric, problems.format_case(c["case"]), c["mean_ns"] / 1e3) for c in passed]
-    if record.get("score_s"):
-        rows.append(Row(gpu, ws, backend, metric, "geomean", record["score_s"] * 1e6))
+    names = {"submission": backend, "against": against}
+    scores = [(names[r["file"]], r["score_s"]) for r in record.get("rounds") or () if r.get("passed")] or \
+        [(backend, record.get("score_s"))]
+    rows += [Row(gpu, ws, name, metric, "geomean", score * 1e6) for name, score in scores if name and score]
     if env.get("import_s") is not None:
         rows.append(Row(gpu, ws, backend, "import", IMPORT_CASE, env["import_s"]))
     medians = [c["median_ns"] / 1e3 for c in passed if c.get("median_ns")]

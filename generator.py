@@ -315,15 +315,19 @@ def _backend_file(backend_dir: Path, rel: str, label: str, key: str) -> Path:
     return p
 
 
-def inline_includes(sources: list[Path], search: list[Path], base: Path) -> tuple[str, list[tuple[str, str]]]:
+def inline_includes(sources: list[Path], search: list[Path], base: Path,
+                    for_nvcc: bool = False) -> tuple[str, list[tuple[str, str]]]:
     """Join `sources` into one translation unit with every local `#include "..."` pasted in place.
 
     Headers are looked up in the including file's folder, then in `search`. Include lines are found textually, so
     one inside `#if 0` or a /* */ comment is resolved too. Each header is pasted once per
     translation unit (later includes become a comment), so include guards are not needed; `#pragma once` lines
     are dropped because they warn in a main file. `#include <...>` is left alone. `#line` directives keep compiler
-    messages pointing at the real files. Returns (text, [(display path, content)] of every file read, in order).
-    Raises GeneratorError for a missing header (naming the includer and line) or an include cycle (the chain).
+    messages pointing at the real files; with `for_nvcc` their names are written in angle brackets
+    (`#line 1 "<kernels/p/b/kernel.cu>"`): nvcc's dependency file lists every #line file name but bracketed ones (as
+    `<built-in>`), and ninja, finding these relative names missing from torch's build folder, rebuilt an unchanged
+    extension on every import (~30 s a run on the GPU machine). g++ lists only files it opened. Returns (text,
+    [(display path, content)] of every file read, in order). Raises GeneratorError for a missing header (naming the includer and line) or an include cycle (the chain).
     """
     seen: set[Path] = set()
     read: list[tuple[str, str]] = []
@@ -333,7 +337,8 @@ def inline_includes(sources: list[Path], search: list[Path], base: Path) -> tupl
         text = _read(path)
         read.append((_rel(path, base), text))
         shown = _rel(path, base)
-        out.append(f'#line 1 "{shown}"\n')
+        line_name = f"<{shown}>" if for_nvcc else shown
+        out.append(f'#line 1 "{line_name}"\n')
         # split on "\n" only: str.splitlines would also break at form feeds and the like, shifting line numbers
         for lineno, line in enumerate(io.StringIO(text).readlines(), 1):
             if not line.endswith("\n"):
@@ -361,7 +366,7 @@ def inline_includes(sources: list[Path], search: list[Path], base: Path) -> tupl
             seen.add(header)
             out.append(f'// kbench: begin "{name}"\n')
             expand(header, chain + [header])
-            out.append(f'// kbench: end "{name}"\n#line {lineno + 1} "{shown}"\n')
+            out.append(f'// kbench: end "{name}"\n#line {lineno + 1} "{line_name}"\n')
 
     for src in sources:
         seen.add(src)
@@ -559,7 +564,7 @@ def _native_sources(m: Manifest, bdir: Path, base: Path, label: str, target: str
     search = [bdir.resolve()] + [(bdir / d).resolve() for d in m.include_dirs]
     cuda_files = [_backend_file(bdir, s, label, "cuda_sources") for s in m.cuda_sources]
     cpp_files = [_backend_file(bdir, s, label, "cpp_sources") for s in m.cpp_sources]
-    cuda_text, cuda_read = inline_includes(cuda_files, search, base) if cuda_files else ("", [])
+    cuda_text, cuda_read = inline_includes(cuda_files, search, base, for_nvcc=True) if cuda_files else ("", [])
     cpp_text, cpp_read = inline_includes(cpp_files, search, base) if cpp_files else ("", [])
     flags = merged_flags(m, target, dev)
     env = target_env(m, target)

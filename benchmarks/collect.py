@@ -2,7 +2,7 @@
 the `kbench perf --json` records it kept (official = benchmark mode, leaderboard).
 
     python benchmarks/collect.py rows SESSION/results [--rename OLD=NEW ...]
-    python benchmarks/collect.py record perf.json --backend cuda [--rename ...]
+    python benchmarks/collect.py record perf.json --backend cuda [--against torch] [--rename ...]
     python benchmarks/collect.py profile LOG --problem P --backend cuda --gpu G --kernel NAME=REGEX [...]
     python benchmarks/collect.py ncu LOG --problem P --backend cuda --gpu G --kernel NAME=REGEX [...]
 
@@ -96,6 +96,8 @@ def main():
     ap.add_argument("path")
     ap.add_argument("--backend", help="record: the backend the record judged; profile, ncu: the rows' prefix")
     ap.add_argument("--problem", help="record: the problem (default: the record's own); profile, ncu: required")
+    ap.add_argument("--against", metavar="NAME",
+                    help="record: the backend name of a --rounds record's --against file (its scores become rows)")
     ap.add_argument("--rename", action="append", default=[], metavar="OLD=NEW")
     ap.add_argument("--gpu", help="profile, ncu: the GPU the log was made on (the logs do not say)")
     ap.add_argument("--kernel", action="append", default=[], metavar="NAME=REGEX",
@@ -119,7 +121,9 @@ def main():
         return
     record = json.loads(Path(args.path).read_text())
     backend = renamed(args.backend or record["environment"].get("backend") or "submission", renames)
-    rows = benchlib.rows_from_record(record, backend)
+    if record.get("rounds") and any(r["file"] == "against" for r in record["rounds"]) and not args.against:
+        ap.error("this record alternated with an --against file: name its backend with --against NAME")
+    rows = benchlib.rows_from_record(record, backend, against=args.against and renamed(args.against, renames))
     benchlib.record(args.problem or record["problem"], rows, RESULTS)
     print(f"{record['problem']}: {len(rows)} rows ({', '.join(dict.fromkeys(r.metric for r in rows)) or 'none'})")
 

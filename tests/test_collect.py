@@ -64,3 +64,21 @@ def test_a_records_rows_hold_its_means_and_where_kept_its_medians():
     for c in record["cases"]:  # a record from before medians were kept: the means only
         del c["median_ns"]
     assert {r.metric for r in benchlib.rows_from_record(record, "cuda")} == {"official"}
+
+
+def test_a_rounds_record_gives_every_rounds_score_and_the_against_files_under_its_name():
+    from kbench import benchlib
+
+    record = {"problem": "fp8-mm", "mode": "benchmark", "device": "cuda", "world_size": None, "score_s": 3e-6,
+              "environment": {"gpu": "NVIDIA H100"},
+              "cases": [{"case": {"m": 64, "n": 128, "k": 256, "seed": 1}, "status": "pass", "mean_ns": 3e3}],
+              "rounds": [{"file": "submission", "score_s": 2e-6, "passed": True},
+                         {"file": "against", "score_s": 9e-6, "passed": True},
+                         {"file": "against", "score_s": 8e-6, "passed": True},
+                         {"file": "submission", "score_s": 3e-6, "passed": True}]}
+    scores = lambda rows: [(r.backend, r.us) for r in rows if r.case == "geomean"]  # noqa: E731
+    assert scores(benchlib.rows_from_record(record, "cuda", against="torch")) == [
+        ("cuda", 2.0), ("torch", 9.0), ("torch", 8.0), ("cuda", 3.0)]
+    assert scores(benchlib.rows_from_record(record, "cuda")) == [("cuda", 2.0), ("cuda", 3.0)]
+    record["rounds"][2]["passed"] = False  # a failed round's score is no figure
+    assert ("torch", 8.0) not in scores(benchlib.rows_from_record(record, "cuda", against="torch"))

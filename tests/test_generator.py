@@ -383,14 +383,46 @@ def test_kernels_root_from_env(tree, monkeypatch):
 # the packed CUDA source compiles on its own; the whole extension runs on a GPU
 
 
+def test_line_directives_name_the_real_files_and_hide_from_nvcc_deps(tree):
+    """#line keeps messages on the real files; in the CUDA source the names are bracketed so that nvcc's dependency
+    file leaves them out (else ninja rebuilds the extension on every import: the names do not exist in torch's build
+    folder). The C++ source keeps plain names: g++ lists only files it opened."""
+    text = generator.render("demo", "cuda", "h100", root=tree)
+    cuda_names = set(re.findall(r'^#line \d+ "(.*)"$', literal(text, "_CUDA_SOURCE"), re.M))
+    assert cuda_names == {"<kernels/demo/cuda/kernel.cu>", "<kernels/demo/cuda/common.cuh>", "<kernels/demo/cuda/ops.cuh>",
+                          "<kernels/demo/common/shared.cuh>"}
+    cpp_names = set(re.findall(r'^#line \d+ "(.*)"$', literal(text, "_CPP_SOURCE"), re.M))
+    assert cpp_names == {"kernels/demo/cuda/binding.cpp", "kernels/demo/cuda/decl.h"}
+
+
+def nvcc_in_build_folder(source: str, folder: Path, timeout: int) -> list[str]:
+    """Compile `source` as torch's build.ninja does (in the build folder, `-MD -MF`): the dependency file's paths that
+    do not exist there, each of which would make ninja rebuild the extension on every import."""
+    folder.mkdir()
+    (folder / "packed.cu").write_text(source)
+    r = subprocess.run(["nvcc", "-MD", "-MF", "packed.o.d", "-std=c++17", "-gencode=arch=compute_90a,code=sm_90a",
+                        "-c", "packed.cu", "-o", "packed.o"], cwd=folder, capture_output=True, text=True,
+                       timeout=timeout)
+    assert r.returncode == 0, r.stderr[-3000:]
+    deps = (folder / "packed.o.d").read_text().replace("\\\n", " ").split(":", 1)[1].split()
+    assert "packed.cu" in deps
+    return [d for d in deps if not (folder / d).exists()]
+
+
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
 def test_packed_cuda_source_compiles_standalone(tree, tmp_path):
     cuda = literal(generator.render("demo", "cuda", "h100", root=tree), "_CUDA_SOURCE")
-    src = tmp_path / "packed.cu"
-    src.write_text(cuda)
-    r = subprocess.run(["nvcc", "-std=c++17", "-gencode=arch=compute_90a,code=sm_90a", "-c", str(src),
-                        "-o", str(tmp_path / "packed.o")], capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stderr[-3000:]
+    assert nvcc_in_build_folder(cuda, tmp_path / "build", timeout=300) == []  # the tree is in tmp_path
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
+def test_packed_cuda_errors_point_at_the_real_file(tree, tmp_path):
+    (tree / "demo/cuda/ops.cuh").write_text('#include "common.cuh"\n\n__device__ inline float demo_op(float v) '
+                                            '{ return v * DEMO_SCALE + ; }\n')
+    (tmp_path / "packed.cu").write_text(literal(generator.render("demo", "cuda", "h100", root=tree), "_CUDA_SOURCE"))
+    r = subprocess.run(["nvcc", "-std=c++17", "-gencode=arch=compute_90a,code=sm_90a", "-c", "packed.cu"],
+                       cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert r.returncode != 0 and "<kernels/demo/cuda/ops.cuh>(3): error" in r.stdout + r.stderr, r.stdout + r.stderr
 
 
 CUDA_REAL = [(p, b) for p, b in REAL if getattr(_manifest(p, b), "cuda_sources", None)]
@@ -403,11 +435,8 @@ def test_real_packed_cuda_source_compiles_standalone(problem, backend, tmp_path)
     """The one translation unit kbench packs from a real backend compiles as nvcc would see it (sans torch)."""
     if problem is None:
         pytest.skip("no load_inline backend with cuda_sources under kernels/ yet")
-    src = tmp_path / "packed.cu"
-    src.write_text(literal(generator.render(problem, backend, "h100"), "_CUDA_SOURCE"))
-    r = subprocess.run(["nvcc", "-std=c++17", "-gencode=arch=compute_90a,code=sm_90a", "-c", str(src),
-                        "-o", str(tmp_path / "packed.o")], capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, r.stderr[-3000:]
+    cuda = literal(generator.render(problem, backend, "h100"), "_CUDA_SOURCE")
+    assert nvcc_in_build_folder(cuda, tmp_path / "build", timeout=600) == []
 
 
 @pytest.mark.gpu
@@ -425,3 +454,11 @@ def test_load_inline_submission_runs_on_gpu(tree, tmp_path):
     r = subprocess.run([sys.executable, "-c", code], cwd=out.parent, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0 and "ok" in r.stdout, r.stderr[-3000:]
     assert torch.cuda.is_available()
+    # the next process's import must find the build: ninja, asked what it would redo, has nothing to do (a missing
+    # dependency, such as a #line name nvcc listed, made every import rebuild)
+    from torch.utils.cpp_extension import _get_build_directory
+
+    name = re.search(r"name='(kbench_demo_cuda_[0-9a-f]{16})'", out.read_text()).group(1)
+    ninja = subprocess.run(["ninja", "-n", "-d", "explain", "-C", _get_build_directory(name, verbose=False)],
+                           capture_output=True, text=True, timeout=60)
+    assert ninja.returncode == 0 and "no work to do" in ninja.stdout, ninja.stdout + ninja.stderr
