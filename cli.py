@@ -143,15 +143,27 @@ def list_cmd(kernels: str | None) -> None:
               help="Where to write the one-file submission ('-': standard output).")
 @click.option("--force", is_flag=True, help="Overwrite FILE even if kbench did not generate it.")
 @click.option("--kernels", "kernels", metavar="DIR", envvar="KBENCH_KERNELS", help=KERNELS_HELP)
-def gen_cmd(problem: str, backend: str | None, target: str, output: str, force: bool, kernels: str | None) -> None:
+@click.option("--check", is_flag=True,
+              help="Also compile the CUDA source as load_inline would (nvcc, no GPU needed) and report each "
+                   "kernel's registers, spills and ptxas's performance advisories (SASS MMA/TMA counts where "
+                   "cuobjdump is installed).")
+def gen_cmd(problem: str, backend: str | None, target: str, output: str, force: bool, kernels: str | None,
+            check: bool) -> None:
     """Pack kernels/PROBLEM/BACKEND/ into one leaderboard-ready submission.py."""
     from . import generator
 
     spec = _spec(problem)
     with _one_line_errors():
         path = generator.generate(problem, backend=backend, target=target, out=output, force=force, root=kernels)
+    backend = backend or spec.default_backend
     if path is not None:
-        click.echo(f"wrote {path} ({problem}, backend {backend or spec.default_backend}, target {target})", err=True)
+        click.echo(f"wrote {path} ({problem}, backend {backend}, target {target})", err=True)
+    if check:
+        from . import compile_check
+
+        with _one_line_errors():
+            found = compile_check.check(generator.load_build(problem, backend, target, root=kernels))
+        compile_check.print_report(found, f"{problem}/{backend} · {target} · nvcc", _console(stderr=output == "-"))
 
 
 @main.command("new")

@@ -327,7 +327,8 @@ def inline_includes(sources: list[Path], search: list[Path], base: Path,
     (`#line 1 "<kernels/p/b/kernel.cu>"`): nvcc's dependency file lists every #line file name but bracketed ones (as
     `<built-in>`), and ninja, finding these relative names missing from torch's build folder, rebuilt an unchanged
     extension on every import (~30 s a run on the GPU machine). g++ lists only files it opened. Returns (text,
-    [(display path, content)] of every file read, in order). Raises GeneratorError for a missing header (naming the includer and line) or an include cycle (the chain).
+    [(display path, content)] of every file read, in order). Raises GeneratorError for a missing header (naming the
+    includer and line) or an include cycle (the chain).
     """
     seen: set[Path] = set()
     read: list[tuple[str, str]] = []

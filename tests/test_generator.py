@@ -389,8 +389,8 @@ def test_line_directives_name_the_real_files_and_hide_from_nvcc_deps(tree):
     folder). The C++ source keeps plain names: g++ lists only files it opened."""
     text = generator.render("demo", "cuda", "h100", root=tree)
     cuda_names = set(re.findall(r'^#line \d+ "(.*)"$', literal(text, "_CUDA_SOURCE"), re.M))
-    assert cuda_names == {"<kernels/demo/cuda/kernel.cu>", "<kernels/demo/cuda/common.cuh>", "<kernels/demo/cuda/ops.cuh>",
-                          "<kernels/demo/common/shared.cuh>"}
+    assert cuda_names == {"<kernels/demo/cuda/kernel.cu>", "<kernels/demo/cuda/common.cuh>",
+                          "<kernels/demo/cuda/ops.cuh>", "<kernels/demo/common/shared.cuh>"}
     cpp_names = set(re.findall(r'^#line \d+ "(.*)"$', literal(text, "_CPP_SOURCE"), re.M))
     assert cpp_names == {"kernels/demo/cuda/binding.cpp", "kernels/demo/cuda/decl.h"}
 
