@@ -336,8 +336,8 @@ def inline_includes(sources: list[Path], search: list[Path], base: Path,
 
     def expand(path: Path, chain: list[Path]) -> None:
         text = _read(path)
-        read.append((_rel(path, base), text))
         shown = _rel(path, base)
+        read.append((shown, text))
         line_name = f"<{shown}>" if for_nvcc else shown
         out.append(f'#line 1 "{line_name}"\n')
         # split on "\n" only: str.splitlines would also break at form feeds and the like, shifting line numbers
