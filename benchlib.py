@@ -346,8 +346,7 @@ def rows_from_record(record: dict, backend: str, metric: str | None = None, agai
         rows += [Row(gpu, ws, backend, f"{metric}-median", problems.format_case(c["case"]), us)
                  for c, us in zip(passed, medians)]
         if record.get("score_s"):  # every case passed
-            rows.append(Row(gpu, ws, backend, f"{metric}-median", "geomean", math.exp(
-                sum(math.log(us) for us in medians) / len(medians))))
+            rows.append(Row(gpu, ws, backend, f"{metric}-median", "geomean", geomean(medians)))
     return rows
 
 

@@ -48,7 +48,6 @@ def test_every_configuration_matches_the_reference_twice(backend, shape):
             assert ratio <= 1, f"config {cfg} call {attempt + 1}: worst error {ratio:.2f}x the tolerance"
 
 
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("keep", ["", "0"], ids=["kept-scratch", "KBENCH_FP8_HOST_CACHE=0"])
 def test_kept_scratch_follows_shapes_and_streams(backend, keep, monkeypatch):

@@ -19,7 +19,6 @@ void sum_rows(torch::Tensor out, std::vector<int64_t> srcs, int64_t flags, int64
                               c10::cuda::getCurrentCUDAStream().stream()));
 }
 
-
 // The call of entry.py's docstring: a [m, k/ws] and w [n, k/ws] bf16, bias [n] or None; epoch: the call's number
 // (every rank counts the same calls), its parity the buffer half. Returns this rank's rows [m/ws, n] of the sum.
 // Rows an owner from KBENCH_RS_CHUNK_ROWS (default chunk_rows) on: a GEMM per owner into the owner's buffer, this
