@@ -7,6 +7,8 @@
 #   fp8-check, fp8-perf, moe-check, moe-perf, mla-check, mla-perf (checks, then the benchmark scripts with their
 #   candidates, then kbench perf; moe-bench, mla-bench: only the benchmark script, BENCH_CANDIDATES = which, BENCH_REV = a git revision timed beside; mla-rope-cost: the attention with and without its RoPE, a dev build: BUILD_SPECS mla-decode:1; mla-trace: the attention's per-phase clock64 trace, the same dev build; moe-trace: every GEMM unit's stamps, official and back to back (a dev build: BUILD_SPECS moe:1); mla-projections: each projection GEMM alone, cuBLAS against linear.cuh; mla-scaling: the attention alone over cache lengths and batches, BENCH_CANDIDATES beside it; mla-scaling-clean: the same
 #   with the L2 flushed by reading; mla-head-gemm: the per-head GEMMs alone, head_gemm.cuh against cuBLAS), tier (the GPU test tier), profile (kbench profile of moe and mla-decode cuda),
+#   timeline (benchmarks/calls.py --timeline for TIMELINE_PROBLEMS: each kernel of the steady state's call, its start,
+#   length and the idle before it, medians of TIMELINE_CALLS calls; TIMELINE_BACKEND; TIMELINE_LABEL: the rows' name),
 #   sanitize (compute-sanitizer on small cases of the CUDA backends), ncu (Nsight Compute's sections for the kernels
 #   matching NCU_KERNELS in benchmarks/calls.py NCU_PROBLEM: NCU_SKIP launches skipped, NCU_COUNT profiled), moe-official, mla-official (kbench perf of the
 #   shipped build and of each candidate, in the modes OFFICIAL_MODES, default benchmark; OFFICIAL_CANDIDATES = which
@@ -168,6 +170,10 @@ for part in "$@"; do
   profile) for p in ${PROFILE_PROBLEMS:-moe mla-decode}; do  # the torch profiler's top kernels of one call a case
              step "${PROFILE_S:-120}" "profile_$p" kbench profile "$p" --backend cuda
            done ;;
+  timeline) for p in ${TIMELINE_PROBLEMS:-moe mla-decode}; do  # the steady state's kernels under the profiler
+              TAIL=60 step "${PROFILE_S:-300}" "timeline_$p" python3 benchmarks/calls.py "$p" --timeline --record \
+                --calls "${TIMELINE_CALLS:-10}" --backend "${TIMELINE_BACKEND:-cuda}" ${TIMELINE_LABEL:+--label "$TIMELINE_LABEL"}
+            done ;;
   sanitize) step "${SANITIZE_S:-400}" sanitize compute-sanitizer --tool "${SANITIZE_TOOL:-memcheck}" python3 -m pytest -q -x \
               -p no:cacheprovider tests/test_moe_cuda_gpu.py tests/test_mla_cuda_gpu.py \
               -k "${SANITIZE_K:-synthetic and 7-8 or definition and 3-65 or fused and 1-0}" ;;

@@ -65,6 +65,8 @@ CANDIDATES = {"eager": {"KBENCH_MLA_GRAPH": "0"},
               # the Python path's length written (fill_) and its key read before an eager step's launches (the build
               # before the thirty-seventh session)
               "key-first": {"KBENCH_MLA_EAGER_FIRST": "0"},
+              # kv_down and q_down in launches of their own, kv_down's first (the build before finding 54)
+              "split-down": {"KBENCH_MLA_FUSED_DOWN": "0"},
               # graphs captured on their inputs' addresses only (the build before the thirty-eighth session; now a
               # moving graph takes each call's addresses: kernels/_common/moving_inputs.h)
               "fixed-addresses": {"KBENCH_MLA_MOVING": "0"}}

@@ -123,8 +123,30 @@ def trace_events(prof: Any) -> list[dict]:
 def device_work(prof: Any) -> list[tuple[str, float, float]]:
     """The kernels and copies of a finished torch profiler run, as (name, start, duration) in us, read from its
     Chrome trace."""
-    return [(e.get("name", ""), e["ts"], e["dur"]) for e in trace_events(prof)
+    return work_of(trace_events(prof))
+
+
+def work_of(events: list[dict]) -> list[tuple[str, float, float]]:
+    """device_work's (name, start, duration) in us, from Chrome trace events already read."""
+    return [(e.get("name", ""), e["ts"], e["dur"]) for e in events
             if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset") and "dur" in e]
+
+
+def call_timelines(work: list[tuple[str, float, float]],
+                   calls: list[tuple[float, float]]) -> list[list[tuple[str, float, float, float]]]:
+    """The device work of synchronised calls, one list a call: each kernel or copy as (name, start after the call's
+    host start, duration, gap: the device idle since the call's previous work ended, or since the host start for the
+    first), in start order. work: (name, start, duration) as device_work gives it; calls: each call's host window
+    (start, end) in the same clock, the end after its synchronize, so that the call's work starts inside it; work
+    outside every window (the inputs' clones between calls) is left out."""
+    timelines = []
+    for begin, end in calls:
+        done, rows = begin, []
+        for name, start, dur in sorted((w for w in work if begin <= w[1] < end), key=lambda w: w[1]):
+            rows.append((name, start - begin, dur, max(0.0, start - done)))
+            done = max(done, start + dur)
+        timelines.append(rows)
+    return timelines
 
 
 def device_gaps(kernels: list[tuple[float, float]]) -> tuple[float, float]:

@@ -66,6 +66,17 @@ def test_device_gaps_measure_the_idle_time_inside_a_call():
     assert timing.device_gaps([(3.0, 4.0)]) == (4.0, 4.0)
 
 
+def test_call_timelines_split_the_device_work_by_call_and_measure_each_gap():
+    """benchmarks/calls.py --timeline: kernels grouped by the call whose host start precedes them, offsets from that
+    start, and the device's idle time before each (overlapping kernels leave none)."""
+    work = [("b", 130.0, 20.0), ("a", 110.0, 15.0), ("early", 5.0, 1.0), ("c", 140.0, 5.0),
+            ("clone", 170.0, 10.0), ("d", 212.0, 8.0), ("e", 225.0, 5.0)]
+    calls = timing.call_timelines(work, [(100.0, 160.0), (200.0, 240.0)])
+    assert calls == [[("a", 10.0, 15.0, 10.0), ("b", 30.0, 20.0, 5.0), ("c", 40.0, 5.0, 0.0)],
+                     [("d", 12.0, 8.0, 12.0), ("e", 25.0, 5.0, 5.0)]]
+    assert timing.call_timelines([], [(1.0, 2.0)]) == [[]]
+
+
 def test_profile_reads_the_idle_time_from_the_trace():
     import json
 

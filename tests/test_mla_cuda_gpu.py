@@ -351,6 +351,33 @@ def test_linear_matches_fp32(mla, m, n, k, bn, splits, monkeypatch):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("m, n1, n2, k", [(128, 1536, 576, 7168), (77, 1536, 576, 7168), (3, 1000, 68, 1024)])
+def test_a_pair_of_projections_in_one_launch_matches_fp32_and_the_single_launches(mla, m, n1, n2, k):
+    """linear.cuh's pair (the step's q_down and kv_down of one x, finding 54): both outputs against fp32 on fresh
+    random inputs with the allocator poisoned, at the step's shapes and on edge shapes (rows short of 128, partial
+    last n-tiles in both projections); where the pair's tile and split equal a single projection's plan, that output
+    equals mla_linear's bit for bit (the same tiles summed in the same order)."""
+    import torch
+
+    gen = torch.Generator(device="cuda")
+    gen.manual_seed(m + n1 + n2 + k)
+    x = torch.randn(m, k, generator=gen, device="cuda").bfloat16()
+    w1 = (torch.randn(n1, k, generator=gen, device="cuda") / math.sqrt(k)).bfloat16()
+    w2 = (torch.randn(n2, k, generator=gen, device="cuda") / math.sqrt(k)).bfloat16()
+    benchlib.poison_allocator()
+    pair = mla.ext.mla_linear_pair(x, w1, w2)
+    assert pair is not None, "no pair configuration at these shapes"
+    torch.cuda.synchronize()
+    for y, w, name in zip(pair, (w1, w2), ("first", "second")):
+        ratio = benchlib.tolerance_ratio(y, x.float() @ w.float().T, 1e-2, 1e-2)
+        assert y.shape == (m, w.shape[0]) and ratio <= 1, f"{name}: {ratio:.2f}x the tolerance from fp32"
+    plan = mla.ext.mla_linear_plan(m, n1 + n2, k)[:2]
+    for y, w in zip(pair, (w1, w2)):
+        if mla.ext.mla_linear_plan(m, w.shape[0], k)[:2] == plan:
+            assert torch.equal(y, mla.ext.mla_linear(x, w))
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("knobs", ["", "LINEAR=0", "FAST_REPLAY=0"])
 def test_graph_replays_follow_the_inputs_and_the_growing_cache(mla, monkeypatch, knobs):
     """The shipped graph path, as benchmark mode calls it: the same (config, x, cache) objects call after call, the cache

@@ -144,6 +144,18 @@ static LinearConfig linear_plan(const torch::Tensor& x, const torch::Tensor& w) 
                              : LinearConfig{0, 0, false};
 }
 
+// KBENCH_MLA_FUSED_DOWN (on): the step's kv_down and q_down (both of x) in one launch (finding 54).
+static bool fused_down_on() { return kb::env_int("KBENCH_MLA_FUSED_DOWN", 1) != 0; }
+
+// The configuration of one launch computing x w1^T and x w2^T (linear.cuh's pair), or bn 0 where it does not fit
+// (linear_plan's conditions for both, or no single wave holds both projections' tiles).
+static LinearConfig pair_plan(const torch::Tensor& x, const torch::Tensor& w1, const torch::Tensor& w2) {
+  if (!linear_plan(x, w1).bn || !linear_plan(x, w2).bn || w1.size(1) != w2.size(1)) return LinearConfig{0, 0, false};
+  const int64_t k = w1.size(1), m = x.numel() / std::max<int64_t>(k, 1);
+  return mla_linear_pair_config(static_cast<int>(m), static_cast<int>(w1.size(0)), static_cast<int>(w2.size(0)),
+                                static_cast<int>(k));
+}
+
 // mla_linear with y_slot (a late output, late_address.h): the kernel stores to the address that device word holds
 // then, and the returned tensor is never written; x_ref, w_ref: x and w are a moving graph's inputs
 // (moving_inputs.h). Both on linear.cuh only: the caller checks linear_plan first.
@@ -177,6 +189,31 @@ static torch::Tensor linear_out(const torch::Tensor& x, const torch::Tensor& w, 
 // Returns x w^T [..., n] bf16, F.linear's result, from linear.cuh; through at::linear (cuBLAS) where no
 // configuration of that kernel fits the shape (more rows, k not a multiple of 64, n not of 4).
 torch::Tensor mla_linear(torch::Tensor x, torch::Tensor w) { return linear_out(x, w, nullptr); }
+
+// Both projections of one x in one launch, as the step runs kv_down and q_down: (x w1^T [..., n1], x w2^T [..., n2])
+// bf16, x [..., k] and w1 [n1, k], w2 [n2, k] bf16 contiguous; None where no pair configuration fits (pair_plan).
+c10::optional<std::tuple<torch::Tensor, torch::Tensor>> mla_linear_pair(torch::Tensor x, torch::Tensor w1,
+                                                                        torch::Tensor w2) {
+  TORCH_CHECK(x.is_cuda() && x.scalar_type() == at::kBFloat16 && w1.scalar_type() == at::kBFloat16 &&
+                  w2.scalar_type() == at::kBFloat16 && w1.dim() == 2 && w2.dim() == 2 && x.size(-1) == w1.size(1) &&
+                  x.size(-1) == w2.size(1) && w1.device() == x.device() && w2.device() == x.device(),
+              "mla_linear_pair: x [..., k], w1 [n1, k] and w2 [n2, k] must be bf16 CUDA tensors on one device");
+  const LinearConfig config = pair_plan(x, w1, w2);
+  if (!config.bn) return c10::nullopt;
+  const c10::cuda::CUDAGuard guard(x.device());
+  const int64_t k = x.size(-1), m = x.numel() / k;
+  auto sizes = x.sizes().vec();
+  sizes.back() = w1.size(0);
+  torch::Tensor y1 = torch::empty(sizes, x.options());
+  sizes.back() = w2.size(0);
+  torch::Tensor y2 = torch::empty(sizes, x.options());
+  const LinearSecond second{w2.data_ptr(), y2.data_ptr(), static_cast<int>(w2.size(0)), {}};
+  const char* err = launch_mla_linear(config, x.data_ptr(), w1.data_ptr(), y1.data_ptr(), static_cast<int>(m),
+                                      static_cast<int>(w1.size(0)), static_cast<int>(k),
+                                      c10::cuda::getCurrentCUDAStream().stream(), nullptr, {}, {}, &second);
+  TORCH_CHECK(err == nullptr, err ? err : "");
+  return std::make_tuple(y1, y2);
+}
 
 namespace {
 // The fast path's late rings on each device (late_rings.h): a graph only mla_replay launches takes each call's
@@ -355,8 +392,22 @@ torch::Tensor mla_step(torch::Tensor x, torch::Tensor cache, torch::Tensor w_kv_
                      static_cast<const char*>(t.data_ptr()) - static_cast<const char*>(step_inputs[input]->data_ptr())};
   };
   steps.mark("late+y");
+  // q_low [bs, dq] = x w_q_down^T and row [bs, 576] = x w_kv_down^T: one launch where they fit one wave together, so
+  // that the q path does not wait for kv_down's CTAs (finding 54); else each on its own, kv_down on the side stream
+  torch::Tensor q_low, row;
+  const LinearConfig pair = fused_down_on() ? pair_plan(x2, w_q_down, w_kv_down) : LinearConfig{0, 0, false};
+  if (pair.bn) {
+    q_low = torch::empty({bs, w_q_down.size(0)}, x.options());
+    row = torch::empty({bs, kLora + kRope}, x.options());
+    const LinearSecond kv{w_kv_down.data_ptr(), row.data_ptr(), kLora + kRope, ref(2, w_kv_down)};
+    const char* err = launch_mla_linear(pair, x2.data_ptr(), w_q_down.data_ptr(), q_low.data_ptr(), static_cast<int>(bs),
+                                        static_cast<int>(w_q_down.size(0)), static_cast<int>(x2.size(1)), main.stream(),
+                                        nullptr, ref(0, x2), ref(3, w_q_down), &kv);
+    TORCH_CHECK(err == nullptr, err ? err : "");
+    steps.mark("down");
+  }
   auto append = [&] {
-    const torch::Tensor row = linear_out(x2, w_kv_down, nullptr, ref(0, x2), ref(2, w_kv_down));  // [bs, 576]
+    if (!row.defined()) row = linear_out(x2, w_kv_down, nullptr, ref(0, x2), ref(2, w_kv_down));  // [bs, 576]
     steps.mark("kv_down");
     const char* err = launch_mla_append_row(row.data_ptr(), cache.data_ptr(), static_cast<int>(bs),
                                             static_cast<int>(cache.size(1)), lens.data_ptr<int>(), late,
@@ -382,7 +433,7 @@ torch::Tensor mla_step(torch::Tensor x, torch::Tensor cache, torch::Tensor w_kv_
   // The per-head GEMMs through head_gemm.cuh, eager or captured: cuBLAS spent ~190 us of host time before its first
   // launch in an eager window (finding 32), and inside a capture it would be the process's first cuBLAS call (the
   // projections run on linear.cuh), which fails there: its set-up is not capturable (finding 33).
-  const torch::Tensor q_low = linear_out(x2, w_q_down, nullptr, ref(0, x2), ref(3, w_q_down));
+  if (!q_low.defined()) q_low = linear_out(x2, w_q_down, nullptr, ref(0, x2), ref(3, w_q_down));
   steps.mark("q_down");
   const torch::Tensor q = linear_out(q_low, w_q_up, nullptr, {}, ref(4, w_q_up)).view({bs, kH, kNope + kRope});
   steps.mark("q_up");

@@ -10,6 +10,10 @@
 //
 // Launched with programmatic stream serialization: W does not depend on the kernel before this one, so the producer
 // issues the first stages' W loads before griddepcontrol.wait, and only X (the previous kernel's output) waits.
+//
+// Two projections of one X in one launch (LinearParams::y2): the n-tiles past tiles1 take W2 (tm_w2) and store to Y2
+// [m][n2]. The step's kv_down and q_down (both of x) run so, in one wave: launched apart, the first to start took
+// every SM and the other, on the q path to the attention, waited for it (docs/mla-decode-notes.md, finding 54).
 #pragma once
 #include <cstdint>
 #include <cuda.h>
@@ -53,6 +57,10 @@ struct LinearParams {
   // a moving graph's maps of X and W in device memory (moving_inputs.h), read instead of tm_x / tm_w; null: those
   const CUtensorMap* bound_x;
   const CUtensorMap* bound_w;
+  // a second projection of X: n-tiles from tiles1 on multiply W2 (tm_w2, or bound_w2) into y2 [m][n2]; null y2: none
+  __nv_bfloat16* y2;
+  int n2, tiles1;
+  const CUtensorMap* bound_w2;
 };
 
 // Four floats of CTA `rank`'s shared memory at the address `local` has in this CTA.
@@ -81,7 +89,7 @@ __device__ __forceinline__ void linear_mma(float* acc, uint64_t da, uint64_t db,
 template <int kBN>
 __global__ void __launch_bounds__(kLinearThreads, 1)
     linear_kernel(const __grid_constant__ CUtensorMap tm_x, const __grid_constant__ CUtensorMap tm_w,
-                  const LinearParams p) {
+                  const __grid_constant__ CUtensorMap tm_w2, const LinearParams p) {
   using S = LinearShape<kBN>;
   constexpr int kStages = S::kStages;
   extern __shared__ uint8_t smem_raw[];
@@ -93,16 +101,18 @@ __global__ void __launch_bounds__(kLinearThreads, 1)
   float* staging = reinterpret_cast<float*>(base);  // after the main loop: the fp32 accumulator, [128][kPitch]
 
   const int split = static_cast<int>(cluster_ctarank());  // 1-D clusters along x: the rank is blockIdx.x % splits
-  const int nt = blockIdx.x / p.splits;
+  const bool second = p.y2 != nullptr && static_cast<int>(blockIdx.x / p.splits) >= p.tiles1;  // (uniform in a cluster)
+  const int nt = blockIdx.x / p.splits - (second ? p.tiles1 : 0);
   const int kb0 = split * p.kblocks;
   const int wg = threadIdx.x / 128;
   // (the bound maps are written by the graph's first kernel, which this one follows; no early trigger lets it start
   // sooner)
   const CUtensorMap* map_x = p.bound_x ? p.bound_x : &tm_x;
-  const CUtensorMap* map_w = p.bound_w ? p.bound_w : &tm_w;
+  const CUtensorMap* bound_w = second ? p.bound_w2 : p.bound_w;
+  const CUtensorMap* map_w = bound_w ? bound_w : second ? &tm_w2 : &tm_w;
   if (threadIdx.x == 0) {
     if (p.bound_x) kb::tensormap_acquire(p.bound_x);
-    if (p.bound_w) kb::tensormap_acquire(p.bound_w);
+    if (bound_w) kb::tensormap_acquire(bound_w);
     tma_prefetch_desc(map_x);
     tma_prefetch_desc(map_w);
     for (int s = 0; s < kStages; ++s) {
@@ -177,10 +187,11 @@ __global__ void __launch_bounds__(kLinearThreads, 1)
     const int rows = 128 / p.splits, row0 = split * rows;
     const int n0 = nt * kBN;
     constexpr int kQuads = kBN / 4;
-    __nv_bfloat16* const y = p.y_slot ? static_cast<__nv_bfloat16*>(*p.y_slot) : p.y;
+    __nv_bfloat16* const y = second ? p.y2 : p.y_slot ? static_cast<__nv_bfloat16*>(*p.y_slot) : p.y;
+    const int n = second ? p.n2 : p.n;
     for (int e = threadIdx.x - 128; e < rows * kQuads; e += 256) {
       const int r = row0 + e / kQuads, c = 4 * (e % kQuads);
-      if (r >= p.m || n0 + c >= p.n) continue;
+      if (r >= p.m || n0 + c >= n) continue;
       const uint32_t local = smem_u32(staging + r * S::kPitch + c);
       float4 v = ld_cluster_f4(local, 0);
       for (int q = 1; q < p.splits; ++q) {  // rank order: the same sum on every run
@@ -194,7 +205,7 @@ __global__ void __launch_bounds__(kLinearThreads, 1)
       uint2 packed;
       packed.x = *reinterpret_cast<const uint32_t*>(&lo);
       packed.y = *reinterpret_cast<const uint32_t*>(&hi);
-      *reinterpret_cast<uint2*>(y + static_cast<long long>(r) * p.n + n0 + c) = packed;  // n % 4 == 0 (host check)
+      *reinterpret_cast<uint2*>(y + static_cast<long long>(r) * n + n0 + c) = packed;  // n % 4 == 0 (host check)
     }
     // No CTA may leave while another still reads its shared memory.
     cluster_sync();

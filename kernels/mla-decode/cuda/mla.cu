@@ -240,33 +240,50 @@ LinearConfig mla_linear_config(int m, int n, int k) {
   return linear_config(n, k, mla_num_sms(), linear_capacity);
 }
 
+LinearConfig mla_linear_pair_config(int m, int n1, int n2, int k) {
+  if (m < 1 || m > 128 || n1 % 4 || n2 % 4) return LinearConfig{0, 0, false};
+  LinearConfig c = linear_config(n1 + n2, k, mla_num_sms(), linear_capacity);
+  // each projection's last tile may be partial: the pair can need a tile more than n1 + n2 does
+  if (c.bn && ((n1 + c.bn - 1) / c.bn + (n2 + c.bn - 1) / c.bn) * c.splits > linear_capacity(c.bn, c.splits)) c.bn = 0;
+  return c;
+}
+
 const char* launch_mla_linear(const LinearConfig& c, const void* x, const void* w, void* y, int m, int n, int k,
-                              cudaStream_t stream, void* const* y_slot, const MovingRef& x_ref, const MovingRef& w_ref) {
-  if (m < 1 || m > 128 || k % kLinearBK || n % 4 || c.splits < 1 || (k / kLinearBK) % c.splits)
+                              cudaStream_t stream, void* const* y_slot, const MovingRef& x_ref, const MovingRef& w_ref,
+                              const LinearSecond* second) {
+  if (m < 1 || m > 128 || k % kLinearBK || n % 4 || c.splits < 1 || (k / kLinearBK) % c.splits ||
+      (second && (second->n % 4 || second->n < 1 || y_slot)))
     return "mla_linear: need 1 <= m <= 128, k % 64 == 0, n % 4 == 0 and the k-blocks divisible by the splits";
   const char* err = "mla_linear: no kernel for this configuration";
   with_linear_instance(c.bn, [&](auto bn_c) {
     constexpr int kBN = decltype(bn_c)::value;
-    CUtensorMap tm_x, tm_w;
+    CUtensorMap tm_x, tm_w, tm_w2;
     if (!kb::make_map_2d(&tm_x, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, x, k, m, (uint64_t)k * 2, kLinearBK, 128,
                          CU_TENSOR_MAP_SWIZZLE_128B) ||
         !kb::make_map_2d(&tm_w, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, w, k, n, (uint64_t)k * 2, kLinearBK, kBN,
-                         CU_TENSOR_MAP_SWIZZLE_128B)) {
+                         CU_TENSOR_MAP_SWIZZLE_128B) ||
+        !kb::make_map_2d(&tm_w2, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, second ? second->w : w, k, second ? second->n : n,
+                         (uint64_t)k * 2, kLinearBK, kBN, CU_TENSOR_MAP_SWIZZLE_128B)) {
       err = "mla_linear: cuTensorMapEncodeTiled failed (driver entry point missing or misaligned tensors)";
       return;
     }
-    LinearParams p{static_cast<__nv_bfloat16*>(y), y_slot, m, n, k / kLinearBK / c.splits, c.splits, nullptr, nullptr};
+    const int tiles1 = (n + kBN - 1) / kBN, tiles2 = second ? (second->n + kBN - 1) / kBN : 0;
+    LinearParams p{static_cast<__nv_bfloat16*>(y), y_slot, m, n, k / kLinearBK / c.splits, c.splits, nullptr, nullptr,
+                   second ? static_cast<__nv_bfloat16*>(second->y) : nullptr, second ? second->n : 0, tiles1,
+                   nullptr};
     // a moving graph: the call's maps of its inputs, written by the graph's first kernel
     if (x_ref.capture) p.bound_x = x_ref.capture->bind(tm_x, x_ref.input, x_ref.offset);
     if (w_ref.capture) p.bound_w = w_ref.capture->bind(tm_w, w_ref.input, w_ref.offset);
+    if (second && second->w_ref.capture)
+      p.bound_w2 = second->w_ref.capture->bind(tm_w2, second->w_ref.input, second->w_ref.offset);
     cudaLaunchAttribute attr[2];
-    cudaLaunchConfig_t cfg = linear_launch_config<kBN>((n + kBN - 1) / kBN * c.splits, c.splits, attr);
+    cudaLaunchConfig_t cfg = linear_launch_config<kBN>((tiles1 + tiles2) * c.splits, c.splits, attr);
     cfg.stream = stream;
     // W's first stages load while the previous kernel finishes (the kernel waits for it before reading X)
     attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attr[1].val.programmaticStreamSerializationAllowed = c.pdl ? 1 : 0;
     cfg.numAttrs = 2;
-    cudaLaunchKernelEx(&cfg, linear_kernel<kBN>, tm_x, tm_w, p);
+    cudaLaunchKernelEx(&cfg, linear_kernel<kBN>, tm_x, tm_w, tm_w2, p);
     err = kb::launch_error("mla_linear");
   });
   return err;

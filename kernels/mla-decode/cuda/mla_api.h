@@ -60,10 +60,19 @@ const char* launch_moving_take(const kb::MovingTake& take, cudaStream_t stream);
 // mla_linear_config picks the configuration (bn == 0: none fits this shape or GPU; use cuBLAS). y_slot set: y is
 // the address the device word y_slot holds when the kernel stores (a late output, late_address.h), not `y`. x_ref,
 // w_ref: where x and w are a moving graph's inputs.
+// second set: the same launch also stores second->y [m][second->n] = x second->w^T (tiles of c.bn after the first
+// projection's; no y_slot then): two projections of one x in one wave (finding 54).
+struct LinearSecond {
+  const void* w;
+  void* y;
+  int n;
+  MovingRef w_ref;
+};
 LinearConfig mla_linear_config(int m, int n, int k);
+LinearConfig mla_linear_pair_config(int m, int n1, int n2, int k);  // both projections in one wave, or bn 0
 const char* launch_mla_linear(const LinearConfig& c, const void* x, const void* w, void* y, int m, int n, int k,
                               cudaStream_t stream, void* const* y_slot = nullptr, const MovingRef& x_ref = {},
-                              const MovingRef& w_ref = {});
+                              const MovingRef& w_ref = {}, const LinearSecond* second = nullptr);
 
 // The per-head GEMMs (head_gemm.cuh): c[h] bf16 [m][n] = a[h] [m][k] . b[h] for h < heads, strides in elements
 // (rows of a and c, and b's stored rows: k rows of n, or with b_k_major n rows of k). m <= 128, n % 128 == 0,
