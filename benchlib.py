@@ -42,7 +42,7 @@ COLUMNS = ("date", "gpu", "world_size", "backend", "metric", "case", "us")
 # took in a `kbench perf` run (load_inline's build inside it; case IMPORT_CASE). official-median, leaderboard-median:
 # the per-case medians of those runs. energy and import hold another unit than us in the value column (UNITS).
 METRICS = ("official", "leaderboard", "official-median", "leaderboard-median", "kernel", "profiler", "ncu", "host-loop",
-           "trace", "energy", "import")
+           "trace", "energy", "import", "timeline")
 UNITS = {"energy": "mJ a call", "import": "s"}  # a metric's unit where it is not us
 IMPORT_CASE = "submission import"  # the import metric's one row a run: not a case, the run's slowest import
 

@@ -103,8 +103,8 @@ def main():
         print("  " + ", ".join(f"{k} {v:.1f}" for k, v in totals.items()), flush=True)
         if args.record:
             tag = f"{args.label or args.backend}[timeline]"
-            out = [benchlib.Row(gpu, 1, f"{tag}/{k}", "profiler", label, v) for k, v in totals.items()]
-            out += [benchlib.Row(gpu, 1, f"{tag}/{i}:{name}", "profiler", label, d)
+            out = [benchlib.Row(gpu, 1, f"{tag}/{k}", "timeline", label, v) for k, v in totals.items()]
+            out += [benchlib.Row(gpu, 1, f"{tag}/{i}:{name}", "timeline", label, d)
                     for i, (name, _, d, _) in enumerate(rows)]
             benchlib.record(args.problem, out)
     print(f"({datetime.date.today()}, {gpu})")
