@@ -503,14 +503,14 @@ def test_a_moving_graph_follows_inputs_new_every_call(mla, monkeypatch):
         _check_against_eager(mla, monkeypatch, data, expected_data, f"call {index}")
         fast.append(mla.ext.mla_fast_replays())
     assert fast == [0, 1, 1, 1, 1, 1, 0, 1], fast
-    # the last call's steps: the graph on the first call's own addresses missed, the moving graph took the call's
-    # addresses, published before its launch (finding 55)
-    assert [step for step, _ in mla.ext.mla_replay_steps()] == ["knobs", "describe", "find", "inputs", "launch",
+    # the last call's steps: the graph on the first call's own addresses missed, the moving graph's launch took
+    # the call's addresses after it
+    assert [step for step, _ in mla.ext.mla_replay_steps()] == ["knobs", "describe", "find", "launch", "inputs",
                                                                   "output"]
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("knobs", ["", "LATE=0", "three-x", "three-x,INPUTS_FIRST=0"])
+@pytest.mark.parametrize("knobs", ["", "LATE=0", "three-x"])
 def test_late_lengths_and_outputs_reach_their_own_launches_while_the_host_runs_ahead(mla, monkeypatch, knobs):
     """KBENCH_MLA_LATE (the shipped fast path): each held graph's launch takes its own call's cache length and output
     address, published after the launch through a ring of kLateRing = 64 calls (late_address.h). 150 calls are
@@ -520,12 +520,10 @@ def test_late_lengths_and_outputs_reach_their_own_launches_while_the_host_runs_a
     differs bit for bit from the eager result for j (or is NaN: outputs poisoned). An eager call (KBENCH_MLA_GRAPH=0,
     which takes nothing) sits in the middle. LATE=0: the same with the length written by the stream. three-x: x_j
     is a tensor of its own at its own address, so calls with x_1 and x_2 launch the moving graph, whose input
-    addresses go through a ring of their own (moving_inputs.h), under the same backlog, published before the launch
-    (INPUTS_FIRST=0: after it)."""
+    addresses go through a ring of their own (moving_inputs.h), under the same backlog."""
     import torch
 
-    three_x = knobs.startswith("three-x")
-    _set_knobs(monkeypatch, None, knobs.replace("three-x", ""))
+    _set_knobs(monkeypatch, None, "" if knobs == "three-x" else knobs)
     monkeypatch.setattr(mla, "_graphs", type(mla._graphs)())
     ref = problems.load_modules("mla-decode").reference
     config, x, cache = ref.generate_input(batchsize=16, dim=7168, dq=1536, prefill=1100, seed=9)
@@ -533,7 +531,7 @@ def test_late_lengths_and_outputs_reach_their_own_launches_while_the_host_runs_a
     values = [torch.randn_like(x) for _ in range(3)]
 
     def call(j: int) -> torch.Tensor:
-        if three_x:
+        if knobs == "three-x":
             given = values[j]
         else:
             x.copy_(values[j])
@@ -571,8 +569,7 @@ def test_late_lengths_and_outputs_reach_their_own_launches_while_the_host_runs_a
     # the last call's steps in the fast path (benchmarks/mla_decode.py --windows reads them); call 149 has j = 2
     assert [step for step, _ in mla.ext.mla_replay_steps()] == {
         "": ["knobs", "describe", "find", "launch", "output"],
-        "three-x": ["knobs", "describe", "find", "inputs", "launch", "output"],
-        "three-x,INPUTS_FIRST=0": ["knobs", "describe", "find", "launch", "inputs", "output"],
+        "three-x": ["knobs", "describe", "find", "launch", "inputs", "output"],
         "LATE=0": ["knobs", "describe", "find", "length", "launch", "output"]}[knobs]
     for i, out in enumerate(outputs):
         assert torch.equal(out, expected[i % 3]), f"call {i} differs from the eager result for its x and length"

@@ -558,24 +558,19 @@ c10::optional<torch::Tensor> mla_replay(py::object owner, py::tuple inputs, int6
   const torch::Tensor lens = THPVariable_Unpack(inputs[9].ptr());
   const c10::cuda::CUDAGuard guard(lens.device());
   if (graph->late) {
+    // The GPU starts on the q projections while the host makes the output. (Should the allocation fail now, the
+    // launched graph's append traps after 2 s without its address.)
+    kb::launch(*graph);
+    steps.mark("launch");
     const torch::Tensor x = THPVariable_Unpack(inputs[0].ptr());
     kb::LateRings* late = late_step(x, false);
-    auto publish_inputs = [&] {  // a moving graph's first kernel waits for these
+    if (graph->moving) {  // its first kernel waits for these
       unsigned long long record[kb::kMovingInputs] = {};
       for (int i = 0; i < kStepMoving; ++i)
         record[i] = reinterpret_cast<unsigned long long>(THPVariable_Unpack(inputs[i].ptr()).data_ptr());
       late->rings[kInputsRing]->publish_record(record, kb::kMovingInputs);
       steps.mark("inputs");
-    };
-    // KBENCH_MLA_INPUTS_FIRST (on): the inputs' record before the launch, so that the take kernel at the graph's head
-    // finds it at once instead of spinning through the launch call (finding 55)
-    const bool inputs_first = graph->moving && kb::env_int("KBENCH_MLA_INPUTS_FIRST", 1) != 0;
-    if (inputs_first) publish_inputs();
-    // The GPU starts on the q projections while the host makes the output. (Should the allocation fail now, the
-    // launched graph's append traps after 2 s without its address.)
-    kb::launch(*graph);
-    steps.mark("launch");
-    if (graph->moving && !inputs_first) publish_inputs();
+    }
     torch::Tensor out = torch::empty(x.sizes(), x.options());  // [bs, 1, dim], as wo's output
     late->rings[kOutputRing]->publish(out.data_ptr(), static_cast<unsigned>(kv_len));
     steps.mark("output");
