@@ -76,6 +76,9 @@ def main():
     ap.add_argument("--record", action="store_true", help="with --timeline: the medians to benchmarks/results")
     ap.add_argument("--label", help="with --record: the rows' backend name (default: --backend), e.g. for a knob set")
     args = ap.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("calls.py: needs a CUDA GPU (run it on the device machine: bash benchmarks/gpu_session.sh "
+                         "timeline)")
     mod = benchlib.build(args.problem, args.backend)
     spec = problems.load_spec(args.problem)
     ref = problems.load_modules(args.problem).reference
