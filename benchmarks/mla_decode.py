@@ -67,8 +67,6 @@ CANDIDATES = {"eager": {"KBENCH_MLA_GRAPH": "0"},
               "key-first": {"KBENCH_MLA_EAGER_FIRST": "0"},
               # kv_down and q_down in launches of their own, kv_down's first (the build before finding 54)
               "split-down": {"KBENCH_MLA_FUSED_DOWN": "0"},
-              # the query's RoPE in a launch of its own after W_UK's bmm (the build before finding 56)
-              "rope-apart": {"KBENCH_MLA_ROPE_IN_BMM": "0"},
               # graphs captured on their inputs' addresses only (the build before the thirty-eighth session; now a
               # moving graph takes each call's addresses: kernels/_common/moving_inputs.h)
               "fixed-addresses": {"KBENCH_MLA_MOVING": "0"}}

@@ -351,30 +351,6 @@ def test_linear_matches_fp32(mla, m, n, k, bn, splits, monkeypatch):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("bs, prefill", [(16, 127), (128, 4096)])
-def test_the_rope_in_the_bmm_equals_the_rope_launch(mla, monkeypatch, bs, prefill):
-    """KBENCH_MLA_ROPE_IN_BMM (finding 56): the step whose W_UK bmm also writes the query's RoPE columns equals, bit
-    for bit, the step with mla_rope_q's launch of its own (eager, on copies of fresh inputs, the allocator poisoned
-    before each): the output and the cache with its new row."""
-    import torch
-
-    ref = problems.load_modules("mla-decode").reference
-    data = ref.generate_input(batchsize=bs, dim=7168, dq=1536, prefill=prefill, seed=bs + prefill)
-    monkeypatch.setenv("KBENCH_MLA_GRAPH", "0")
-    results = []
-    for knob in ("0", "1"):
-        monkeypatch.setenv("KBENCH_MLA_ROPE_IN_BMM", knob)
-        copy = ref.copy_data(data)
-        benchlib.poison_allocator()
-        out, cache = mla.custom_kernel(copy)
-        torch.cuda.synchronize()
-        results.append((out, copy[2].data[:, :copy[2].seq_len]))
-    assert torch.equal(results[0][0], results[1][0]), "the outputs differ"
-    assert torch.equal(results[0][1], results[1][1]), "the caches differ"
-    assert not torch.isnan(results[1][0]).any()
-
-
-@pytest.mark.gpu
 @pytest.mark.parametrize("m, n1, n2, k", [(128, 1536, 576, 7168), (77, 1536, 576, 7168), (3, 1000, 68, 1024)])
 def test_a_pair_of_projections_in_one_launch_matches_fp32_and_the_single_launches(mla, m, n1, n2, k):
     """linear.cuh's pair (the step's q_down and kv_down of one x, finding 54): both outputs against fp32 on fresh

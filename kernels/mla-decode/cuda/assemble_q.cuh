@@ -15,39 +15,6 @@ constexpr int kAssembleThreads = 256;  // one thread per 8 output elements: 72 p
 
 __device__ __forceinline__ float bf16r(float x) { return __bfloat162float(__float2bfloat16_rn(x)); }
 
-// q_full's rope elements 8c .. 8c + 7 (c < 8) of row `row` (= b * heads + h) from q's (q [bs][heads][192], the
-// rope part its last 64) rotated at position pos; pos outside [0, max_seq): NaN rather than a read past the tables.
-__device__ __forceinline__ void rope_q_chunk(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ cos_tab,
-                                             const __nv_bfloat16* __restrict__ sin_tab, __nv_bfloat16* __restrict__ q_full,
-                                             long long row, int c, int pos, int max_seq) {
-  uint4* dst = reinterpret_cast<uint4*>(q_full + row * 576) + 64 + c;
-  if (pos < 0 || pos >= max_seq) {
-    *dst = make_uint4(0x7fc07fc0u, 0x7fc07fc0u, 0x7fc07fc0u, 0x7fc07fc0u);  // bf16 NaN x 8
-    return;
-  }
-  // (their partners 32 apart are chunk (c + 4) % 8)
-  const __nv_bfloat16* rope = q + row * 192 + 128;
-  const uint4 xv = *reinterpret_cast<const uint4*>(rope + 8 * c);
-  const uint4 pv = *reinterpret_cast<const uint4*>(rope + 8 * ((c + 4) % 8));
-  const uint4 cv = *reinterpret_cast<const uint4*>(cos_tab + static_cast<long long>(pos) * 32 + 8 * (c % 4));
-  const uint4 sv = *reinterpret_cast<const uint4*>(sin_tab + static_cast<long long>(pos) * 32 + 8 * (c % 4));
-  const __nv_bfloat16* x = reinterpret_cast<const __nv_bfloat16*>(&xv);
-  const __nv_bfloat16* p = reinterpret_cast<const __nv_bfloat16*>(&pv);
-  const __nv_bfloat16* cs = reinterpret_cast<const __nv_bfloat16*>(&cv);
-  const __nv_bfloat16* sn = reinterpret_cast<const __nv_bfloat16*>(&sv);
-  uint4 ov;
-  __nv_bfloat16* o = reinterpret_cast<__nv_bfloat16*>(&ov);
-#pragma unroll
-  for (int e = 0; e < 8; ++e) {
-    const float xe = __bfloat162float(x[e]), pe = __bfloat162float(p[e]);
-    const float ce = __bfloat162float(cs[e]), se = __bfloat162float(sn[e]);
-    // first half: rot = -x[i + 32]; second half: rot = x[i - 32]
-    const float rs = c < 4 ? -bf16r(pe * se) : bf16r(pe * se);
-    o[e] = __float2bfloat16_rn(bf16r(xe * ce) + rs);
-  }
-  *dst = ov;
-}
-
 // qn [H][bs][512] (the per-head bmm's output), q [bs][H][192] (q_nope 128 | q_rope 64, un-rotated),
 // cos_tab / sin_tab [max_seq][32], kv_len [1]; writes q_full [bs][H][576]. qn null: only the rope columns (the
 // bmm wrote the latent ones straight into q_full), one thread per 8 of them.
@@ -70,7 +37,32 @@ __global__ void __launch_bounds__(kAssembleThreads) assemble_q_kernel(const __nv
     *dst = *(reinterpret_cast<const uint4*>(qn + (static_cast<long long>(h) * bs + b) * 512) + chunk);
     return;
   }
-  rope_q_chunk(q, cos_tab, sin_tab, q_full, row, chunk - 64, *kv_len - 1, max_seq);
+  const int c = chunk - 64;  // rope elements 8c .. 8c+7; their partners 32 apart are chunk (c + 4) % 8
+  const int pos = *kv_len - 1;
+  if (pos < 0 || pos >= max_seq) {
+    *dst = make_uint4(0x7fc07fc0u, 0x7fc07fc0u, 0x7fc07fc0u, 0x7fc07fc0u);  // bf16 NaN x 8
+    return;
+  }
+  const __nv_bfloat16* rope = q + row * 192 + 128;
+  const uint4 xv = *reinterpret_cast<const uint4*>(rope + 8 * c);
+  const uint4 pv = *reinterpret_cast<const uint4*>(rope + 8 * ((c + 4) % 8));
+  const uint4 cv = *reinterpret_cast<const uint4*>(cos_tab + static_cast<long long>(pos) * 32 + 8 * (c % 4));
+  const uint4 sv = *reinterpret_cast<const uint4*>(sin_tab + static_cast<long long>(pos) * 32 + 8 * (c % 4));
+  const __nv_bfloat16* x = reinterpret_cast<const __nv_bfloat16*>(&xv);
+  const __nv_bfloat16* p = reinterpret_cast<const __nv_bfloat16*>(&pv);
+  const __nv_bfloat16* cs = reinterpret_cast<const __nv_bfloat16*>(&cv);
+  const __nv_bfloat16* sn = reinterpret_cast<const __nv_bfloat16*>(&sv);
+  uint4 ov;
+  __nv_bfloat16* o = reinterpret_cast<__nv_bfloat16*>(&ov);
+#pragma unroll
+  for (int e = 0; e < 8; ++e) {
+    const float xe = __bfloat162float(x[e]), pe = __bfloat162float(p[e]);
+    const float ce = __bfloat162float(cs[e]), se = __bfloat162float(sn[e]);
+    // first half: rot = -x[i + 32]; second half: rot = x[i - 32]
+    const float rs = c < 4 ? -bf16r(pe * se) : bf16r(pe * se);
+    o[e] = __float2bfloat16_rn(bf16r(xe * ce) + rs);
+  }
+  *dst = ov;
 }
 
 // KVCache.forward's append: cache[b][kv_len - 1][:] = row[b][:] (576 bf16 each), kv_len read from device memory so

@@ -264,7 +264,7 @@ static_assert(kStepMoving <= kb::kMovingInputs, "the record holds every moving i
 // a's and b's strides multiples of 8 elements. Returns c.
 // (b_ref: b is a moving graph's input, which the kernel reads through the capture's table word: moving_inputs.h)
 static torch::Tensor head_bmm_out(torch::Tensor c, const torch::Tensor& a, const torch::Tensor& b,
-                                  const MovingRef& b_ref = {}, const RopeQ* rope = nullptr) {
+                                  const MovingRef& b_ref = {}) {
   const void* const* b_slot = b_ref.capture ? b_ref.capture->slot(b_ref.input) : nullptr;
   TORCH_CHECK(a.dim() == 3 && b.dim() == 3 && c.dim() == 3 && a.size(0) == b.size(0) && c.size(0) == a.size(0) &&
                   a.size(2) == b.size(1) && c.size(1) == a.size(1) && c.size(2) == b.size(2),
@@ -273,7 +273,7 @@ static torch::Tensor head_bmm_out(torch::Tensor c, const torch::Tensor& a, const
                   c.scalar_type() == at::kBFloat16 && b.device() == a.device() && c.device() == a.device(),
               "mla_bmm_out: a, b and c must be bf16 tensors on one CUDA device");
   if (kb::env_int("KBENCH_MLA_HEAD_GEMM", 1) == 0) {
-    TORCH_CHECK(!b_slot && !rope, "mla_bmm_out: a moving input or the RoPE needs head_gemm.cuh (KBENCH_MLA_HEAD_GEMM=1)");
+    TORCH_CHECK(!b_slot, "mla_bmm_out: a moving input needs head_gemm.cuh (KBENCH_MLA_HEAD_GEMM=1)");
     return at::bmm_out(c, a, b);
   }
   const int64_t heads = a.size(0), m = a.size(1), k = a.size(2), n = b.size(2);
@@ -292,7 +292,7 @@ static torch::Tensor head_bmm_out(torch::Tensor c, const torch::Tensor& a, const
                                          b_k_major ? b.stride(2) : b.stride(1), b.stride(0), b_k_major, c.data_ptr(),
                                          c.stride(1), c.stride(0), static_cast<int>(heads), static_cast<int>(m),
                                          static_cast<int>(n), static_cast<int>(k),
-                                         c10::cuda::getCurrentCUDAStream().stream(), b_slot, b_ref.offset, rope);
+                                         c10::cuda::getCurrentCUDAStream().stream(), b_slot, b_ref.offset);
   TORCH_CHECK(err == nullptr, err ? err : "");
   return c;
 }
@@ -447,6 +447,8 @@ torch::Tensor mla_step(torch::Tensor x, torch::Tensor cache, torch::Tensor w_kv_
   torch::Tensor q_full = torch::empty({bs, kH, kLora + kRope}, x.options());
   torch::Tensor q_latent = q_full.narrow(2, 0, kLora).transpose(0, 1);
   const torch::Tensor w_uk = w_kvu.narrow(1, 0, kNope);
+  head_bmm_out(q_latent, q.narrow(2, 0, kNope).transpose(0, 1), w_uk, ref(5, w_uk));
+  steps.mark("bmm_uk");
   auto join = [&] {  // the attention reads the new row (and, late, the query's RoPE the length the append took)
     if (!appended) return;
     C10_CUDA_CHECK(cudaStreamWaitEvent(main.stream(), appended, 0));
@@ -454,21 +456,9 @@ torch::Tensor mla_step(torch::Tensor x, torch::Tensor cache, torch::Tensor w_kv_
     C10_CUDA_CHECK(cudaEventDestroy(appended));
     appended = nullptr;
   };
-  // KBENCH_MLA_ROPE_IN_BMM (on, with head_gemm.cuh): W_UK's bmm also writes the rope columns, one launch fewer
-  // (finding 56); after the join, as the append may write the length the RoPE reads
-  if (kb::env_int("KBENCH_MLA_ROPE_IN_BMM", 1) != 0 && kb::env_int("KBENCH_MLA_HEAD_GEMM", 1) != 0) {
-    join();
-    const RopeQ rope{q.data_ptr(), cos.data_ptr(), sin.data_ptr(), q_full.data_ptr(), lens.data_ptr<int>(),
-                     static_cast<int>(cos.size(0)), static_cast<int>(bs), static_cast<int>(kH)};
-    head_bmm_out(q_latent, q.narrow(2, 0, kNope).transpose(0, 1), w_uk, ref(5, w_uk), &rope);
-    steps.mark("bmm_uk");
-  } else {
-    head_bmm_out(q_latent, q.narrow(2, 0, kNope).transpose(0, 1), w_uk, ref(5, w_uk));
-    steps.mark("bmm_uk");
-    if (late.ring) join();
-    mla_rope_q(q_full, q, cos, sin, lens);
-    join();
-  }
+  if (late.ring) join();
+  mla_rope_q(q_full, q, cos, sin, lens);
+  join();
   steps.mark("rope_q");
   const torch::Tensor o_latent = attention_run(q_full, cache, kv_len, cos, sin, lens, ref(1, cache));  // [bs, H, 512]
   steps.mark("attention");

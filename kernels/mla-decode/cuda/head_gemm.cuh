@@ -18,9 +18,7 @@
 
 #include <cstdint>
 
-#include "assemble_q.cuh"  // rope_q_chunk
-#include "mla_api.h"       // RopeQ
-#include "sm90.cuh"        // smem_u32, ldmatrix_x4 (_trans)
+#include "sm90.cuh"  // smem_u32, ldmatrix_x4 (_trans)
 
 namespace mla {
 
@@ -45,7 +43,6 @@ struct HeadGemmArgs {
   int m, n, k;  // m <= 128; n a multiple of 128; k a multiple of 64
   const void* const* b_slot;  // a moving graph: B is b_offset bytes past the address this device word holds (else b)
   long long b_offset;
-  RopeQ rope;  // head h's rope columns by the CTA of its first n-tile, under its first loads
 };
 
 __device__ __forceinline__ void hg_mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
@@ -96,13 +93,6 @@ __global__ void __launch_bounds__(kHgThreads, 2) head_gemm_kernel(const HeadGemm
   for (int c = 0; c < kStages - 1; ++c) {  // every group is committed, empty or not: wait_group counts them
     if (c < chunks) load(c, c);
     kb::sm90::cp_async_commit();
-  }
-  if (p.rope.q && blockIdx.x == 0) {  // while the first chunks land: head h's rope columns, 8 elements a job
-    const int pos = *p.rope.kv_len - 1;
-    for (int j = t; j < p.rope.bs * 8; j += kHgThreads)
-      rope_q_chunk(static_cast<const __nv_bfloat16*>(p.rope.q), static_cast<const __nv_bfloat16*>(p.rope.cos_tab),
-                   static_cast<const __nv_bfloat16*>(p.rope.sin_tab), static_cast<__nv_bfloat16*>(p.rope.q_full),
-                   static_cast<long long>(j / 8) * p.rope.heads + h, j % 8, pos, p.rope.max_seq);
   }
   for (int kc = 0; kc < chunks; ++kc) {
     asm volatile("cp.async.wait_group %0;" ::"n"(kStages - 2) : "memory");

@@ -74,22 +74,11 @@ const char* launch_mla_linear(const LinearConfig& c, const void* x, const void* 
                               cudaStream_t stream, void* const* y_slot = nullptr, const MovingRef& x_ref = {},
                               const MovingRef& w_ref = {}, const LinearSecond* second = nullptr);
 
-// The query's RoPE done by the W_UK bmm's launch (finding 56): q_full bf16 [bs][heads][576]'s rope columns from q
-// bf16 [bs][heads][192] at position *kv_len - 1 with cos/sin bf16 [max_seq][32], as mla_rope_q writes them.
-struct RopeQ {
-  const void* q;
-  const void* cos_tab;
-  const void* sin_tab;
-  void* q_full;
-  const int* kv_len;
-  int max_seq, bs, heads;
-};
-
 // The per-head GEMMs (head_gemm.cuh): c[h] bf16 [m][n] = a[h] [m][k] . b[h] for h < heads, strides in elements
 // (rows of a and c, and b's stored rows: k rows of n, or with b_k_major n rows of k). m <= 128, n % 128 == 0,
 // k % 64 == 0, a's and b's rows and heads 16-byte aligned. b_slot set (a moving graph): b is b_offset bytes past the
-// address that device word holds. rope set: the launch also writes the query's RoPE columns (RopeQ).
+// address that device word holds.
 const char* launch_mla_head_gemm(const void* a, long long a_row, long long a_head, const void* b, long long b_row,
                                  long long b_head, bool b_k_major, void* c, long long c_row, long long c_head,
                                  int heads, int m, int n, int k, cudaStream_t stream, const void* const* b_slot = nullptr,
-                                 long long b_offset = 0, const RopeQ* rope = nullptr);
+                                 long long b_offset = 0);
