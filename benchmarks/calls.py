@@ -101,12 +101,13 @@ def main():
         if not rows:
             continue
         end = max(s + d for _, s, d, _ in rows)
-        busy = sum(d for _, _, d, _ in rows)
+        _, busy = timing.device_gaps([(s, d) for _, s, d, _ in rows])  # (kernels of two streams overlap)
         totals = {"to-first": rows[0][1], "busy": busy, "idle": sum(g for *_, g in rows[1:]), "end": end}
         print("  " + ", ".join(f"{k} {v:.1f}" for k, v in totals.items()), flush=True)
         if args.record:
             tag = f"{args.label or args.backend}[timeline]"
-            out = [benchlib.Row(gpu, 1, f"{tag}/{k}", "timeline", label, v) for k, v in totals.items()]
+            # (a figure is a positive time: an idle of 0 is left out, and its cell reads as not measured)
+            out = [benchlib.Row(gpu, 1, f"{tag}/{k}", "timeline", label, v) for k, v in totals.items() if v > 0]
             out += [benchlib.Row(gpu, 1, f"{tag}/{i}:{name}", "timeline", label, d)
                     for i, (name, _, d, _) in enumerate(rows)]
             benchlib.record(args.problem, out)
