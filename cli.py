@@ -298,7 +298,7 @@ def _plan(problem: str, mode: str, opts: dict):
         plan = evaluator.make_plan(problem, mode, device=opts["device"], case_strings=opts["case_strings"],
                                    cases_from=opts["cases_from"], world_size=opts["world_size"],
                                    intended_bools=opts["intended_bools"], seed=opts["seed"],
-                                   timeout_s=opts["timeout_s"], run_dir=run_dir)
+                                   timeout_s=opts["timeout_s"], protocol=opts.get("protocol"), run_dir=run_dir)
         if old is not None:
             results_io.check_comparable(old, plan.spec.name, plan.device, opts["compare"])
     return plan, old
@@ -415,10 +415,14 @@ def perf_cmd(problem: str, mode: str, **opts: Any) -> None:
 
 @main.command("profile")
 @_run_options
-def profile_cmd(problem: str, **opts: Any) -> None:
+@click.option("--warmup", type=click.IntRange(0, 1000), default=0, show_default=True, metavar="N",
+              help="Calls before the profiled one (the official profile mode makes none): a submission's steady "
+                   "state, e.g. its replayed CUDA graph, instead of its first calls' captures.")
+def profile_cmd(problem: str, warmup: int, **opts: Any) -> None:
     """Run each benchmark case once under the torch profiler: the top kernels, and on a GPU the device's idle time
     inside the call (waiting for the host)."""
-    _interruptible(problem, "profile", dict(opts, compare=None))
+    protocol = {"profile_warmup": warmup} if warmup else None
+    _interruptible(problem, "profile", dict(opts, compare=None, protocol=protocol))
 
 
 # ----------------------------------------------------------------------------------------------------------------

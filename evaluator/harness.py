@@ -291,12 +291,17 @@ def timed_loop(judge: Judge, case: dict, budget_s: float, recheck: bool) -> tupl
 
 
 def profile_once(judge: Judge, case: dict) -> tuple[str | None, str]:
-    """Check once, then one call under the torch profiler: (error or None, the top-kernels table)."""
+    """Check once, then (protocol profile_warmup) that many plain calls, then one call under the torch profiler:
+    (error or None, the top-kernels table)."""
     data, err = judge.check_once(case)
     if judge.r.any_true(err is not None):
         return err or "", ""
     from torch.profiler import ProfilerActivity, profile
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if judge.r.cuda else [])
+    for _ in range(judge.p.profile_warmup):
+        given, _ = judge.inputs(data, need_check_copy=False)
+        judge.call(given)
+        judge.r.sync()
     given, _ = judge.inputs(data, need_check_copy=False)
     judge.r.sync()
     with profile(activities=activities) as prof:

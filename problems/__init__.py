@@ -217,6 +217,9 @@ class Protocol:
     compile_allowance_s: float = 120.0  # the runner's allowance for building the submission (its import), inside the time limit
     warmup_budget_s: Mapping[str, float] = field(default_factory=lambda: {"benchmark": 0.1, "leaderboard": 0.01})
     reseed_step: int = 13
+    # profile mode: calls before the profiled one (0: the official profile mode's single call; kbench profile --warmup
+    # N shows a submission's steady state, e.g. its graph replays, instead of its first call's capture)
+    profile_warmup: int = 0
     # case keys that must divide by the world size (checked before any worker starts, so --world-size N fails early)
     divisible_by_world_size: tuple[str, ...] = ()
 

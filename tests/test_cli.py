@@ -75,7 +75,8 @@ class FakeRun:
         world_size = plan.world_size
         self.calls.append(dict(problem=problem, submission=submission, mode=mode, cases=[dict(c) for c in cases],
                                device=device, seed=plan.seed, world_size=world_size,
-                               intended_bools=plan.intended_bools, submission_text=Path(submission).read_text()))
+                               intended_bools=plan.intended_bools, submission_text=Path(submission).read_text(),
+                               protocol=dict(plan.protocol)))
         results = []
         for i, case in enumerate(cases):
             if self.interrupted_after is not None and i >= self.interrupted_after:
@@ -226,6 +227,14 @@ def test_cuda_requested_without_gpu(fake_run, monkeypatch):
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert_one_line_error(invoke("test", "fp8-mm", "--device", "cuda"), "--device cpu")
+
+
+def test_profile_warmup_reaches_the_plan_and_defaults_to_the_official_single_call(fake_run, submission):
+    assert invoke("profile", "fp8-mm", "--device", "cpu", "--submission", submission, "--warmup", "3").exit_code == 0
+    assert invoke("profile", "fp8-mm", "--device", "cpu", "--submission", submission).exit_code == 0
+    assert [c["protocol"]["profile_warmup"] for c in fake_run.calls] == [3, 0]
+    assert_one_line_error(invoke("profile", "fp8-mm", "--device", "cpu", "--submission", submission, "--warmup", "-1"),
+                          "--warmup")
 
 
 def test_compare_file_missing_or_wrong(fake_run, submission, tmp_path):

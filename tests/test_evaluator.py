@@ -366,6 +366,15 @@ def test_profile_mode_returns_the_top_kernels_table():
     assert "Name" in case.message and "aten::" in case.message
 
 
+def test_profile_warmup_profiles_a_later_call():
+    """kbench profile --warmup N (protocol profile_warmup): N plain calls between the check and the profiled call, so
+    the table shows the submission's steady state; without it, the official single call after the check."""
+    (later,) = judge("fp8_steady.py", mode="profile", cases=[fp8_case()], protocol={"profile_warmup": 2}).cases
+    (first,) = judge("fp8_steady.py", mode="profile", cases=[fp8_case()]).cases
+    assert later.status == first.status == "pass"
+    assert "aten::cumsum" in later.message and "aten::cumsum" not in first.message
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # several ranks: gemm-rs smoke cases, world size 2 over gloo
 
