@@ -197,8 +197,13 @@ static std::tuple<torch::Tensor, torch::Tensor> pair_out(const LinearConfig& con
                                                          const torch::Tensor& w1, const torch::Tensor& w2,
                                                          const MovingRef& x_ref = {}, const MovingRef& w1_ref = {},
                                                          const MovingRef& w2_ref = {}) {
-  const c10::cuda::CUDAGuard guard(x.device());
   const int64_t k = x.size(-1), m = x.numel() / k;
+  kb::print_config_once([&](char* buf, int size) {  // (KBENCH_PRINT_CONFIG, as linear_out prints a single one's)
+    const int len = snprintf(buf, size, "mla_linear pair m=%lld n=%lld+%lld k=%lld: ", (long long)m,
+                             (long long)w1.size(0), (long long)w2.size(0), (long long)k);
+    linear_describe(config, buf + len, size - len);
+  });
+  const c10::cuda::CUDAGuard guard(x.device());
   auto sizes = x.sizes().vec();
   sizes.back() = w1.size(0);
   torch::Tensor y1 = torch::empty(sizes, x.options());

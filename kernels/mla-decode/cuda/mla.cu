@@ -262,11 +262,12 @@ const char* launch_mla_linear(const LinearConfig& c, const void* x, const void* 
                          CU_TENSOR_MAP_SWIZZLE_128B) ||
         !kb::make_map_2d(&tm_w, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, w, k, n, (uint64_t)k * 2, kLinearBK, kBN,
                          CU_TENSOR_MAP_SWIZZLE_128B) ||
-        !kb::make_map_2d(&tm_w2, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, second ? second->w : w, k, second ? second->n : n,
-                         (uint64_t)k * 2, kLinearBK, kBN, CU_TENSOR_MAP_SWIZZLE_128B)) {
+        (second && !kb::make_map_2d(&tm_w2, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, second->w, k, second->n,
+                                    (uint64_t)k * 2, kLinearBK, kBN, CU_TENSOR_MAP_SWIZZLE_128B))) {
       err = "mla_linear: cuTensorMapEncodeTiled failed (driver entry point missing or misaligned tensors)";
       return;
     }
+    if (!second) tm_w2 = tm_w;  // (read by no tile: the kernel takes W2 only past tiles1 of a pair)
     const int tiles1 = (n + kBN - 1) / kBN, tiles2 = second ? (second->n + kBN - 1) / kBN : 0;
     LinearParams p{static_cast<__nv_bfloat16*>(y), y_slot, m, n, k / kLinearBK / c.splits, c.splits, nullptr, nullptr,
                    second ? static_cast<__nv_bfloat16*>(second->y) : nullptr, second ? second->n : 0, tiles1,
