@@ -89,6 +89,9 @@ CANDIDATES = {
     # a distrusted key captured only when it comes twice in a row (the build before the thirty-seventh session; now
     # when it comes back within two calls: leaderboard mode's inputs alternate between two address sets)
     "twice-in-a-row": {"KBENCH_GRAPH_RECUR": "1"},
+    # the router's softmax and top-k by ATen's ops, then route_count_kernel (the build before the forty-seventh
+    # session; fused_topk: one launch with their numerics that also counts the routing's pairs, router.cuh)
+    "aten-topk": {"KBENCH_MOE_FUSED_TOPK": "0"},
 }
 
 

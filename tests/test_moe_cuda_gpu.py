@@ -99,8 +99,9 @@ def test_synthetic_routings_match_the_definition(moe, tokens, n_experts, k, skew
 
 # moe_layer's launch orders (kernels/moe/cuda/moe_api.h: MoeConfig): the shared expert's GEMM 1 gathering after the
 # routing (the default, and with the TMA unit's bulk copies), before the router, and after the router with the gather
-# pass
+# pass; the router's softmax and top-k by ATen's ops (the build before fused_topk)
 LAYER_ORDERS = {"shared-gather": {}, "shared-gather-tma": {"KBENCH_MOE_GATHER_LSU": "0"},
+                "aten-topk": {"KBENCH_MOE_FUSED_TOPK": "0"},
                 "shared-first": {"KBENCH_MOE_SHARED_GATHER": "0"},
                 "shared-last": {"KBENCH_MOE_SHARED_GATHER": "0", "KBENCH_MOE_SHARED_FIRST": "0"}}
 
@@ -146,6 +147,42 @@ def test_layer_with_its_router_matches_the_definition(moe, tokens, n_experts, k,
         assert torch.equal(got_scores, scores), "the router's scores differ from the reference ops'"
         ratio = benchlib.tolerance_ratio(out, want, 1e-2, 1e-2)
         assert ratio <= 1, f"call {attempt + 1}: worst error {ratio:.3f}x the tolerance"
+
+
+# (tokens, experts, slots): the official shapes, the tests' E = 8 and 4, widths 1 to 64 with E not a power of two
+# (padded lanes), K = E, and a block's pairs ending inside a token (K = 3, 5: router_topk_kernel's blocks own 512 pairs)
+TOPK_SHAPES = [(2048, 32, 4), (8192, 32, 4), (65536, 32, 4), (1000, 8, 2), (129, 4, 1), (300, 6, 3), (777, 64, 8),
+               (513, 33, 5), (100, 16, 16), (50, 1, 1), (1001, 2, 2), (4097, 12, 3)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("logits_kind", ["normal", "ties"])
+@pytest.mark.parametrize("tokens,n_experts,k", TOPK_SHAPES)
+def test_the_fused_router_picks_what_torch_topk_picks(moe, tokens, n_experts, k, logits_kind):
+    """router.cuh against the reference's ops on the same logits: torch.topk(logits.softmax(-1), k, sorted=False)'s
+    values bit for bit and its indices in its order. "ties": logits from four values, so most rows hold equal
+    probabilities at the k-th place (the lowest indices must win, as gatherTopK picks them); a row of equal logits
+    and a row with an -inf logit as well."""
+    import torch
+
+    gen = torch.Generator(device="cuda")
+    gen.manual_seed(tokens * 31 + n_experts * 7 + k)
+    if logits_kind == "normal":
+        logits = (torch.randn(tokens, n_experts, generator=gen, device="cuda") * 2).half()
+    else:
+        levels = torch.tensor([-1.0, 0.0, 0.5, 3.0], device="cuda")
+        logits = levels[torch.randint(0, 4, (tokens, n_experts), generator=gen, device="cuda")].half()
+        logits[0] = 1.0
+        logits[-1, 0] = float("-inf")
+    want_scores, want_experts = torch.topk(logits.softmax(-1), k, dim=-1, sorted=False)
+    for attempt in range(2):
+        benchlib.poison_allocator()
+        scores, experts = moe.ext.moe_router_topk(logits, k)
+        torch.cuda.synchronize()
+        assert torch.equal(scores.view(torch.int16), want_scores.view(torch.int16)), \
+            f"call {attempt + 1}: scores differ from softmax + topk in {(scores != want_scores).any(-1).sum()} rows"
+        assert torch.equal(experts, want_experts), \
+            f"call {attempt + 1}: experts differ in {(experts != want_experts).any(-1).sum()} rows"
 
 
 @pytest.mark.gpu

@@ -41,7 +41,7 @@ Workspaces make_workspaces(const torch::Tensor& x, int64_t T, int64_t K, int64_t
   const auto i32 = x.options().dtype(torch::kInt);
   const int64_t y_rows = config.red_combine ? 0 : T * K + T;
   return Workspaces{torch::empty({2 * (E + 2)}, i32), torch::empty({T * K}, i32), torch::empty({T * K}, i32),
-                    torch::empty({moe_route_blocks(static_cast<int>(T * K)) * E}, i32),
+                    torch::empty({moe_route_hist_rows(static_cast<int>(T * K)) * E}, i32),
                     torch::empty({T * K, d}, x.options()),
                     torch::empty({T * K + T, dexp}, x.options()), torch::empty({y_rows, d}, x.options())};
 }
@@ -159,7 +159,8 @@ static torch::Tensor run_moe(torch::Tensor x, torch::Tensor experts, torch::Tens
                              std::vector<torch::Tensor> gate, std::vector<torch::Tensor> up,
                              std::vector<torch::Tensor> down, std::vector<double>* stage_ms, bool combine,
                              const c10::optional<torch::Tensor>& published = c10::nullopt,
-                             const Workspaces* pre = nullptr, const MoeConfig* chosen = nullptr) {
+                             const Workspaces* pre = nullptr, const MoeConfig* chosen = nullptr,
+                             const torch::Tensor* logits = nullptr) {
   TORCH_CHECK(experts.scalar_type() == at::kLong && scores.scalar_type() == at::kHalf && experts.dim() == 2 &&
                   scores.sizes() == experts.sizes() && experts.size(0) == x.size(0),
               "moe_forward: experts (int64) and scores (fp16) must both be [T, K]");
@@ -196,6 +197,7 @@ static torch::Tensor run_moe(torch::Tensor x, torch::Tensor experts, torch::Tens
   MoeArgs a = layer_args(x, gate, up, down, K, ws, config);
   a.experts = experts.data_ptr<int64_t>();
   a.scores = scores.data_ptr();
+  a.logits = logits ? logits->data_ptr() : nullptr;  // then moe_run writes experts and scores
   a.out = combine ? out.data_ptr() : nullptr;
   a.out_slot = slot ? reinterpret_cast<void* const*>(slot->word.data_ptr()) : nullptr;
   a.shared_done = pre != nullptr;
@@ -389,12 +391,43 @@ std::tuple<c10::optional<torch::Tensor>, torch::Tensor> moe_layer(torch::Tensor 
                                            c10::cuda::getCurrentCUDAStream().stream());
     TORCH_CHECK(err == nullptr, err ? err : "");
   }
-  const auto [top_scores, top_experts] = at::topk(at::linear(x, router_w).softmax(-1), K, -1, true, false);
-  const torch::Tensor scores = top_scores.view({-1, K});
-  torch::Tensor y = run_moe(x2, top_experts.view({-1, K}), scores, gate, up, down, nullptr, false, out,
-                            config.shared_first ? &ws : nullptr, &config);
+  // the logits by the reference's own op (x as it comes: the same cuBLAS call); the softmax and top-k by ATen's ops
+  // or, fused_topk, by moe_run's first launch with their numerics (router.cuh)
+  const torch::Tensor logits = at::linear(x, router_w);
+  torch::Tensor scores, experts;
+  if (config.fused_topk) {
+    TORCH_CHECK(logits.is_contiguous(), "moe_layer: the router's logits must be contiguous");
+    scores = torch::empty({T, K}, x.options());
+    experts = torch::empty({T, K}, x.options().dtype(torch::kLong));
+  } else {
+    const auto [top_scores, top_experts] = at::topk(logits.softmax(-1), K, -1, true, false);
+    scores = top_scores.view({-1, K});
+    experts = top_experts.view({-1, K});
+  }
+  const torch::Tensor logits2 = logits.view({-1, E});
+  torch::Tensor y = run_moe(x2, experts, scores, gate, up, down, nullptr, false, out,
+                            config.shared_first ? &ws : nullptr, &config, config.fused_topk ? &logits2 : nullptr);
   if (!y.defined()) return {c10::nullopt, scores};
   return {y, scores};
+}
+
+// router.cuh alone, for tests: (scores [T, K] fp16, experts [T, K] int64), what torch.topk(logits.softmax(-1), K,
+// sorted=False) returns, from logits [T, E] fp16 (E <= 64).
+std::tuple<torch::Tensor, torch::Tensor> moe_router_topk(torch::Tensor logits, int64_t K) {
+  TORCH_CHECK(logits.is_cuda() && logits.scalar_type() == at::kHalf && logits.dim() == 2,
+              "moe_router_topk: logits must be fp16 CUDA [T, E]");
+  const c10::cuda::CUDAGuard guard(logits.device());
+  logits = logits.contiguous();
+  const int64_t T = logits.size(0), E = logits.size(1);
+  torch::Tensor scores = torch::empty({T, K}, logits.options());
+  torch::Tensor experts = torch::empty({T, K}, logits.options().dtype(torch::kLong));
+  torch::Tensor hist = torch::empty({moe_route_hist_rows(static_cast<int>(T * K)) * E},
+                                    logits.options().dtype(torch::kInt));
+  const char* err = moe_run_router_topk(logits.data_ptr(), static_cast<int>(T), static_cast<int>(K),
+                                        static_cast<int>(E), scores.data_ptr(), experts.data_ptr<int64_t>(),
+                                        hist.data_ptr<int>(), c10::cuda::getCurrentCUDAStream().stream());
+  TORCH_CHECK(err == nullptr, err ? err : "");
+  return {scores, experts};
 }
 
 // out [T, d] fp16 = Y's shared row + sum_k scores[t, k] * Y's pair row (fp32, slot order, rounded once), into a new

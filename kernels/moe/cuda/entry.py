@@ -30,7 +30,7 @@ _graphs = graph_replay.GraphReplay()
 _KNOBS = ("KBENCH_MOE_SKIP_EMPTY_HALVES", "KBENCH_MOE_KEEP_WORKSPACES", "KBENCH_MOE_STAGES", "KBENCH_MOE_RED_COMBINE",
           "KBENCH_MOE_SPLIT_ROUTE", "KBENCH_MOE_ASYNC_EPILOGUE", "KBENCH_MOE_SHARED_FIRST",
           "KBENCH_MOE_SHARED_GATHER", "KBENCH_MOE_GATHER_LSU", "KBENCH_MOE_BAND",
-          "KBENCH_MOE_BK32", "KBENCH_MOE_DECODE_AHEAD", "KBENCH_MOE_LATE_OUTPUT",
+          "KBENCH_MOE_BK32", "KBENCH_MOE_DECODE_AHEAD", "KBENCH_MOE_LATE_OUTPUT", "KBENCH_MOE_FUSED_TOPK",
           "KBENCH_MOE_PUBLISH_KERNEL")  # (the last used before the launch, outside the graph; keyed all the same)
 _PY_KEY = ("KBENCH_MOE_PY_KEY",)  # (how the key is read, not what the graph holds: no part of the key)
 

@@ -16,6 +16,7 @@
 #include "moe_api.h"
 #include "moe_rules.h"
 #include "route.cuh"
+#include "router.cuh"
 #include "tma_host.h"
 
 namespace moe {
@@ -137,6 +138,24 @@ void launch_gemm(GemmParams g, bool glu, const MoeArgs& a, cudaStream_t stream, 
                                                  stream>>>(g);
 }
 
+// router_topk_kernel for a.E routed experts (<= kMoeMaxRouted = 64), its width ATen's warp softmax's for E.
+void launch_router_topk(const MoeArgs& a, int blocks, cudaStream_t stream) {
+  const auto* logits = static_cast<const __half*>(a.logits);
+  auto* scores = static_cast<__half*>(a.scores);
+  int width = 1;
+  while (width < a.E) width *= 2;
+  switch (width) {
+#define KB_ROUTER_TOPK(w)                                                                                  \
+  case w:                                                                                                  \
+    router_topk_kernel<w><<<blocks, kRouteThreads, 0, stream>>>(logits, a.T, a.K, a.E, scores, a.experts, \
+                                                                a.route_hist, a.late);                     \
+    break;
+    KB_ROUTER_TOPK(1) KB_ROUTER_TOPK(2) KB_ROUTER_TOPK(4) KB_ROUTER_TOPK(8) KB_ROUTER_TOPK(16) KB_ROUTER_TOPK(32)
+    KB_ROUTER_TOPK(64)
+#undef KB_ROUTER_TOPK
+  }
+}
+
 }  // namespace
 }  // namespace moe
 
@@ -167,16 +186,18 @@ MoeConfig moe_config(int T, int K, int E) {
                    async_epilogue == 3 ? kb::env_int("KBENCH_MOE_BK32", 5) & 7 : 0,
                    kb::env_int("KBENCH_MOE_DECODE_AHEAD", 1) != 0,
                    kb::env_int("KBENCH_MOE_LATE_OUTPUT", 1) != 0 && kb::env_int("KBENCH_MOE_RED_COMBINE", 1) != 0 &&
-                       kb::env_int("KBENCH_MOE_SPLIT_ROUTE", 1) != 0};
+                       kb::env_int("KBENCH_MOE_SPLIT_ROUTE", 1) != 0,
+                   kb::env_int("KBENCH_MOE_FUSED_TOPK", 1) != 0 && kb::env_int("KBENCH_MOE_SPLIT_ROUTE", 1) != 0};
 }
 
 void moe_describe(const MoeConfig& c, char* buf, int size) {
   snprintf(buf, size,
            "MoeConfig{skip_empty_halves=%d, keep_workspaces=%d, stages=%d, red_combine=%d, split_route=%d, "
            "async_epilogue=%d, shared_first=%d, shared_gather=%d, gather_lsu=%d, band=%d, bk32=%d, "
-           "decode_ahead=%d, late_output=%d}",
+           "decode_ahead=%d, late_output=%d, fused_topk=%d}",
            c.skip_empty_halves, c.keep_workspaces, c.stages, c.red_combine, c.split_route, c.async_epilogue,
-           c.shared_first, c.shared_gather, c.gather_lsu, c.band, c.bk32, c.decode_ahead, c.late_output);
+           c.shared_first, c.shared_gather, c.gather_lsu, c.band, c.bk32, c.decode_ahead, c.late_output,
+           c.fused_topk);
 }
 
 const char* moe_run(const MoeArgs& a, cudaStream_t stream, cudaEvent_t* events) {
@@ -189,9 +210,16 @@ const char* moe_run(const MoeArgs& a, cudaStream_t stream, cudaEvent_t* events) 
   mark(0);
   if (a.split_route) {
     const int blocks = route_blocks(pairs);
-    route_count_kernel<<<blocks, kRouteThreads, 0, stream>>>(a.experts, pairs, a.E, a.route_hist, a.late);
-    route_place_kernel<<<blocks, kRouteThreads, 0, stream>>>(a.experts, a.T, a.K, a.E, a.route_hist, blocks, a.meta,
-                                                             a.rows_pair, a.pair_row);
+    int hist_rows = blocks, rows_per_chunk = 1;
+    if (a.logits) {  // fused_topk: the router's softmax and top-k count the pairs as they pick them
+      hist_rows = topk_blocks(pairs);
+      rows_per_chunk = kRouteChunk / kTopkPairs;
+      launch_router_topk(a, hist_rows, stream);
+    } else {
+      route_count_kernel<<<blocks, kRouteThreads, 0, stream>>>(a.experts, pairs, a.E, a.route_hist, a.late);
+    }
+    route_place_kernel<<<blocks, kRouteThreads, 0, stream>>>(a.experts, a.T, a.K, a.E, a.route_hist, hist_rows,
+                                                             rows_per_chunk, a.meta, a.rows_pair, a.pair_row);
   } else {
     route_kernel<<<1, kRouteThreads, 0, stream>>>(a.experts, a.T, a.K, a.E, a.meta, a.rows_pair, a.pair_row);
   }
@@ -271,7 +299,22 @@ const char* moe_run_combine(const void* y, const void* scores, void* out, int T,
   return kb::launch_error("moe cuda combine");
 }
 
-int moe_route_blocks(int pairs) { return route_blocks(pairs); }
+int moe_route_hist_rows(int pairs) { return std::max(route_blocks(pairs), topk_blocks(pairs)); }
+
+const char* moe_run_router_topk(const void* logits, int T, int K, int E, void* scores, int64_t* experts,
+                                int* hist, cudaStream_t stream) {
+  if (E < 1 || E > kMoeMaxRouted || K < 1 || K > E || T < 1) return "moe_router_topk: 1 <= K <= E <= 64, T >= 1";
+  MoeArgs a{};
+  a.logits = logits;
+  a.T = T;
+  a.K = K;
+  a.E = E;
+  a.scores = scores;
+  a.experts = experts;
+  a.route_hist = hist;
+  launch_router_topk(a, topk_blocks(T * K), stream);
+  return kb::launch_error("moe cuda router top-k");
+}
 
 // The address goes in by the stream's own 64-bit write (driver_api.h: no kernel to launch, which the host pays ~5-12
 // us for at the start of an official call; docs/moe-notes.md, thirtieth session); by publish_kernel where the driver

@@ -10,8 +10,11 @@ constexpr int kMoeMaxRouted = 64;  // routed experts the kernels take (the share
 
 struct MoeArgs {
   const void* x;          // fp16 [T][d] tokens
-  const int64_t* experts;  // [T][K] chosen expert ids (torch.topk indices)
-  const void* scores;     // fp16 [T][K] router scores of the chosen experts
+  int64_t* experts;       // [T][K] chosen expert ids (torch.topk indices); written by moe_run where logits is set
+  void* scores;           // fp16 [T][K] router scores of the chosen experts; written by moe_run where logits is set
+  const void* logits;     // fp16 [T][E] router logits (MoeConfig::fused_topk: moe_run's first launch picks experts
+                          // and scores from them as torch.topk(softmax) does, and counts the routing's pairs);
+                          // nullptr: experts and scores are given
   const void* w_gate[kMoeMaxRouted + 1];  // fp16 [d][dexp] per group (routed experts, then the shared one)
   const void* w_up[kMoeMaxRouted + 1];    // fp16 [d][dexp]
   const void* w_down[kMoeMaxRouted + 1];  // fp16 [dexp][d]
@@ -34,7 +37,7 @@ struct MoeArgs {
   int async_epilogue;     // MoeConfig::async_epilogue
   int shared_done;        // moe_run_shared_gemm1 already wrote the shared expert's H rows: GEMM 1 takes the routed
                           // experts only
-  int* route_hist;        // split_route: [moe_route_blocks(T*K)][E] per-block expert counts
+  int* route_hist;        // split_route: [moe_route_hist_rows(T*K)][E] per-block expert counts
   int shared_gather;      // MoeConfig::shared_gather: moe_run launches the shared expert's GEMM 1 after the routing,
                           // and that launch gathers xs and zeroes the output (no gather pass)
   int gather_lsu;         // MoeConfig::gather_lsu
@@ -81,6 +84,9 @@ struct MoeConfig {
   bool late_output;        // graphs the binding launches itself take the output's address from the host after their
                            // launch (late_address.h), so the host makes the output while the GPU routes
                            // (KBENCH_MOE_LATE_OUTPUT; with split_route and red_combine only; 0 the build before)
+  bool fused_topk;         // moe_layer's softmax, top-k and the routing's counts in one launch (router.cuh) instead
+                           // of ATen's softmax and topk and route_count_kernel (KBENCH_MOE_FUSED_TOPK; with
+                           // split_route only; on since the forty-seventh session, 0 the build before)
 };
 MoeConfig moe_config(int T, int K, int E);
 void moe_describe(const MoeConfig& c, char* buf, int size);
@@ -96,8 +102,12 @@ const char* moe_run(const MoeArgs& args, cudaStream_t stream, cudaEvent_t* event
 // fields as moe_run takes them. moe_run with shared_done then skips that group. (With shared_gather moe_run makes
 // this launch itself, after the routing.)
 const char* moe_run_shared_gemm1(const MoeArgs& args, cudaStream_t stream);
-// Blocks of the split routing sort for `pairs` (token, slot) pairs (the size of MoeArgs::route_hist's first dim).
-int moe_route_blocks(int pairs);
+// Rows of MoeArgs::route_hist for `pairs` (token, slot) pairs (the routing's per-block counts, either launch's).
+int moe_route_hist_rows(int pairs);
+// router.cuh alone (tests): scores [T][K] fp16 and experts [T][K] int64 = torch.topk(logits.softmax(-1), K,
+// sorted=False) for logits [T][E] fp16, contiguous; hist [moe_route_hist_rows(T*K)][E] int32 scratch.
+const char* moe_run_router_topk(const void* logits, int T, int K, int E, void* scores, int64_t* experts,
+                                int* hist, cudaStream_t stream);
 // Writes `out`'s address to the device word `slot` on `stream` (the red_combine path reads it there, so one captured
 // graph serves a new output tensor every call).
 const char* moe_publish_output(void** slot, void* out, cudaStream_t stream);

@@ -127,8 +127,10 @@ __global__ void __launch_bounds__(kRouteThreads) route_count_kernel(const int64_
 // route_kernel's outputs from the chunks' counts: expert e's rows start at the sum of all smaller experts' counts,
 // and chunk b's rows of e after the earlier chunks' (so every chunk knows its places without the others). Within a
 // chunk, rows of one expert go in arrival order at the shared-memory counter. Block 0 writes meta.
+// hist: hist_rows rows of E counts, rows_per_chunk a chunk (1 from route_count_kernel, 4 from router_topk_kernel).
 __global__ void __launch_bounds__(kRouteThreads) route_place_kernel(const int64_t* __restrict__ experts, int T, int K,
-                                                                    int E, const int* __restrict__ hist, int blocks,
+                                                                    int E, const int* __restrict__ hist,
+                                                                    int hist_rows, int rows_per_chunk,
                                                                     int* __restrict__ meta,
                                                                     int* __restrict__ rows_pair,
                                                                     int* __restrict__ pair_row) {
@@ -139,9 +141,10 @@ __global__ void __launch_bounds__(kRouteThreads) route_place_kernel(const int64_
   load_chunk(experts, pairs, e);
   if (threadIdx.x < E) {
     int before = 0, all = 0;
-    for (int b = 0; b < blocks; ++b) {
+    const int mine = static_cast<int>(blockIdx.x) * rows_per_chunk;
+    for (int b = 0; b < hist_rows; ++b) {
       const int c = hist[b * E + threadIdx.x];
-      before += b < static_cast<int>(blockIdx.x) ? c : 0;
+      before += b < mine ? c : 0;
       all += c;
     }
     next[threadIdx.x] = before;
