@@ -145,14 +145,19 @@ def interleaved_samples(sample: Callable[[Callable[[], Any], int, int], list],
     return samples
 
 
-def host_time_us(fn: Callable[[], Any], runs: int = 10, warmup: int = 2) -> float:
-    """Median of the official host-clock timer (synchronize, clock, call, synchronize, clock), in us."""
+def host_samples(fn: Callable[[], Any], runs: int = 10, warmup: int = 2) -> list[float]:
+    """The official host-clock timer's windows (synchronize, clock, call, synchronize, clock), in us."""
     import torch
 
     clock = timing.Clock(sync=torch.cuda.synchronize)
     for _ in range(warmup):
         fn()
-    return median([timing.host_window(clock, fn)[0] / 1e3 for _ in range(runs)])
+    return [timing.host_window(clock, fn)[0] / 1e3 for _ in range(runs)]
+
+
+def host_time_us(fn: Callable[[], Any], runs: int = 10, warmup: int = 2) -> float:
+    """Median of host_samples."""
+    return median(host_samples(fn, runs, warmup))
 
 
 def rank_time_us(fn: Callable[[], Any], runs: int = 20, warmup: int = 3, flush: bool = True) -> float:

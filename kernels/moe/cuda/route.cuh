@@ -127,7 +127,7 @@ __global__ void __launch_bounds__(kRouteThreads) route_count_kernel(const int64_
 // route_kernel's outputs from the chunks' counts: expert e's rows start at the sum of all smaller experts' counts,
 // and chunk b's rows of e after the earlier chunks' (so every chunk knows its places without the others). Within a
 // chunk, rows of one expert go in arrival order at the shared-memory counter. Block 0 writes meta.
-// hist: hist_rows rows of E counts, rows_per_chunk a chunk (1 from route_count_kernel, 4 from router_topk_kernel).
+// hist: hist_rows rows of E counts, rows_per_chunk a chunk (1 from route_count_kernel, 8 from router_topk_kernel).
 __global__ void __launch_bounds__(kRouteThreads) route_place_kernel(const int64_t* __restrict__ experts, int T, int K,
                                                                     int E, const int* __restrict__ hist,
                                                                     int hist_rows, int rows_per_chunk,
@@ -139,16 +139,21 @@ __global__ void __launch_bounds__(kRouteThreads) route_place_kernel(const int64_
   const int pairs = T * K;
   int e[kRoutePerThread];
   load_chunk(experts, pairs, e);
-  if (threadIdx.x < E) {
+  // a warp an expert, its lanes striding the rows (router_topk_kernel leaves 8 rows a chunk: 128 at 8192 tokens)
+  const int mine = static_cast<int>(blockIdx.x) * rows_per_chunk, lane = threadIdx.x % 32;
+  for (int g = threadIdx.x / 32; g < E; g += kRouteThreads / 32) {
     int before = 0, all = 0;
-    const int mine = static_cast<int>(blockIdx.x) * rows_per_chunk;
-    for (int b = 0; b < hist_rows; ++b) {
-      const int c = hist[b * E + threadIdx.x];
+    for (int b = lane; b < hist_rows; b += 32) {
+      const int c = hist[b * E + g];
       before += b < mine ? c : 0;
       all += c;
     }
-    next[threadIdx.x] = before;
-    total[threadIdx.x] = all;
+    before = __reduce_add_sync(0xffffffffu, before);
+    all = __reduce_add_sync(0xffffffffu, all);
+    if (lane == 0) {
+      next[g] = before;
+      total[g] = all;
+    }
   }
   __syncthreads();
   if (threadIdx.x == 0)

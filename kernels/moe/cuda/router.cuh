@@ -19,8 +19,9 @@
 
 namespace moe {
 
-// (token, slot) pairs a block of router_topk_kernel owns: its row of the counts. Four rows a routing chunk.
-constexpr int kTopkPairs = 512;
+// (token, slot) pairs a block of router_topk_kernel owns: its row of the counts, eight a routing chunk (two tokens
+// a warp at K = 4: the rows' latency chains, not their arithmetic, set the kernel's time).
+constexpr int kTopkPairs = 256;
 static_assert(kRouteChunk % kTopkPairs == 0, "a routing chunk is whole rows of the top-k counts");
 
 inline int topk_blocks(int pairs) { return (pairs + kTopkPairs - 1) / kTopkPairs; }
@@ -32,18 +33,31 @@ __device__ __forceinline__ uint32_t topk_radix(__half v) {
   return __hisnan(v) ? 0xffffu : bits ^ ((bits & 0x8000u) ? 0xffffu : 0x8000u);
 }
 
+// One row's logits as softmax_warp_forward holds them (-inf past E).
+template <int kLanes, int kPer>
+__device__ __forceinline__ void load_logits(const __half* __restrict__ logits, int t, int E, int l, float (&v)[kPer]) {
+#pragma unroll
+  for (int it = 0; it < kPer; ++it) {
+    const int e = l + it * kLanes;
+    v[it] = e < E ? __half2float(logits[static_cast<long long>(t) * E + e]) : -INFINITY;
+  }
+}
+
 // logits [T][E] fp16 (contiguous) -> scores [T][K] fp16 and experts [T][K] int64 (torch.topk(logits.softmax(-1), K,
 // sorted=False)'s values and indices), and hist[blockIdx.x][e] = how many of the block's pairs chose expert e.
 // Block b owns pairs [b * kTopkPairs, (b + 1) * kTopkPairs): it computes every token those touch and writes only its
 // own pairs (a token across two blocks is computed by both, identically). kWidth = next_pow2(E) <= 64: a row on
 // kLanes lanes, kPer values a lane (value l + it * kLanes on lane l), as softmax_warp_forward lays it out.
-// late: as route_count_kernel (block 0's first thread takes the call's output address).
+// late: as route_count_kernel (block 0's first thread takes the call's output address, here before its rows).
 template <int kWidth>
 __global__ void __launch_bounds__(kRouteThreads) router_topk_kernel(const __half* __restrict__ logits, int T, int K,
                                                                     int E, __half* __restrict__ scores,
                                                                     int64_t* __restrict__ experts,
                                                                     int* __restrict__ hist, kb::LateAddress late) {
   constexpr int kLanes = kWidth < 32 ? kWidth : 32, kPer = kWidth / kLanes, kRowsPerWarp = 32 / kLanes;
+  constexpr int kStride = kRouteThreads / 32 * kRowsPerWarp;  // rows the block takes at a time
+  // first: its read of mapped host memory crosses PCIe while the other warps pick
+  if (late.ring && blockIdx.x == 0 && threadIdx.x == 0) kb::take_late_address(late);
   __shared__ int cnt[kMaxGroups];
   for (int i = threadIdx.x; i < E; i += blockDim.x) cnt[i] = 0;
   __syncthreads();
@@ -51,15 +65,15 @@ __global__ void __launch_bounds__(kRouteThreads) router_topk_kernel(const __half
   const int lane = threadIdx.x % 32, group = lane / kLanes, l = lane % kLanes;
   const unsigned group_lanes = kLanes == 32 ? 0xffffffffu : ((1u << kLanes) - 1u) << (group * kLanes);
   const int t_end = (end - 1) / K + 1;
+  int t = first / K + threadIdx.x / 32 * kRowsPerWarp + group;
+  float next[kPer];  // the group's next row, loaded under this one's arithmetic
+  if (t < t_end) load_logits<kLanes>(logits, t, E, l, next);
   // every lane of a row's group takes the same trips, so each group's shuffles see all of its lanes
-  for (int t = first / K + threadIdx.x / 32 * kRowsPerWarp + group; t < t_end;
-       t += kRouteThreads / 32 * kRowsPerWarp) {
+  for (; t < t_end; t += kStride) {
     float v[kPer];
 #pragma unroll
-    for (int it = 0; it < kPer; ++it) {
-      const int e = l + it * kLanes;
-      v[it] = e < E ? __half2float(logits[static_cast<long long>(t) * E + e]) : -INFINITY;
-    }
+    for (int it = 0; it < kPer; ++it) v[it] = next[it];
+    if (t + kStride < t_end) load_logits<kLanes>(logits, t + kStride, E, l, next);
     float m = v[0];
 #pragma unroll
     for (int it = 1; it < kPer; ++it) m = m > v[it] ? m : v[it];
@@ -128,7 +142,6 @@ __global__ void __launch_bounds__(kRouteThreads) router_topk_kernel(const __half
   }
   __syncthreads();
   for (int i = threadIdx.x; i < E; i += blockDim.x) hist[blockIdx.x * E + i] = cnt[i];
-  if (late.ring && blockIdx.x == 0 && threadIdx.x == 0) kb::take_late_address(late);
 }
 
 }  // namespace moe
