@@ -69,7 +69,10 @@ CANDIDATES = {"eager": {"KBENCH_MLA_GRAPH": "0"},
               "split-down": {"KBENCH_MLA_FUSED_DOWN": "0"},
               # graphs captured on their inputs' addresses only (the build before the thirty-eighth session; now a
               # moving graph takes each call's addresses: kernels/_common/moving_inputs.h)
-              "fixed-addresses": {"KBENCH_MLA_MOVING": "0"}}
+              "fixed-addresses": {"KBENCH_MLA_MOVING": "0"},
+              # mla_replay reading its ~20 knobs through getenv every call (the build before the forty-seventh
+              # session's kb::KnobsMemo, which reads them again only when a KBENCH_MLA_ variable changed)
+              "knob-reads": {"KBENCH_MLA_KNOB_MEMO": "0"}}
 # The step's projections at the official dims (batch 128): name -> (n, k) of W [n, k]; x is [128, k].
 PROJECTIONS = {"kv_down": (576, 7168), "q_down": (1536, 7168), "q_up": (24576, 1536), "wo": (7168, 16384)}
 

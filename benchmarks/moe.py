@@ -92,6 +92,9 @@ CANDIDATES = {
     # the router's softmax and top-k by ATen's ops, then route_count_kernel (the build before the forty-seventh
     # session; fused_topk: one launch with their numerics that also counts the routing's pairs, router.cuh)
     "aten-topk": {"KBENCH_MOE_FUSED_TOPK": "0"},
+    # moe_replay reading its ~20 knobs through getenv every call (the build before the forty-seventh session's
+    # kb::KnobsMemo, which reads them again only when a KBENCH_MOE_ variable changed)
+    "knob-reads": {"KBENCH_MOE_KNOB_MEMO": "0"},
 }
 
 

@@ -69,6 +69,39 @@ def test_config_lines_are_formatted_only_when_printing(tmp_path, printing):
     assert run.stderr == ("fp8_gemm 64x64x0: cfg\nfp8_gemm 64x64x1: cfg\n" if printing else "")
 
 
+MEMO_PROGRAM = r"""
+#include <cstdio>
+#include <cstdlib>
+#include "knobs.h"
+int main() {
+  kb::KnobsMemo memo("KBENCH_T_");
+  auto look = [&] { printf("%d", memo.changed() ? 1 : 0); };
+  look();                               // first look: 1
+  look();                               // nothing changed: 0
+  setenv("KBENCH_T_A", "1", 1); look(); // appeared: 1
+  look();                               // 0
+  setenv("KBENCH_T_A", "2", 1); look(); // changed: 1
+  setenv("KBENCH_T_A", "2", 1); look(); // same value again: 0
+  setenv("OTHER_T", "x", 1); look();    // another prefix: 0
+  setenv("KBENCH_T", "x", 1); look();   // not the prefix (no trailing underscore): 0
+  unsetenv("KBENCH_T_A"); look();       // went: 1
+  unsetenv("KBENCH_T_B"); look();       // the one the process started with, gone: 1
+  unsetenv("KBENCH_T_C"); look();       // never set: 0
+  setenv("KBENCH_T_KNOB_MEMO", "0", 1); look(); look();  // the memo off: every look says changed: 1 1
+  unsetenv("KBENCH_T_KNOB_MEMO"); look(); look();        // on again: 1 (it went), then 0
+  return 0;
+}
+"""
+
+
+def test_knobs_memo_sees_exactly_its_prefix_change(tmp_path):
+    """The replay paths read their knobs again only when KnobsMemo says a variable of their prefix changed: every
+    change of one must say so, and nothing else may (a missed change would keep a graph captured under the old
+    knobs; a false alarm costs only the reads); PREFIXKNOB_MEMO=0 turns it off (every look says changed)."""
+    run = _compile_and_run(tmp_path, MEMO_PROGRAM, KBENCH_T_B="0")
+    assert run.stdout == "101010001101110"
+
+
 MLA_CONFIG_PROGRAM = r"""
 #include <cstdio>
 #include "mla_config.h"

@@ -86,11 +86,19 @@ class HeldGraphs {
   // inputs match), moved to the front and counted; null where none.
   template <class Config>
   const HeldGraph* find(const py::object& owner, const std::vector<int64_t>& inputs, Config config) {
-    std::string text;
+    const std::string* text = nullptr;  // config() may return a reference to the caller's memo
+    std::string made;
     for (size_t i = 0; i < all_.size(); ++i) {
       if (!all_[i].owner.is(owner) || all_[i].inputs != inputs) continue;
-      if (text.empty()) text = config();
-      if (all_[i].config != text) continue;
+      if (!text) {
+        if constexpr (std::is_lvalue_reference_v<decltype(config())>) {
+          text = &config();
+        } else {
+          made = config();
+          text = &made;
+        }
+      }
+      if (all_[i].config != *text) continue;
       if (i) std::swap(all_[0], all_[i]);
       ++replays_;
       return &all_[0];

@@ -13,6 +13,8 @@
 #include <type_traits>
 #include <vector>
 
+extern char** environ;  // (POSIX; <unistd.h> declares it only under some feature macros)
+
 namespace kb {
 
 // The integer value of environment variable `name`, or `fallback` when it is unset, empty or not a number.
@@ -41,6 +43,36 @@ inline std::string env_text(const std::vector<std::string>& names) {
   }
   return text;
 }
+
+// Whether the environment's variables that start with a prefix changed since the last look: one pass over the
+// environment, where each getenv is a pass of its own. The replay paths read ~20 knobs a call through getenv (a
+// graph's key holds the configuration they pick), 4-13 us of host time inside the official window, where the host
+// runs slowly right after the timer's synchronize (docs/moe-notes.md, forty-seventh session); with this they read
+// them again only when one changed (a benchmark switching candidates, a test's monkeypatch).
+// PREFIXKNOB_MEMO=0 (candidate `knob-reads`): every look says changed, so the knobs are read every call as before.
+class KnobsMemo {
+ public:
+  explicit KnobsMemo(const char* prefix)
+      : prefix_(prefix), length_(std::strlen(prefix)), off_(std::string(prefix) + "KNOB_MEMO=0\n") {}
+
+  // True on the first look and whenever an entry "PREFIX...=value" appeared, went or changed since the last one.
+  bool changed() {
+    scan_.clear();
+    for (char** e = environ; e != nullptr && *e != nullptr; ++e)
+      if (std::strncmp(*e, prefix_, length_) == 0) (scan_ += *e) += '\n';
+    if (seen_ && scan_ == last_ && scan_.find(off_) == std::string::npos) return false;
+    last_.swap(scan_);
+    seen_ = true;
+    return true;
+  }
+
+ private:
+  const char* prefix_;
+  size_t length_;
+  std::string off_;          // the entry that turns the memo off
+  std::string scan_, last_;  // (kept: no allocation a call once they are as long as the entries)
+  bool seen_ = false;
+};
 
 // Whether KBENCH_PRINT_CONFIG asks for configurations to be printed (read once).
 inline bool printing_configs() {
