@@ -38,11 +38,14 @@ NO_CLONE = "cuda[no-clone]"
 # candidate name -> knobs: the host paths before this one (kernels/moe/cuda/entry.py): the Python path with the key
 # read in C++ (py-replay, the build before the thirtieth session) or through Python's data_ptr() (py-key); the
 # output's address published by a kernel launch instead of the stream's write (publish-kernel); the output made
-# before the launch (early-output, the build before the thirty-fifth session's late output)
+# before the launch (early-output, the build before the thirty-fifth session's late output); the knobs read every
+# call (knob-reads, the build before the forty-seventh session)
 CANDIDATES = {"py-key": {"KBENCH_MOE_FAST_REPLAY": "0", "KBENCH_MOE_PY_KEY": "1"},
               "py-replay": {"KBENCH_MOE_FAST_REPLAY": "0"},
               "publish-kernel": {"KBENCH_MOE_PUBLISH_KERNEL": "1", "KBENCH_MOE_LATE_OUTPUT": "0"},
-              "early-output": {"KBENCH_MOE_LATE_OUTPUT": "0"}}
+              "early-output": {"KBENCH_MOE_LATE_OUTPUT": "0"},
+              # moe_replay's knobs read through getenv every call (the build before kb::KnobsMemo)
+              "knob-reads": {"KBENCH_MOE_KNOB_MEMO": "0"}}
 
 
 def phases_of_one_call(mod, data) -> dict[str, float]:
