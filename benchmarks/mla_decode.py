@@ -72,12 +72,7 @@ CANDIDATES = {"eager": {"KBENCH_MLA_GRAPH": "0"},
               "fixed-addresses": {"KBENCH_MLA_MOVING": "0"},
               # mla_replay reading its ~20 knobs through getenv every call (the build before the forty-seventh
               # session's kb::KnobsMemo, which reads them again only when a KBENCH_MLA_ variable changed)
-              "knob-reads": {"KBENCH_MLA_KNOB_MEMO": "0"},
-              # the W_UV GEMM asking L2 for no columns of wo's weights (the build before finding 58), or for the
-              # first 1024 / 4096 of each row instead of 2048 (KBENCH_MLA_WO_PREFETCH = KB a row, default 4)
-              "no-wo-prefetch": {"KBENCH_MLA_WO_PREFETCH": "0"},
-              "wo-prefetch-2": {"KBENCH_MLA_WO_PREFETCH": "2"},
-              "wo-prefetch-8": {"KBENCH_MLA_WO_PREFETCH": "8"}}
+              "knob-reads": {"KBENCH_MLA_KNOB_MEMO": "0"}}
 # The step's projections at the official dims (batch 128): name -> (n, k) of W [n, k]; x is [128, k].
 PROJECTIONS = {"kv_down": (576, 7168), "q_down": (1536, 7168), "q_up": (24576, 1536), "wo": (7168, 16384)}
 

@@ -4,7 +4,6 @@
 #include <c10/cuda/CUDAStream.h>
 #include <torch/extension.h>
 
-#include <algorithm>
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -149,26 +148,6 @@ static LinearConfig linear_plan(const torch::Tensor& x, const torch::Tensor& w) 
 // KBENCH_MLA_FUSED_DOWN (on): the step's kv_down and q_down (both of x) in one launch (finding 54).
 static bool fused_down_on() { return kb::env_int("KBENCH_MLA_FUSED_DOWN", 1) != 0; }
 
-// The first KBENCH_MLA_WO_PREFETCH KB (default 4: 2048 of 16384 columns) of every row of wo's weights w_o [dim, H * v]
-// bf16, for the W_UV GEMM to ask L2 for while it runs (finding 58): wo's first stages then hit L2. 0: none.
-static L2Prefetch wo_prefetch(const torch::Tensor& w_o, const MovingRef& ref) {
-  const long long row_bytes = w_o.stride(0) * w_o.element_size();
-  const long long bytes = std::min<long long>(kb::env_int("KBENCH_MLA_WO_PREFETCH", 4) * 1024LL,
-                                              w_o.size(1) * w_o.element_size());
-  if (bytes <= 0 || w_o.stride(1) != 1 || row_bytes % 16 || reinterpret_cast<uintptr_t>(w_o.data_ptr()) % 16)
-    return {};
-  L2Prefetch p;
-  p.base = w_o.data_ptr();
-  if (ref.capture) {
-    p.slot = ref.capture->slot(ref.input);
-    p.offset = ref.offset;
-  }
-  p.row_bytes = row_bytes;
-  p.rows = static_cast<int>(w_o.size(0));
-  p.bytes = static_cast<int>(bytes / 16 * 16);
-  return p;
-}
-
 // The configuration of one launch computing x w1^T and x w2^T (linear.cuh's pair), or bn 0 where it does not fit
 // (linear_plan's conditions for both, or no single wave holds both projections' tiles).
 static LinearConfig pair_plan(const torch::Tensor& x, const torch::Tensor& w1, const torch::Tensor& w2) {
@@ -290,7 +269,7 @@ static_assert(kStepMoving <= kb::kMovingInputs, "the record holds every moving i
 // a's and b's strides multiples of 8 elements. Returns c.
 // (b_ref: b is a moving graph's input, which the kernel reads through the capture's table word: moving_inputs.h)
 static torch::Tensor head_bmm_out(torch::Tensor c, const torch::Tensor& a, const torch::Tensor& b,
-                                  const MovingRef& b_ref = {}, const L2Prefetch& prefetch = {}) {
+                                  const MovingRef& b_ref = {}) {
   const void* const* b_slot = b_ref.capture ? b_ref.capture->slot(b_ref.input) : nullptr;
   TORCH_CHECK(a.dim() == 3 && b.dim() == 3 && c.dim() == 3 && a.size(0) == b.size(0) && c.size(0) == a.size(0) &&
                   a.size(2) == b.size(1) && c.size(1) == a.size(1) && c.size(2) == b.size(2),
@@ -318,8 +297,7 @@ static torch::Tensor head_bmm_out(torch::Tensor c, const torch::Tensor& a, const
                                          b_k_major ? b.stride(2) : b.stride(1), b.stride(0), b_k_major, c.data_ptr(),
                                          c.stride(1), c.stride(0), static_cast<int>(heads), static_cast<int>(m),
                                          static_cast<int>(n), static_cast<int>(k),
-                                         c10::cuda::getCurrentCUDAStream().stream(), b_slot, b_ref.offset,
-                                         prefetch);
+                                         c10::cuda::getCurrentCUDAStream().stream(), b_slot, b_ref.offset);
   TORCH_CHECK(err == nullptr, err ? err : "");
   return c;
 }
@@ -492,7 +470,7 @@ torch::Tensor mla_step(torch::Tensor x, torch::Tensor cache, torch::Tensor w_kv_
   // y written by the per-head bmm through a transposed view: wo reads it as [bs, H * v] in place
   torch::Tensor y_heads = y.transpose(0, 1);
   const torch::Tensor w_uv = w_kvu.narrow(1, kNope, kV).transpose(1, 2);
-  head_bmm_out(y_heads, o_latent.transpose(0, 1), w_uv, ref(5, w_uv), wo_prefetch(w_o, ref(6, w_o)));
+  head_bmm_out(y_heads, o_latent.transpose(0, 1), w_uv, ref(5, w_uv));
   steps.mark("bmm_uv");
   // late: the graph's own output tensor is never written; each call's is the one mla_replay publishes
   torch::Tensor out = linear_out(y.view({bs, 1, kH * kV}), w_o,

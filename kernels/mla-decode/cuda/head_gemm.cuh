@@ -18,8 +18,7 @@
 
 #include <cstdint>
 
-#include "mla_api.h"  // L2Prefetch
-#include "sm90.cuh"     // smem_u32, ldmatrix_x4 (_trans)
+#include "sm90.cuh"  // smem_u32, ldmatrix_x4 (_trans)
 
 namespace mla {
 
@@ -44,19 +43,7 @@ struct HeadGemmArgs {
   int m, n, k;  // m <= 128; n a multiple of 128; k a multiple of 64
   const void* const* b_slot;  // a moving graph: B is b_offset bytes past the address this device word holds (else b)
   long long b_offset;
-  L2Prefetch prefetch;  // rows this launch's CTAs ask L2 for (another kernel's operand), a share each
 };
-
-// This CTA's share of p's rows, one row a lane of warp 0, issued behind the CTA's own first loads: they only raise
-// how many bytes DRAM has in flight while this latency-bound GEMM runs.
-__device__ __forceinline__ void hg_prefetch_share(const L2Prefetch& p, int warp, int lane) {
-  if (p.rows == 0 || warp != 0) return;
-  const int ctas = gridDim.x * gridDim.y, cta = blockIdx.y * gridDim.x + blockIdx.x;
-  const int per = (p.rows + ctas - 1) / ctas;
-  const char* base = p.slot ? static_cast<const char*>(*p.slot) + p.offset : static_cast<const char*>(p.base);
-  for (int r = cta * per + lane; r < min(p.rows, (cta + 1) * per); r += 32)
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(base + r * p.row_bytes), "r"(p.bytes) : "memory");
-}
 
 __device__ __forceinline__ void hg_mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
   asm volatile(
@@ -107,7 +94,6 @@ __global__ void __launch_bounds__(kHgThreads, 2) head_gemm_kernel(const HeadGemm
     if (c < chunks) load(c, c);
     kb::sm90::cp_async_commit();
   }
-  hg_prefetch_share(p.prefetch, warp, lane);
   for (int kc = 0; kc < chunks; ++kc) {
     asm volatile("cp.async.wait_group %0;" ::"n"(kStages - 2) : "memory");
     __syncthreads();  // chunk kc landed for every thread, and every warp is done with chunk kc - 1's stage

@@ -155,15 +155,11 @@ static const char* head_gemm_launch(const HeadGemmArgs& p, dim3 grid, cudaStream
 const char* launch_mla_head_gemm(const void* a, long long a_row, long long a_head, const void* b, long long b_row,
                                  long long b_head, bool b_k_major, void* c, long long c_row, long long c_head,
                                  int heads, int m, int n, int k, cudaStream_t stream, const void* const* b_slot,
-                                 long long b_offset, const L2Prefetch& prefetch) {
+                                 long long b_offset) {
   if (m < 1 || m > kHgBM || n % kHgBN || k % kHgBK || k < kHgBK || heads < 1)
     return "mla_head_gemm: needs 1 <= m <= 128, n a multiple of 128, k a multiple of 64";
-  if (prefetch.rows && (prefetch.bytes <= 0 || prefetch.bytes % 16 || prefetch.row_bytes % 16 || prefetch.offset % 16 ||
-                        (!prefetch.slot && reinterpret_cast<uintptr_t>(prefetch.base) % 16)))
-    return "mla_head_gemm: the L2 prefetch needs 16-byte aligned rows of a multiple of 16 bytes";
   const HeadGemmArgs p{static_cast<const __nv_bfloat16*>(a), a_row, a_head, static_cast<const __nv_bfloat16*>(b),
-                       b_row, b_head, static_cast<__nv_bfloat16*>(c), c_row, c_head, m, n, k, b_slot, b_offset,
-                       prefetch};
+                       b_row, b_head, static_cast<__nv_bfloat16*>(c), c_row, c_head, m, n, k, b_slot, b_offset};
   const dim3 grid(n / kHgBN, heads);
   const bool deep = k > 2 * kHgBK;
   if (b_k_major) return deep ? head_gemm_launch<true, 4>(p, grid, stream) : head_gemm_launch<true, 3>(p, grid, stream);

@@ -74,22 +74,11 @@ const char* launch_mla_linear(const LinearConfig& c, const void* x, const void* 
                               cudaStream_t stream, void* const* y_slot = nullptr, const MovingRef& x_ref = {},
                               const MovingRef& w_ref = {}, const LinearSecond* second = nullptr);
 
-// Rows of a matrix for a launch's CTAs to ask L2 for (cp.async.bulk.prefetch.L2), split evenly among them: `rows`
-// rows of `bytes` bytes each (a multiple of 16), `row_bytes` apart, from base (a moving graph: offset bytes past the
-// address the device word `slot` holds). The W_UV GEMM fetches the first columns of wo's weights this way while it
-// runs, so that wo starts on L2 hits (finding 58). rows = 0: none.
-struct L2Prefetch {
-  const void* base = nullptr;
-  const void* const* slot = nullptr;
-  long long offset = 0, row_bytes = 0;
-  int rows = 0, bytes = 0;
-};
-
 // The per-head GEMMs (head_gemm.cuh): c[h] bf16 [m][n] = a[h] [m][k] . b[h] for h < heads, strides in elements
 // (rows of a and c, and b's stored rows: k rows of n, or with b_k_major n rows of k). m <= 128, n % 128 == 0,
 // k % 64 == 0, a's and b's rows and heads 16-byte aligned. b_slot set (a moving graph): b is b_offset bytes past the
-// address that device word holds. prefetch: rows the launch's CTAs also ask L2 for, once their first loads are out.
+// address that device word holds.
 const char* launch_mla_head_gemm(const void* a, long long a_row, long long a_head, const void* b, long long b_row,
                                  long long b_head, bool b_k_major, void* c, long long c_row, long long c_head,
                                  int heads, int m, int n, int k, cudaStream_t stream, const void* const* b_slot = nullptr,
-                                 long long b_offset = 0, const L2Prefetch& prefetch = {});
+                                 long long b_offset = 0);
