@@ -411,6 +411,7 @@ std::tuple<c10::optional<torch::Tensor>, torch::Tensor> moe_layer(torch::Tensor 
   }
   // the logits by the reference's own op (x as it comes: the same cuBLAS call); the softmax and top-k by ATen's ops
   // or, fused_topk, by moe_run's first launch with their numerics (router.cuh)
+  TORCH_CHECK(router_w.size(0) == E, "moe_layer: router_w must have one row per routed expert (E = gate's count - 1)");
   const torch::Tensor logits = at::linear(x, router_w);
   torch::Tensor scores, experts;
   if (config.fused_topk) {
@@ -422,9 +423,9 @@ std::tuple<c10::optional<torch::Tensor>, torch::Tensor> moe_layer(torch::Tensor 
     scores = top_scores.view({-1, K});
     experts = top_experts.view({-1, K});
   }
-  const torch::Tensor logits2 = logits.view({-1, E});
+  const torch::Tensor logits_2d = config.fused_topk ? logits.view({-1, E}) : torch::Tensor();
   torch::Tensor y = run_moe(x2, experts, scores, gate, up, down, nullptr, false, out,
-                            config.shared_first ? &ws : nullptr, &config, config.fused_topk ? &logits2 : nullptr);
+                            config.shared_first ? &ws : nullptr, &config, config.fused_topk ? &logits_2d : nullptr);
   if (!y.defined()) return {c10::nullopt, scores};
   return {y, scores};
 }
