@@ -138,17 +138,19 @@ void launch_gemm(GemmParams g, bool glu, const MoeArgs& a, cudaStream_t stream, 
                                                  stream>>>(g);
 }
 
-// router_topk_kernel for a.E routed experts (<= kMoeMaxRouted = 64), its width ATen's warp softmax's for E.
-void launch_router_topk(const MoeArgs& a, int blocks, cudaStream_t stream) {
-  const auto* logits = static_cast<const __half*>(a.logits);
-  auto* scores = static_cast<__half*>(a.scores);
+// router_topk_kernel for E routed experts (<= kMoeMaxRouted = 64), its width ATen's warp softmax's for E: a block
+// per kTopkPairs pairs, each block's counts a row of hist ([topk_blocks(T * K)][E]).
+void launch_router_topk(const void* logits, int T, int K, int E, void* scores, int64_t* experts, int* hist,
+                        kb::LateAddress late, cudaStream_t stream) {
+  const auto* in = static_cast<const __half*>(logits);
+  auto* out = static_cast<__half*>(scores);
+  const int blocks = topk_blocks(T * K);
   int width = 1;
-  while (width < a.E) width *= 2;
+  while (width < E) width *= 2;
   switch (width) {
-#define KB_ROUTER_TOPK(w)                                                                                  \
-  case w:                                                                                                  \
-    router_topk_kernel<w><<<blocks, kRouteThreads, 0, stream>>>(logits, a.T, a.K, a.E, scores, a.experts, \
-                                                                a.route_hist, a.late);                     \
+#define KB_ROUTER_TOPK(w)                                                                                           \
+  case w:                                                                                                           \
+    router_topk_kernel<w><<<blocks, kRouteThreads, 0, stream>>>(in, T, K, E, out, experts, hist, late);            \
     break;
     KB_ROUTER_TOPK(1) KB_ROUTER_TOPK(2) KB_ROUTER_TOPK(4) KB_ROUTER_TOPK(8) KB_ROUTER_TOPK(16) KB_ROUTER_TOPK(32)
     KB_ROUTER_TOPK(64)
@@ -214,7 +216,7 @@ const char* moe_run(const MoeArgs& a, cudaStream_t stream, cudaEvent_t* events) 
     if (a.logits) {  // fused_topk: the router's softmax and top-k count the pairs as they pick them
       hist_rows = topk_blocks(pairs);
       rows_per_chunk = kRouteChunk / kTopkPairs;
-      launch_router_topk(a, hist_rows, stream);
+      launch_router_topk(a.logits, a.T, a.K, a.E, a.scores, a.experts, a.route_hist, a.late, stream);
     } else {
       route_count_kernel<<<blocks, kRouteThreads, 0, stream>>>(a.experts, pairs, a.E, a.route_hist, a.late);
     }
@@ -304,15 +306,7 @@ int moe_route_hist_rows(int pairs) { return std::max(route_blocks(pairs), topk_b
 const char* moe_run_router_topk(const void* logits, int T, int K, int E, void* scores, int64_t* experts,
                                 int* hist, cudaStream_t stream) {
   if (E < 1 || E > kMoeMaxRouted || K < 1 || K > E || T < 1) return "moe_router_topk: 1 <= K <= E <= 64, T >= 1";
-  MoeArgs a{};
-  a.logits = logits;
-  a.T = T;
-  a.K = K;
-  a.E = E;
-  a.scores = scores;
-  a.experts = experts;
-  a.route_hist = hist;
-  launch_router_topk(a, topk_blocks(T * K), stream);
+  launch_router_topk(logits, T, K, E, scores, experts, hist, kb::LateAddress{}, stream);
   return kb::launch_error("moe cuda router top-k");
 }
 
