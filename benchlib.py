@@ -135,9 +135,8 @@ def interleaved_samples(sample: Callable[[Callable[[], Any], int, int], list],
                         rounds: int = 4, warmup: int = 3, settle: bool = True) -> dict[str, list]:
     """interleaved's rounds with any sampler: sample(fn, n, warmup) -> n samples of fn (Timer.samples, or the values
     fn returns); name -> the variant's samples, in the order taken. settle: one pass over every variant first, its
-    samples dropped. Alternating cancels a steady drift, not a fast one at the start: moe's windows, taken right after
-    the flushed timer's runs (whose idle gaps let the clock rise), favoured whichever variant ran first by 1-2% at
-    8192 tokens, even against identical GPU work (docs/moe-notes.md, forty-seventh session)."""
+    samples dropped: alternating cancels a steady drift, not a fast one at the start (a clock that rose during a
+    pause), which would favour the variant that runs first."""
     samples: dict[str, list] = {name: [] for name in variants}
     names, per_round = list(variants), max(1, -(-runs // rounds))
     for name in names if settle else []:
