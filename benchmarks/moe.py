@@ -95,6 +95,8 @@ CANDIDATES = {
     # moe_replay reading its ~20 knobs through getenv every call (the build before the forty-seventh session's
     # kb::KnobsMemo, which reads them again only when a KBENCH_MOE_ variable changed)
     "knob-reads": {"KBENCH_MOE_KNOB_MEMO": "0"},
+    # the shipped build under another name (no knob set): the method's own bias between two variants in one process
+    "same": {},
 }
 
 
