@@ -82,23 +82,11 @@ class HeldGraphs {
 
   bool empty() const { return all_.empty(); }
 
-  // The graph `owner` captured on exactly `inputs` with the knobs config() gives now (called once, only where the
-  // inputs match), moved to the front and counted; null where none.
-  template <class Config>
-  const HeldGraph* find(const py::object& owner, const std::vector<int64_t>& inputs, Config config) {
-    const std::string* text = nullptr;  // config() may return a reference to the caller's memo
-    std::string made;
+  // The graph `owner` captured on exactly `inputs` with the knobs' text `config` (the callers keep it from call to
+  // call: kb::KnobsMemo), moved to the front and counted; null where none.
+  const HeldGraph* find(const py::object& owner, const std::vector<int64_t>& inputs, const std::string& config) {
     for (size_t i = 0; i < all_.size(); ++i) {
-      if (!all_[i].owner.is(owner) || all_[i].inputs != inputs) continue;
-      if (!text) {
-        if constexpr (std::is_lvalue_reference_v<decltype(config())>) {
-          text = &config();
-        } else {
-          made = config();
-          text = &made;
-        }
-      }
-      if (all_[i].config != *text) continue;
+      if (!all_[i].owner.is(owner) || all_[i].inputs != inputs || all_[i].config != config) continue;
       if (i) std::swap(all_[0], all_[i]);
       ++replays_;
       return &all_[0];

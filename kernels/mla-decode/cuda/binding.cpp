@@ -568,9 +568,8 @@ c10::optional<torch::Tensor> mla_replay(py::object owner, py::tuple inputs, int6
   steps.mark("describe");
   // one captured on exactly these inputs (benchmark mode's: its maps are the kernels' parameters, no take kernel),
   // else a moving graph (any addresses: leaderboard mode's)
-  const auto text = []() -> const std::string& { return knob_text; };
-  const kb::HeldGraph* graph = held.find(owner, now, text);
-  if (!graph && moving && describe_step(inputs, now, true)) graph = held.find(owner, now, text);
+  const kb::HeldGraph* graph = held.find(owner, now, knob_text);
+  if (!graph && moving && describe_step(inputs, now, true)) graph = held.find(owner, now, knob_text);
   if (!graph) return c10::nullopt;
   steps.mark("find");
   const torch::Tensor lens = THPVariable_Unpack(inputs[9].ptr());

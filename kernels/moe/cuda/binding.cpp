@@ -327,14 +327,12 @@ c10::optional<torch::Tensor> moe_replay(py::object owner, torch::Tensor x, py::d
   static std::vector<int64_t> now;
   if (!describe_inputs(x, weights, K, E, now)) return c10::nullopt;
   steps.mark("describe");
-  const kb::HeldGraph* graph = held.find(owner, now, [&]() -> const std::string& {
-    const std::array<int64_t, 3> shape{x.numel() / x.size(-1), K, E};
-    if (shape != config_for) {
-      config = config_text(shape[0], K, E);
-      config_for = shape;
-    }
-    return config;
-  });
+  const std::array<int64_t, 3> shape{x.numel() / x.size(-1), K, E};
+  if (shape != config_for) {
+    config = config_text(shape[0], K, E);
+    config_for = shape;
+  }
+  const kb::HeldGraph* graph = held.find(owner, now, config);
   if (!graph) return c10::nullopt;
   steps.mark("find");
   const c10::cuda::CUDAGuard guard(x.device());

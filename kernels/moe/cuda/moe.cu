@@ -301,7 +301,8 @@ const char* moe_run_combine(const void* y, const void* scores, void* out, int T,
   return kb::launch_error("moe cuda combine");
 }
 
-int moe_route_hist_rows(int pairs) { return std::max(route_blocks(pairs), topk_blocks(pairs)); }
+// (router_topk_kernel's rows, a whole number of them a routing chunk: never fewer than route_count_kernel's)
+int moe_route_hist_rows(int pairs) { return topk_blocks(pairs); }
 
 const char* moe_run_router_topk(const void* logits, int T, int K, int E, void* scores, int64_t* experts,
                                 int* hist, cudaStream_t stream) {
