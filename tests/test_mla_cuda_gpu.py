@@ -241,7 +241,7 @@ def _judge(tmp_path, cases, mode="test", **kw):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("knobs", ["", "LINEAR=0,HEAD_GEMM=0"])
+@pytest.mark.parametrize("knobs", ["", "LINEAR=0,HEAD_GEMM=0", "ABSORB_UK=0"])
 def test_every_official_case(mla, tmp_path, knobs, monkeypatch):
     _set_knobs(monkeypatch, None, knobs)
     spec = problems.load_spec("mla-decode")
@@ -375,6 +375,38 @@ def test_a_pair_of_projections_in_one_launch_matches_fp32_and_the_single_launche
     for y, w in zip(pair, (w1, w2)):
         if mla.ext.mla_linear_plan(m, w.shape[0], k)[:2] == plan:
             assert torch.equal(y, mla.ext.mla_linear(x, w))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [128, 77, 1])
+def test_q_up_absorbing_w_uk_matches_fp32_and_the_separate_launches(mla, m):
+    """linear.cuh's kAbsorb (the step's q_up with each head's q_nope multiplied by its W_UK in the same CTA, finding
+    59) on fresh random inputs with the allocator and q_full poisoned: q equals mla_linear's bit for bit (the same
+    tiles, the same sums); q_full's latent columns lie within the tolerance of fp32 products of q's bf16 q_nope by
+    W_UK, and of the separate per-head GEMM (head_gemm.cuh); its rope columns stay untouched."""
+    import torch
+
+    gen = torch.Generator(device="cuda")
+    gen.manual_seed(m)
+    x = torch.randn(m, 1536, generator=gen, device="cuda").bfloat16()
+    w = (torch.randn(128 * 192, 1536, generator=gen, device="cuda") / math.sqrt(1536)).bfloat16()
+    w_kvu = (torch.randn(128 * 256, 512, generator=gen, device="cuda") / 16).bfloat16()
+    benchlib.poison_allocator()
+    q_full = torch.full((m, 128, 576), float("nan"), device="cuda", dtype=torch.bfloat16)
+    y = mla.ext.mla_linear_absorb(x, w, w_kvu, q_full)
+    assert y is not None, "the step's q_up shape must take the absorbing kernel"
+    torch.cuda.synchronize()
+    assert torch.equal(y, mla.ext.mla_linear(x, w))
+    q_nope = y.view(m, 128, 192)[..., :128].transpose(0, 1)
+    w_uk = w_kvu.view(128, 256, 512).narrow(1, 0, 128)
+    want = torch.bmm(q_nope.float(), w_uk.float()).transpose(0, 1)
+    ratio = benchlib.tolerance_ratio(q_full[..., :512], want, 8e-3, 1e-2)
+    assert ratio <= 1, f"{ratio:.2f}x the tolerance from fp32"
+    assert q_full[..., 512:].isnan().all(), "wrote past the latent columns"
+    separate = torch.full_like(q_full, float("nan"))
+    mla.ext.mla_bmm_out(separate.narrow(2, 0, 512).transpose(0, 1), q_nope, w_uk)
+    ratio = benchlib.tolerance_ratio(q_full[..., :512], separate[..., :512].float(), 8e-3, 1e-2)
+    assert ratio <= 1, f"{ratio:.2f}x the tolerance from the per-head GEMM"
 
 
 @pytest.mark.gpu

@@ -39,9 +39,9 @@ for dtype in ("f16", "bf16"):
     for n in (16, 32, 56, 64, 96, 112, 128, 192, 224, 256):
         print(shared_operands(n, dtype))
 # A from registers (4 x 32 bits a thread: the m64k16 A fragment, which is the layout of an m64nN accumulator's
-# columns 16j .. 16j+15 packed in pairs; FlashAttention-3's P-in-registers), B in shared memory.
-for dtype in ("f16", "bf16"):
-    n = 256
+# columns 16j .. 16j+15 packed in pairs; FlashAttention-3's P-in-registers), B in shared memory. n 64: mla-decode's
+# q_up epilogue multiplies each head's q_nope by W_UK one 64-column block at a time (linear.cuh, kAbsorb).
+for dtype, n in (("f16", 256), ("bf16", 256), ("bf16", 64)):
     regs = n // 2
     outs = ", ".join(f"%{i}" for i in range(regs))
     cons = ", ".join(f'"+f"(d[{i}])' for i in range(regs))

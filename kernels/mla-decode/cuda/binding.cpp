@@ -217,6 +217,54 @@ static std::tuple<torch::Tensor, torch::Tensor> pair_out(const LinearConfig& con
   return {y1, y2};
 }
 
+// KBENCH_MLA_ABSORB_UK (on): the step's q_up CTAs also multiply each head's q_nope by its W_UK into the query's
+// latent columns (linear.cuh's kAbsorb, finding 59); 0: the per-head GEMM after q_up (head_gemm.cuh), as before.
+static bool absorb_uk_on() { return kb::env_int("KBENCH_MLA_ABSORB_UK", 1) != 0; }
+
+// q = x w^T [bs, 128 * 192] (the step's q_up) and, in the same launch, q_full[:, h, :512] = q_nope_h W_UK_h with
+// W_UK_h = rows [256 h, 256 h + 128) of w_kv_up [128 * 256, 512]; undefined where linear.cuh cannot (another
+// configuration than one 192-column head a CTA, unaligned or non-contiguous tensors): then the caller runs both.
+static torch::Tensor linear_absorb_out(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& w_kv_up,
+                                       torch::Tensor& q_full, const MovingRef& w_ref, const MovingRef& uk_ref) {
+  const int64_t k = w.size(1), n = w.size(0), m = x.numel() / std::max<int64_t>(k, 1);
+  const LinearConfig config = linear_plan(x, w);
+  const bool fits = config.bn && mla_linear_absorbs(config, static_cast<int>(n)) && w_kv_up.is_contiguous() &&
+                    w_kv_up.scalar_type() == at::kBFloat16 && w_kv_up.numel() == 128 * 256 * 512 &&
+                    reinterpret_cast<uintptr_t>(w_kv_up.data_ptr()) % 16 == 0 && q_full.is_contiguous() &&
+                    q_full.size(0) == m && q_full.numel() == m * 128 * 576;
+  if (!fits) return torch::Tensor();
+  kb::print_config_once([&](char* buf, int size) {
+    const int len = snprintf(buf, size, "mla_linear m=%lld n=%lld k=%lld absorbing W_UK: ", (long long)m, (long long)n,
+                             (long long)k);
+    linear_describe(config, buf + len, size - len);
+  });
+  const c10::cuda::CUDAGuard guard(x.device());
+  auto sizes = x.sizes().vec();
+  sizes.back() = n;
+  torch::Tensor y = torch::empty(sizes, x.options());
+  const LinearAbsorb absorb{w_kv_up.data_ptr(), q_full.data_ptr(), uk_ref};
+  const char* err = launch_mla_linear(config, x.data_ptr(), w.data_ptr(), y.data_ptr(), static_cast<int>(m),
+                                      static_cast<int>(n), static_cast<int>(k),
+                                      c10::cuda::getCurrentCUDAStream().stream(), nullptr, {}, w_ref, nullptr, &absorb);
+  TORCH_CHECK(err == nullptr, err ? err : "");
+  return y;
+}
+
+// The step's q_up with W_UK absorbed (linear_absorb_out) for the tests: x [m, 1536] and w [128 * 192, 1536] bf16,
+// w_kv_up [128 * 256, 512] bf16, q_full [m, 128, 576] bf16, whose latent columns are written; returns x w^T, or
+// None where linear.cuh's kAbsorb does not fit.
+c10::optional<torch::Tensor> mla_linear_absorb(torch::Tensor x, torch::Tensor w, torch::Tensor w_kv_up,
+                                               torch::Tensor q_full) {
+  TORCH_CHECK(x.is_cuda() && x.scalar_type() == at::kBFloat16 && w.scalar_type() == at::kBFloat16 && w.dim() == 2 &&
+                  x.size(-1) == w.size(1) && q_full.scalar_type() == at::kBFloat16 && w.device() == x.device() &&
+                  w_kv_up.device() == x.device() && q_full.device() == x.device(),
+              "mla_linear_absorb: x [m, k], w [n, k], w_kv_up and q_full must be bf16 tensors on one CUDA device");
+  const c10::cuda::CUDAGuard guard(x.device());
+  torch::Tensor y = linear_absorb_out(x, w, w_kv_up, q_full, {}, {});
+  if (!y.defined()) return c10::nullopt;
+  return y;
+}
+
 // Both projections of one x in one launch, as the step runs kv_down and q_down: (x w1^T [..., n1], x w2^T [..., n2])
 // bf16, x [..., k] and w1 [n1, k], w2 [n2, k] bf16 contiguous; None where no pair configuration fits (pair_plan).
 c10::optional<std::tuple<torch::Tensor, torch::Tensor>> mla_linear_pair(torch::Tensor x, torch::Tensor w1,
@@ -444,15 +492,23 @@ torch::Tensor mla_step(torch::Tensor x, torch::Tensor cache, torch::Tensor w_kv_
   // projections run on linear.cuh), which fails there: its set-up is not capturable (finding 33).
   if (!q_low.defined()) q_low = linear_out(x2, w_q_down, nullptr, ref(0, x2), ref(3, w_q_down));
   steps.mark("q_down");
-  const torch::Tensor q = linear_out(q_low, w_q_up, nullptr, {}, ref(4, w_q_up)).view({bs, kH, kNope + kRope});
-  steps.mark("q_up");
   const torch::Tensor w_kvu = w_kv_up.view({kH, kNope + kV, kLora});
-  // q_full [bs, H, 576] = (q_nope W_UK) | roped q_rope: the per-head bmm writes its [H, bs, 512] result straight into
-  // the latent columns (a strided output: rows H * 576 apart), mla_rope_q the rope columns
+  // q_full [bs, H, 576] = (q_nope W_UK) | roped q_rope: q_up's CTAs write the latent columns themselves (absorb_uk),
+  // or the per-head bmm writes its [H, bs, 512] result straight into them (a strided output: rows H * 576 apart);
+  // mla_rope_q the rope columns
   torch::Tensor q_full = torch::empty({bs, kH, kLora + kRope}, x.options());
-  torch::Tensor q_latent = q_full.narrow(2, 0, kLora).transpose(0, 1);
-  const torch::Tensor w_uk = w_kvu.narrow(1, 0, kNope);
-  head_bmm_out(q_latent, q.narrow(2, 0, kNope).transpose(0, 1), w_uk, ref(5, w_uk));
+  torch::Tensor q_flat = absorb_uk_on() ? linear_absorb_out(q_low, w_q_up, w_kv_up, q_full, ref(4, w_q_up),
+                                                            ref(5, w_kv_up))
+                                        : torch::Tensor();
+  const bool absorbed = q_flat.defined();
+  if (!absorbed) q_flat = linear_out(q_low, w_q_up, nullptr, {}, ref(4, w_q_up));
+  const torch::Tensor q = q_flat.view({bs, kH, kNope + kRope});
+  steps.mark("q_up");
+  if (!absorbed) {
+    torch::Tensor q_latent = q_full.narrow(2, 0, kLora).transpose(0, 1);
+    const torch::Tensor w_uk = w_kvu.narrow(1, 0, kNope);
+    head_bmm_out(q_latent, q.narrow(2, 0, kNope).transpose(0, 1), w_uk, ref(5, w_uk));
+  }
   steps.mark("bmm_uk");
   auto join = [&] {  // the attention reads the new row (and, late, the query's RoPE the length the append took)
     if (!appended) return;

@@ -14,6 +14,12 @@
 // Two projections of one X in one launch (LinearParams::y2): the n-tiles past tiles1 take W2 (tm_w2) and store to Y2
 // [m][n2]. The step's kv_down and q_down (both of x) run so, in one wave: launched apart, the first to start took
 // every SM and the other, on the q path to the attention, waited for it (docs/mla-decode-notes.md, finding 54).
+//
+// kAbsorb (the step's q_up, bn 192 = one head's nope | rope columns, no split): after storing its q tile, each CTA
+// multiplies the head's q_nope (the accumulator rounded to bf16, kept in registers as wgmma A fragments) by the
+// head's W_UK [128][512] (four more ring stages, two 64-column blocks a stage, asked of L2 at the start) and stores
+// the 512 latent columns of the attention's query (LinearParams::q_lat): the per-head W_UK GEMM without a launch of
+// its own (docs/mla-decode-notes.md, finding 59).
 #pragma once
 #include <cstdint>
 #include <cuda.h>
@@ -61,7 +67,18 @@ struct LinearParams {
   __nv_bfloat16* y2;
   int n2, tiles1;
   const CUtensorMap* bound_w2;
+  // kAbsorb: the attention's query [m][128 heads][576], whose columns 0 .. 511 of head n-tile this CTA stores; a
+  // moving graph's map of W_kv_up (tm_uk's input), or null
+  __nv_bfloat16* q_lat;
+  const CUtensorMap* bound_uk;
 };
+
+// kAbsorb's shapes: a head's q is 128 nope + 64 rope columns; W_UK of head h is rows [256 h, 256 h + 128) of W_kv_up
+// [128 * 256][512], loaded as 8 blocks of 128 rows x 64 columns (16 KB, 128-byte swizzle), two a ring stage (the
+// stage's X slot and its W slot, each at least 16 KB).
+constexpr int kAbsorbNope = 128, kAbsorbLatent = 512, kAbsorbHeadRows = 256, kAbsorbQRow = 128 * 576;
+constexpr int kAbsorbBlockBytes = kAbsorbNope * 128;
+constexpr int kAbsorbStages = kAbsorbLatent / 64 / 2;
 
 // Four floats of CTA `rank`'s shared memory at the address `local` has in this CTA.
 __device__ __forceinline__ float4 ld_cluster_f4(uint32_t local, uint32_t rank) {
@@ -86,11 +103,75 @@ __device__ __forceinline__ void linear_mma(float* acc, uint64_t da, uint64_t db,
   else wgmma_m64n56k16_bf16<0>(acc, da, db, accumulate);
 }
 
-template <int kBN>
+// Stores an m64n{8 kChunks} accumulator's rows (< m) as bf16 pairs: row r0 + 8h of dst (row pitch `pitch`
+// elements), columns 8c + col, +1 (the wgmma accumulator's layout: acc[4c + 2h + e]).
+template <int kChunks>
+__device__ __forceinline__ void store_rows_bf16(__nv_bfloat16* dst, long long pitch, int r0, int col, int m,
+                                                const float* acc) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    if (r0 + 8 * h >= m) continue;
+    __nv_bfloat16* row = dst + static_cast<long long>(r0 + 8 * h) * pitch + col;
+#pragma unroll
+    for (int c = 0; c < kChunks; ++c)
+      *reinterpret_cast<__nv_bfloat162*>(row + 8 * c) = __floats2bfloat162_rn(acc[4 * c + 2 * h], acc[4 * c + 2 * h + 1]);
+  }
+}
+
+// kAbsorb's epilogue for one consumer warpgroup (rows 64 cw .. of X): acc is its m64n192 q tile (head nt). Stores
+// the tile to Y (the rope columns are mla_rope_q's input), then q_nope W_UK into the head's latent columns of
+// p.q_lat, reading W_UK from the kAbsorbStages ring stages after the main loop's (s, phase: the next one). Both
+// rounded as the separate GEMMs round them: q to bf16 first, the product's fp32 sum to bf16.
+template <int kStages>
+__device__ __forceinline__ void absorb_epilogue(const LinearParams& p, const float* acc, uint8_t* s_a, uint8_t* s_b,
+                                                int a_bytes, int b_bytes, uint64_t* full, int s, uint32_t phase,
+                                                int cw, int warp, int lane, int nt) {
+  const int r0 = cw * 64 + warp * 16 + lane / 4, col = 2 * (lane % 4);
+  store_rows_bf16<(kAbsorbNope + 64) / 8>(p.y + nt * (kAbsorbNope + 64), p.n, r0, col, p.m, acc);
+  uint32_t qa[kAbsorbNope / 4];  // q_nope's A fragments: qa[4j .. 4j + 3] = columns 16j .. 16j + 15
+#pragma unroll
+  for (int c = 0; c < kAbsorbNope / 8; ++c)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const __nv_bfloat162 v = __floats2bfloat162_rn(acc[4 * c + 2 * h], acc[4 * c + 2 * h + 1]);
+      qa[2 * c + h] = *reinterpret_cast<const uint32_t*>(&v);
+    }
+  __nv_bfloat16* q_lat = p.q_lat + nt * 576;
+#pragma unroll 1
+  for (int e = 0; e < kAbsorbStages; ++e) {
+    mbar_wait(&full[s], phase);
+    float u0[32], u1[32];
+    // W_UK's blocks are N-major (rows of k = the nope dimension, 64 latent columns each): advancing k by 16 rows
+    // moves 2048 bytes
+    const uint64_t d0 = make_desc_sw128(s_a + s * a_bytes, kAbsorbBlockBytes, 1024);
+    const uint64_t d1 = make_desc_sw128(s_b + s * b_bytes, kAbsorbBlockBytes, 1024);
+    wgmma_fence();
+#pragma unroll
+    for (int q = 0; q < kAbsorbNope / 16; ++q) wgmma_m64n64k16_rs_bf16<1>(u0, qa + 4 * q, d0 + (2048 >> 4) * q, q > 0);
+#pragma unroll
+    for (int q = 0; q < kAbsorbNope / 16; ++q) wgmma_m64n64k16_rs_bf16<1>(u1, qa + 4 * q, d1 + (2048 >> 4) * q, q > 0);
+    wgmma_commit();
+    wgmma_wait<0>();
+#pragma unroll
+    for (int i = 0; i < 32; ++i) {
+      reg_fence(u0[i]);
+      reg_fence(u1[i]);
+    }
+    store_rows_bf16<8>(q_lat + 64 * (2 * e), kAbsorbQRow, r0, col, p.m, u0);
+    store_rows_bf16<8>(q_lat + 64 * (2 * e + 1), kAbsorbQRow, r0, col, p.m, u1);
+    ring_next(s, phase, kStages);
+  }
+}
+
+template <int kBN, bool kAbsorb = false>
 __global__ void __launch_bounds__(kLinearThreads, 1)
     linear_kernel(const __grid_constant__ CUtensorMap tm_x, const __grid_constant__ CUtensorMap tm_w,
-                  const __grid_constant__ CUtensorMap tm_w2, const LinearParams p) {
+                  const __grid_constant__ CUtensorMap tm_w2, const __grid_constant__ CUtensorMap tm_uk,
+                  const LinearParams p) {
+  static_assert(!kAbsorb || kBN == kAbsorbNope + 64, "kAbsorb: one head's q columns a CTA");
   using S = LinearShape<kBN>;
+  static_assert(!kAbsorb || (S::kABytes >= kAbsorbBlockBytes && S::kBBytes >= kAbsorbBlockBytes),
+                "kAbsorb: a W_UK block in each slot of a stage");
   constexpr int kStages = S::kStages;
   extern __shared__ uint8_t smem_raw[];
   uint8_t* base = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);  // 128B-swizzled tiles: 1024-aligned
@@ -110,9 +191,11 @@ __global__ void __launch_bounds__(kLinearThreads, 1)
   const CUtensorMap* map_x = p.bound_x ? p.bound_x : &tm_x;
   const CUtensorMap* bound_w = second ? p.bound_w2 : p.bound_w;
   const CUtensorMap* map_w = bound_w ? bound_w : second ? &tm_w2 : &tm_w;
+  const CUtensorMap* map_uk = p.bound_uk ? p.bound_uk : &tm_uk;
   if (threadIdx.x == 0) {
     if (p.bound_x) kb::tensormap_acquire(p.bound_x);
     if (bound_w) kb::tensormap_acquire(bound_w);
+    if (kAbsorb && p.bound_uk) kb::tensormap_acquire(p.bound_uk);
     tma_prefetch_desc(map_x);
     tma_prefetch_desc(map_w);
     for (int s = 0; s < kStages; ++s) {
@@ -132,6 +215,8 @@ __global__ void __launch_bounds__(kLinearThreads, 1)
         mbar_arrive_expect_tx(&full[i], S::kStageBytes);
         tma_load_2d(s_b + i * S::kBBytes, map_w, &full[i], (kb0 + i) * kLinearBK, nt * kBN);
       }
+      if constexpr (kAbsorb)  // W_UK's blocks into L2 now, so that the epilogue's loads find them there
+        for (int b = 0; b < 2 * kAbsorbStages; ++b) tma_prefetch_2d(map_uk, 64 * b, nt * kAbsorbHeadRows);
       griddep_wait();
       for (int i = 0; i < early; ++i) tma_load_2d(s_a + i * S::kABytes, map_x, &full[i], (kb0 + i) * kLinearBK, 0);
       int s = early % kStages;
@@ -142,6 +227,15 @@ __global__ void __launch_bounds__(kLinearThreads, 1)
         tma_load_2d(s_b + s * S::kBBytes, map_w, &full[s], (kb0 + i) * kLinearBK, nt * kBN);
         tma_load_2d(s_a + s * S::kABytes, map_x, &full[s], (kb0 + i) * kLinearBK, 0);
         ring_next(s, phase, kStages);
+      }
+      if constexpr (kAbsorb) {  // W_UK behind the last k-block, through the same ring
+        for (int e = 0; e < kAbsorbStages; ++e) {
+          mbar_wait(&empty[s], phase ^ 1);
+          mbar_arrive_expect_tx(&full[s], 2 * kAbsorbBlockBytes);
+          tma_load_2d(s_a + s * S::kABytes, map_uk, &full[s], 64 * (2 * e), nt * kAbsorbHeadRows);
+          tma_load_2d(s_b + s * S::kBBytes, map_uk, &full[s], 64 * (2 * e + 1), nt * kAbsorbHeadRows);
+          ring_next(s, phase, kStages);
+        }
       }
     }
     // The producer warpgroup only keeps the cluster's barriers (its 40 registers run no epilogue).
@@ -173,6 +267,12 @@ __global__ void __launch_bounds__(kLinearThreads, 1)
     wgmma_wait<0>();
 #pragma unroll
     for (int i = 0; i < kBN / 2; ++i) reg_fence(acc[i]);
+    if constexpr (kAbsorb) {
+      absorb_epilogue<kStages>(p, acc, s_a, s_b, S::kABytes, S::kBBytes, full, s, phase, cw, warp, lane, nt);
+      cluster_sync();  // (the producer's two: a cluster of one here)
+      cluster_sync();
+      return;
+    }
     // Both consumers' MMAs must be done reading the ring before either overwrites it with its accumulator.
     named_bar_sync(1, 256);
     const int row = cw * 64 + warp * 16 + lane / 4, col = 2 * (lane % 4);

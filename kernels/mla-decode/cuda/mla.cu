@@ -248,16 +248,22 @@ LinearConfig mla_linear_pair_config(int m, int n1, int n2, int k) {
   return c;
 }
 
+bool mla_linear_absorbs(const LinearConfig& c, int n) {
+  return c.bn == kAbsorbNope + 64 && c.splits == 1 && n == 128 * c.bn;
+}
+
 const char* launch_mla_linear(const LinearConfig& c, const void* x, const void* w, void* y, int m, int n, int k,
                               cudaStream_t stream, void* const* y_slot, const MovingRef& x_ref, const MovingRef& w_ref,
-                              const LinearSecond* second) {
+                              const LinearSecond* second, const LinearAbsorb* absorb) {
   if (m < 1 || m > 128 || k % kLinearBK || n % 4 || c.splits < 1 || (k / kLinearBK) % c.splits ||
       (second && (second->n % 4 || second->n < 1 || y_slot)))
     return "mla_linear: need 1 <= m <= 128, k % 64 == 0, n % 4 == 0 and the k-blocks divisible by the splits";
+  if (absorb && (!mla_linear_absorbs(c, n) || second || y_slot))
+    return "mla_linear: the W_UK absorption needs bn 192, no split, n = 128 heads x 192, no second projection";
   const char* err = "mla_linear: no kernel for this configuration";
   with_linear_instance(c.bn, [&](auto bn_c) {
     constexpr int kBN = decltype(bn_c)::value;
-    CUtensorMap tm_x, tm_w, tm_w2;
+    CUtensorMap tm_x, tm_w, tm_w2, tm_uk;
     if (!kb::make_map_2d(&tm_x, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, x, k, m, (uint64_t)k * 2, kLinearBK, 128,
                          CU_TENSOR_MAP_SWIZZLE_128B) ||
         !kb::make_map_2d(&tm_w, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, w, k, n, (uint64_t)k * 2, kLinearBK, kBN,
@@ -268,6 +274,13 @@ const char* launch_mla_linear(const LinearConfig& c, const void* x, const void* 
       return;
     }
     if (!second) tm_w2 = tm_w;  // (read by no tile: the kernel takes W2 only past tiles1 of a pair)
+    tm_uk = tm_w;                // (read only by kAbsorb)
+    if (absorb && !kb::make_map_2d(&tm_uk, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, absorb->w_kv_up, kAbsorbLatent,
+                                   128 * kAbsorbHeadRows, (uint64_t)kAbsorbLatent * 2, 64, kAbsorbNope,
+                                   CU_TENSOR_MAP_SWIZZLE_128B)) {
+      err = "mla_linear: cuTensorMapEncodeTiled failed for W_kv_up";
+      return;
+    }
     const int tiles1 = (n + kBN - 1) / kBN, tiles2 = second ? (second->n + kBN - 1) / kBN : 0;
     LinearParams p{static_cast<__nv_bfloat16*>(y), y_slot, m, n, k / kLinearBK / c.splits, c.splits, nullptr, nullptr,
                    second ? static_cast<__nv_bfloat16*>(second->y) : nullptr, second ? second->n : 0, tiles1,
@@ -277,6 +290,10 @@ const char* launch_mla_linear(const LinearConfig& c, const void* x, const void* 
     if (w_ref.capture) p.bound_w = w_ref.capture->bind(tm_w, w_ref.input, w_ref.offset);
     if (second && second->w_ref.capture)
       p.bound_w2 = second->w_ref.capture->bind(tm_w2, second->w_ref.input, second->w_ref.offset);
+    if (absorb) {
+      p.q_lat = static_cast<__nv_bfloat16*>(absorb->q_lat);
+      if (absorb->w_ref.capture) p.bound_uk = absorb->w_ref.capture->bind(tm_uk, absorb->w_ref.input, absorb->w_ref.offset);
+    }
     cudaLaunchAttribute attr[2];
     cudaLaunchConfig_t cfg = linear_launch_config<kBN>((tiles1 + tiles2) * c.splits, c.splits, attr);
     cfg.stream = stream;
@@ -284,7 +301,22 @@ const char* launch_mla_linear(const LinearConfig& c, const void* x, const void* 
     attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attr[1].val.programmaticStreamSerializationAllowed = c.pdl ? 1 : 0;
     cfg.numAttrs = 2;
-    cudaLaunchKernelEx(&cfg, linear_kernel<kBN>, tm_x, tm_w, tm_w2, p);
+    if constexpr (kBN == kAbsorbNope + 64) {
+      if (absorb) {
+        static bool sized[64] = {};  // per device (an attribute of the function on each device's context)
+        int dev = 0;
+        cudaGetDevice(&dev);
+        if (dev < 64 && !sized[dev]) {  // (a failure shows as the launch's error)
+          cudaFuncSetAttribute(linear_kernel<kBN, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               LinearShape<kBN>::kSmemBytes);
+          sized[dev] = true;
+        }
+        cudaLaunchKernelEx(&cfg, linear_kernel<kBN, true>, tm_x, tm_w, tm_w2, tm_uk, p);
+        err = kb::launch_error("mla_linear (absorbing W_UK)");
+        return;
+      }
+    }
+    cudaLaunchKernelEx(&cfg, linear_kernel<kBN>, tm_x, tm_w, tm_w2, tm_uk, p);
     err = kb::launch_error("mla_linear");
   });
   return err;

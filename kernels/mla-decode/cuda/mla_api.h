@@ -68,11 +68,21 @@ struct LinearSecond {
   int n;
   MovingRef w_ref;
 };
+// absorb set (the step's q_up, linear.cuh's kAbsorb: c = {192, 1}, n = 128 * 192): each head's q_nope is also
+// multiplied by its W_UK (rows [256 h, 256 h + 128) of w_kv_up bf16 [128 * 256][512]) into q_lat bf16 [m][128][576],
+// columns 0 .. 511 of each head (finding 59); y still gets the whole q.
+struct LinearAbsorb {
+  const void* w_kv_up;
+  void* q_lat;
+  MovingRef w_ref;
+};
+bool mla_linear_absorbs(const LinearConfig& c, int n);  // whether launch_mla_linear takes `absorb` with c for n
 LinearConfig mla_linear_config(int m, int n, int k);
 LinearConfig mla_linear_pair_config(int m, int n1, int n2, int k);  // both projections in one wave, or bn 0
 const char* launch_mla_linear(const LinearConfig& c, const void* x, const void* w, void* y, int m, int n, int k,
                               cudaStream_t stream, void* const* y_slot = nullptr, const MovingRef& x_ref = {},
-                              const MovingRef& w_ref = {}, const LinearSecond* second = nullptr);
+                              const MovingRef& w_ref = {}, const LinearSecond* second = nullptr,
+                              const LinearAbsorb* absorb = nullptr);
 
 // The per-head GEMMs (head_gemm.cuh): c[h] bf16 [m][n] = a[h] [m][k] . b[h] for h < heads, strides in elements
 // (rows of a and c, and b's stored rows: k rows of n, or with b_k_major n rows of k). m <= 128, n % 128 == 0,
