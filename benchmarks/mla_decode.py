@@ -417,6 +417,45 @@ def projections(runs: int) -> None:
         sys.exit(1)
 
 
+# --absorb: the absorbing q_up's probes (KBENCH_MLA_ABSORB_PROBE bits, linear.cuh: wrong results, timing only)
+ABSORB_PROBES = {"absorb": "0", "no-mma": "2", "no-latent-stores": "4", "no-q-stores": "8", "loads-only": "14"}
+
+
+def absorb(runs: int) -> None:
+    """--absorb: the step's q path at batch 128, CUDA events with the L2 flushed clean: q_up alone, q_up then the
+    per-head W_UK GEMM (the separate launches), and q_up absorbing W_UK (linear.cuh's kAbsorb, finding 59) with its
+    probes; the absorbing output checked against the separate launches first."""
+    gpu = torch.cuda.get_device_name()
+    mod = benchlib.build("mla-decode", "cuda")
+    case = problems.format_case(problems.load_spec("mla-decode").benchmarks[0])
+    timer, bs = benchlib.Timer(clean=True), 128
+    x = torch.randn(bs, 1536, device="cuda").bfloat16()
+    w = (torch.randn(128 * 192, 1536, device="cuda") / math.sqrt(1536)).bfloat16()
+    w_kvu = (torch.randn(128 * 256, 512, device="cuda") / 16).bfloat16()
+    q_full = torch.empty(bs, 128, 576, device="cuda").bfloat16()
+    sep_full = torch.empty_like(q_full)
+    w_uk = w_kvu.view(128, 256, 512).narrow(1, 0, 128)
+
+    def separate():
+        q = mod.ext.mla_linear(x, w).view(bs, 128, 192)
+        mod.ext.mla_bmm_out(sep_full.narrow(2, 0, 512).transpose(0, 1), q.narrow(2, 0, 128).transpose(0, 1), w_uk)
+
+    separate()
+    q_nope = mod.ext.mla_linear(x, w).view(bs, 128, 192).narrow(2, 0, 128).transpose(0, 1)
+    mod.ext.mla_linear_absorb(x, w, w_kvu, q_full)
+    ratio = benchlib.tolerance_ratio(q_full[..., :512], sep_full[..., :512].float(), 8e-3, 1e-2)
+    print(f"absorbing q_up against the separate launches: {ratio:.3f}x the tolerance", flush=True)
+    variants = {"q_up": (lambda: mod.ext.mla_linear(x, w), {}), "q_up+bmm_uk": (separate, {}),
+                "bmm_uk": (lambda: mod.ext.mla_bmm_out(sep_full.narrow(2, 0, 512).transpose(0, 1), q_nope, w_uk), {})}
+    for name, bits in ABSORB_PROBES.items():
+        variants[name] = (lambda: mod.ext.mla_linear_absorb(x, w, w_kvu, q_full), {"KBENCH_MLA_ABSORB_PROBE": bits})
+    times = benchlib.interleaved(timer, variants, runs)
+    benchlib.record("mla-decode", [benchlib.Row(gpu, 1, f"cuda/{name}[absorb-probe]", "kernel", case, us)
+                                   for name, us in times.items()])
+    benchlib.table(f"mla-decode q path at batch 128 on {gpu} (us, CUDA events, L2 flushed clean)", ["variant", "us"],
+                   [[name, us] for name, us in times.items()])
+
+
 def head_gemm(runs: int) -> None:
     """--head-gemm: the step's two per-head GEMMs at batch 128 on its own strided views (W_UK into the query's latent
     columns; W_UV out of the attention, b a transposed view), head_gemm.cuh (ext.mla_bmm_out) against cuBLAS
@@ -657,6 +696,8 @@ def main():
                     help="with --official: this many rounds, every other one in reverse order")
     ap.add_argument("--rope-cost", action="store_true",
                     help="instead: time the attention kernel with and without its RoPE rotation (a dev build)")
+    ap.add_argument("--absorb", action="store_true",
+                    help="instead: the q path (q_up, W_UK) separate and absorbed, with the absorbing kernel's probes")
     ap.add_argument("--projections", action="store_true",
                     help="instead: each projection GEMM alone, cuBLAS against linear.cuh")
     ap.add_argument("--phase-trace", action="store_true",
@@ -681,6 +722,9 @@ def main():
     args = ap.parse_args()
     if args.rope_cost:
         rope_cost(args.runs)
+        return
+    if args.absorb:
+        absorb(args.runs)
         return
     if args.projections:
         projections(args.runs)

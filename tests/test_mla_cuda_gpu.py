@@ -381,9 +381,10 @@ def test_a_pair_of_projections_in_one_launch_matches_fp32_and_the_single_launche
 @pytest.mark.parametrize("m", [128, 77, 1])
 def test_q_up_absorbing_w_uk_matches_fp32_and_the_separate_launches(mla, m):
     """linear.cuh's kAbsorb (the step's q_up with each head's q_nope multiplied by its W_UK in the same CTA, finding
-    59) on fresh random inputs with the allocator and q_full poisoned: q equals mla_linear's bit for bit (the same
-    tiles, the same sums); q_full's latent columns lie within the tolerance of fp32 products of q's bf16 q_nope by
-    W_UK, and of the separate per-head GEMM (head_gemm.cuh); its rope columns stay untouched."""
+    59) on fresh random inputs with the allocator and q_full poisoned: q's rope columns (the only ones it writes)
+    equal mla_linear's bit for bit (the same tiles, the same sums); q_full's latent columns lie within the tolerance
+    of fp32 products of mla_linear's bf16 q_nope by W_UK, and of the separate per-head GEMM (head_gemm.cuh); its
+    rope columns stay untouched."""
     import torch
 
     gen = torch.Generator(device="cuda")
@@ -396,8 +397,9 @@ def test_q_up_absorbing_w_uk_matches_fp32_and_the_separate_launches(mla, m):
     y = mla.ext.mla_linear_absorb(x, w, w_kvu, q_full)
     assert y is not None, "the step's q_up shape must take the absorbing kernel"
     torch.cuda.synchronize()
-    assert torch.equal(y, mla.ext.mla_linear(x, w))
-    q_nope = y.view(m, 128, 192)[..., :128].transpose(0, 1)
+    q = mla.ext.mla_linear(x, w).view(m, 128, 192)
+    assert torch.equal(y.view(m, 128, 192)[..., 128:], q[..., 128:])
+    q_nope = q[..., :128].transpose(0, 1)
     w_uk = w_kvu.view(128, 256, 512).narrow(1, 0, 128)
     want = torch.bmm(q_nope.float(), w_uk.float()).transpose(0, 1)
     ratio = benchlib.tolerance_ratio(q_full[..., :512], want, 8e-3, 1e-2)

@@ -221,7 +221,7 @@ static std::tuple<torch::Tensor, torch::Tensor> pair_out(const LinearConfig& con
 // latent columns (linear.cuh's kAbsorb, finding 59); 0: the per-head GEMM after q_up (head_gemm.cuh), as before.
 static bool absorb_uk_on() { return kb::env_int("KBENCH_MLA_ABSORB_UK", 1) != 0; }
 
-// q = x w^T [bs, 128 * 192] (the step's q_up) and, in the same launch, q_full[:, h, :512] = q_nope_h W_UK_h with
+// q = x w^T [bs, 128 * 192] (the step's q_up; only each head's 64 rope columns written) and, in the same launch, q_full[:, h, :512] = q_nope_h W_UK_h with
 // W_UK_h = rows [256 h, 256 h + 128) of w_kv_up [128 * 256, 512]; undefined where linear.cuh cannot (another
 // configuration than one 192-column head a CTA, unaligned or non-contiguous tensors): then the caller runs both.
 static torch::Tensor linear_absorb_out(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& w_kv_up,
@@ -251,8 +251,9 @@ static torch::Tensor linear_absorb_out(const torch::Tensor& x, const torch::Tens
 }
 
 // The step's q_up with W_UK absorbed (linear_absorb_out) for the tests: x [m, 1536] and w [128 * 192, 1536] bf16,
-// w_kv_up [128 * 256, 512] bf16, q_full [m, 128, 576] bf16, whose latent columns are written; returns x w^T, or
-// None where linear.cuh's kAbsorb does not fit.
+// w_kv_up [128 * 256, 512] bf16, q_full [m, 128, 576] bf16, whose latent columns are written; returns x w^T [m,
+// 128 * 192] with only each head's rope columns written (all the step reads of it), or None where linear.cuh's
+// kAbsorb does not fit.
 c10::optional<torch::Tensor> mla_linear_absorb(torch::Tensor x, torch::Tensor w, torch::Tensor w_kv_up,
                                                torch::Tensor q_full) {
   TORCH_CHECK(x.is_cuda() && x.scalar_type() == at::kBFloat16 && w.scalar_type() == at::kBFloat16 && w.dim() == 2 &&

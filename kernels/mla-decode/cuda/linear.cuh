@@ -17,7 +17,8 @@
 //
 // kAbsorb (the step's q_up, bn 192 = one head's nope | rope columns, no split): after storing its q tile, each CTA
 // multiplies the head's q_nope (the accumulator rounded to bf16, kept in registers as wgmma A fragments) by the
-// head's W_UK [128][512] (four more ring stages, two 64-column blocks a stage, asked of L2 at the start) and stores
+// head's W_UK [128][512] (four more ring stages, two 64-column blocks a stage; asked of L2 at the CTA's start they
+// took the main loop's DRAM stream: +4.7 us) and stores
 // the 512 latent columns of the attention's query (LinearParams::q_lat): the per-head W_UK GEMM without a launch of
 // its own (docs/mla-decode-notes.md, finding 59).
 #pragma once
@@ -71,6 +72,8 @@ struct LinearParams {
   // moving graph's map of W_kv_up (tm_uk's input), or null
   __nv_bfloat16* q_lat;
   const CUtensorMap* bound_uk;
+  int absorb_probe;  // (a probe, KBENCH_MLA_ABSORB_PROBE: bits 2 no W_UK MMAs, 4 no latent stores, 8 no q stores:
+                     // wrong results, timing only)
 };
 
 // kAbsorb's shapes: a head's q is 128 nope + 64 rope columns; W_UK of head h is rows [256 h, 256 h + 128) of W_kv_up
@@ -103,31 +106,50 @@ __device__ __forceinline__ void linear_mma(float* acc, uint64_t da, uint64_t db,
   else wgmma_m64n56k16_bf16<0>(acc, da, db, accumulate);
 }
 
-// Stores an m64n{8 kChunks} accumulator's rows (< m) as bf16 pairs: row r0 + 8h of dst (row pitch `pitch`
-// elements), columns 8c + col, +1 (the wgmma accumulator's layout: acc[4c + 2h + e]).
-template <int kChunks>
-__device__ __forceinline__ void store_rows_bf16(__nv_bfloat16* dst, long long pitch, int r0, int col, int m,
-                                                const float* acc) {
+// One m64n64 accumulator block of a consumer warpgroup (rows row0 .. row0 + 63, the wgmma layout: u[4c + 2h + e] is
+// row warp 16 + lane / 4 + 8h, column 8c + 2 (lane % 4) + e) as bf16 into dst's rows (< m; pitch in elements), 128
+// contiguous bytes a row. Through `staging`, 64 rows of 144 bytes of shared memory only this warpgroup uses (barrier
+// `bar`): each thread's pairs in (a row pitch of 36 words puts a warp's 32 pairs in 32 banks), then each warp stores
+// four whole 128-byte row pieces an instruction. Scattered 4-byte stores of the pairs straight from registers took
+// 16 us for a CTA's 128 KB (finding 59).
+__device__ __forceinline__ void store_block_staged(const float* u, uint8_t* staging, __nv_bfloat16* dst, long long pitch,
+                                                   int row0, int m, int t, int bar) {
+  constexpr int kPitch = 144;
+  const int r = t / 32 * 16 + t % 32 / 4, col = 2 * (t % 4);
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    if (r0 + 8 * h >= m) continue;
-    __nv_bfloat16* row = dst + static_cast<long long>(r0 + 8 * h) * pitch + col;
+  for (int h = 0; h < 2; ++h)
 #pragma unroll
-    for (int c = 0; c < kChunks; ++c)
-      *reinterpret_cast<__nv_bfloat162*>(row + 8 * c) = __floats2bfloat162_rn(acc[4 * c + 2 * h], acc[4 * c + 2 * h + 1]);
+    for (int c = 0; c < 8; ++c)
+      *reinterpret_cast<__nv_bfloat162*>(staging + (r + 8 * h) * kPitch + (8 * c + col) * 2) =
+          __floats2bfloat162_rn(u[4 * c + 2 * h], u[4 * c + 2 * h + 1]);
+  named_bar_sync(bar, 128);
+#pragma unroll
+  for (int i = t; i < 64 * 8; i += 128) {
+    const int rr = i / 8, chunk = i % 8;
+    if (row0 + rr < m)
+      *reinterpret_cast<uint4*>(dst + static_cast<long long>(row0 + rr) * pitch + 8 * chunk) =
+          *reinterpret_cast<const uint4*>(staging + rr * kPitch + 16 * chunk);
   }
+  named_bar_sync(bar, 128);  // read before the next block overwrites it
 }
 
 // kAbsorb's epilogue for one consumer warpgroup (rows 64 cw .. of X): acc is its m64n192 q tile (head nt). Stores
-// the tile to Y (the rope columns are mla_rope_q's input), then q_nope W_UK into the head's latent columns of
-// p.q_lat, reading W_UK from the kAbsorbStages ring stages after the main loop's (s, phase: the next one). Both
-// rounded as the separate GEMMs round them: q to bf16 first, the product's fp32 sum to bf16.
+// the tile's rope columns to Y (mla_rope_q's input; the nope columns of Y are not written), then q_nope W_UK into
+// the head's latent columns of p.q_lat, reading W_UK from the kAbsorbStages ring stages after the main loop's (s,
+// phase: the next one). Both rounded as the separate GEMMs round them: q to bf16 first, the product's fp32 sum to
+// bf16. The rows go out through the ring stage of the last k-block (loaded no more): warpgroup 0 stages in its X
+// slot, warpgroup 1 in its W slot, once both have finished their main loop's MMAs.
 template <int kStages>
 __device__ __forceinline__ void absorb_epilogue(const LinearParams& p, const float* acc, uint8_t* s_a, uint8_t* s_b,
                                                 int a_bytes, int b_bytes, uint64_t* full, int s, uint32_t phase,
-                                                int cw, int warp, int lane, int nt) {
-  const int r0 = cw * 64 + warp * 16 + lane / 4, col = 2 * (lane % 4);
-  store_rows_bf16<(kAbsorbNope + 64) / 8>(p.y + nt * (kAbsorbNope + 64), p.n, r0, col, p.m, acc);
+                                                int cw, int t, int nt) {
+  static_assert(kStages > kAbsorbStages, "the last k-block's stage is not among W_UK's");
+  const int last = (s + kStages - 1) % kStages, bar = 2 + cw, row0 = 64 * cw;
+  uint8_t* staging = cw == 0 ? s_a + last * a_bytes : s_b + last * b_bytes;
+  named_bar_sync(1, 256);  // both warpgroups' MMAs are done with the last stage
+  if (!(p.absorb_probe & 8))
+    store_block_staged(acc + 4 * (kAbsorbNope / 8), staging, p.y + nt * (kAbsorbNope + 64) + kAbsorbNope, p.n, row0,
+                       p.m, t, bar);
   uint32_t qa[kAbsorbNope / 4];  // q_nope's A fragments: qa[4j .. 4j + 3] = columns 16j .. 16j + 15
 #pragma unroll
   for (int c = 0; c < kAbsorbNope / 8; ++c)
@@ -140,6 +162,10 @@ __device__ __forceinline__ void absorb_epilogue(const LinearParams& p, const flo
 #pragma unroll 1
   for (int e = 0; e < kAbsorbStages; ++e) {
     mbar_wait(&full[s], phase);
+    if (p.absorb_probe & 2) {
+      ring_next(s, phase, kStages);
+      continue;
+    }
     float u0[32], u1[32];
     // W_UK's blocks are N-major (rows of k = the nope dimension, 64 latent columns each): advancing k by 16 rows
     // moves 2048 bytes
@@ -157,8 +183,10 @@ __device__ __forceinline__ void absorb_epilogue(const LinearParams& p, const flo
       reg_fence(u0[i]);
       reg_fence(u1[i]);
     }
-    store_rows_bf16<8>(q_lat + 64 * (2 * e), kAbsorbQRow, r0, col, p.m, u0);
-    store_rows_bf16<8>(q_lat + 64 * (2 * e + 1), kAbsorbQRow, r0, col, p.m, u1);
+    if (!(p.absorb_probe & 4)) {
+      store_block_staged(u0, staging, q_lat + 64 * (2 * e), kAbsorbQRow, row0, p.m, t, bar);
+      store_block_staged(u1, staging, q_lat + 64 * (2 * e + 1), kAbsorbQRow, row0, p.m, t, bar);
+    }
     ring_next(s, phase, kStages);
   }
 }
@@ -215,8 +243,6 @@ __global__ void __launch_bounds__(kLinearThreads, 1)
         mbar_arrive_expect_tx(&full[i], S::kStageBytes);
         tma_load_2d(s_b + i * S::kBBytes, map_w, &full[i], (kb0 + i) * kLinearBK, nt * kBN);
       }
-      if constexpr (kAbsorb)  // W_UK's blocks into L2 now, so that the epilogue's loads find them there
-        for (int b = 0; b < 2 * kAbsorbStages; ++b) tma_prefetch_2d(map_uk, 64 * b, nt * kAbsorbHeadRows);
       griddep_wait();
       for (int i = 0; i < early; ++i) tma_load_2d(s_a + i * S::kABytes, map_x, &full[i], (kb0 + i) * kLinearBK, 0);
       int s = early % kStages;
@@ -268,7 +294,7 @@ __global__ void __launch_bounds__(kLinearThreads, 1)
 #pragma unroll
     for (int i = 0; i < kBN / 2; ++i) reg_fence(acc[i]);
     if constexpr (kAbsorb) {
-      absorb_epilogue<kStages>(p, acc, s_a, s_b, S::kABytes, S::kBBytes, full, s, phase, cw, warp, lane, nt);
+      absorb_epilogue<kStages>(p, acc, s_a, s_b, S::kABytes, S::kBBytes, full, s, phase, cw, t, nt);
       cluster_sync();  // (the producer's two: a cluster of one here)
       cluster_sync();
       return;
