@@ -16,6 +16,7 @@
 #   window with CUDA events inside it; GAP_LEADERBOARD=1: inputs regenerated and checked every run, as leaderboard mode
 #   does; GAP_ADDRESSES=1: which inputs move between runs, and the graphs the binding launched; GAP_LABEL: the rows'
 #   backend name, for a run with a knob set); energy (benchmarks/energy.py ENERGY_ARGS, default moe: J a call, SM clock);
+#   mla-absorb (the q path alone: q_up, q_up then the W_UK GEMM, q_up absorbing W_UK; BENCH_RUNS);
 #   mla-energy (the attention kernel alone: J a call, SM clock, power cap; ENERGY_ROUNDS, BENCH_CANDIDATES);
 #   mla-windows (official-style host windows in one process, BENCH_CANDIDATES alternating with the shipped path in
 #   WINDOW_ROUNDS rounds, BENCH_RUNS calls each; WINDOW_LEADERBOARD=1: inputs regenerated and checked every window);
@@ -136,6 +137,7 @@ for part in "$@"; do
             step "${BENCH_S:-400}" moe_peer env PYTHONPATH="$fi" FLASHINFER_WORKSPACE_BASE="$W/fiws" \
               LD_LIBRARY_PATH="$nvlibs:/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
               python3 benchmarks/moe.py --runs "${BENCH_RUNS:-15}" --candidates "${BENCH_CANDIDATES:-}" ;;
+  mla-absorb) step "${BENCH_S:-150}" mla_absorb python3 benchmarks/mla_decode.py --absorb --runs "${BENCH_RUNS:-20}" ;;
   mla-windows) step "${BENCH_S:-300}" mla_windows python3 benchmarks/mla_decode.py --windows --runs "${BENCH_RUNS:-150}" \
                  --rounds "${WINDOW_ROUNDS:-6}" --candidates "${BENCH_CANDIDATES:-}" ${WINDOW_LEADERBOARD:+--leaderboard} ;;
   mla-bench) step "${BENCH_S:-400}" mla_bench python3 benchmarks/mla_decode.py \

@@ -417,14 +417,11 @@ def projections(runs: int) -> None:
         sys.exit(1)
 
 
-# --absorb: the absorbing q_up's probes (KBENCH_MLA_ABSORB_PROBE bits, linear.cuh: wrong results, timing only)
-ABSORB_PROBES = {"absorb": "0", "no-mma": "2", "no-latent-stores": "4", "no-q-stores": "8", "loads-only": "14"}
-
-
 def absorb(runs: int) -> None:
     """--absorb: the step's q path at batch 128, CUDA events with the L2 flushed clean: q_up alone, q_up then the
-    per-head W_UK GEMM (the separate launches), and q_up absorbing W_UK (linear.cuh's kAbsorb, finding 59) with its
-    probes; the absorbing output checked against the separate launches first."""
+    per-head W_UK GEMM (the separate launches), and q_up absorbing W_UK (linear.cuh's kAbsorb, finding 59);
+    the absorbing output checked against the separate launches first. (Finding 59's probes of the kernel's parts
+    were a knob of e1d02b6, since removed.)"""
     gpu = torch.cuda.get_device_name()
     mod = benchlib.build("mla-decode", "cuda")
     case = problems.format_case(problems.load_spec("mla-decode").benchmarks[0])
@@ -447,10 +444,9 @@ def absorb(runs: int) -> None:
     print(f"absorbing q_up against the separate launches: {ratio:.3f}x the tolerance", flush=True)
     variants = {"q_up": (lambda: mod.ext.mla_linear(x, w), {}), "q_up+bmm_uk": (separate, {}),
                 "bmm_uk": (lambda: mod.ext.mla_bmm_out(sep_full.narrow(2, 0, 512).transpose(0, 1), q_nope, w_uk), {})}
-    for name, bits in ABSORB_PROBES.items():
-        variants[name] = (lambda: mod.ext.mla_linear_absorb(x, w, w_kvu, q_full), {"KBENCH_MLA_ABSORB_PROBE": bits})
+    variants["absorb"] = (lambda: mod.ext.mla_linear_absorb(x, w, w_kvu, q_full), {})
     times = benchlib.interleaved(timer, variants, runs)
-    benchlib.record("mla-decode", [benchlib.Row(gpu, 1, f"cuda/{name}[absorb-probe]", "kernel", case, us)
+    benchlib.record("mla-decode", [benchlib.Row(gpu, 1, f"cuda/{name}[q-path]", "kernel", case, us)
                                    for name, us in times.items()])
     benchlib.table(f"mla-decode q path at batch 128 on {gpu} (us, CUDA events, L2 flushed clean)", ["variant", "us"],
                    [[name, us] for name, us in times.items()])

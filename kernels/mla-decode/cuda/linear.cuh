@@ -72,8 +72,6 @@ struct LinearParams {
   // moving graph's map of W_kv_up (tm_uk's input), or null
   __nv_bfloat16* q_lat;
   const CUtensorMap* bound_uk;
-  int absorb_probe;  // (a probe, KBENCH_MLA_ABSORB_PROBE: bits 2 no W_UK MMAs, 4 no latent stores, 8 no q stores:
-                     // wrong results, timing only)
 };
 
 // kAbsorb's shapes: a head's q is 128 nope + 64 rope columns; W_UK of head h is rows [256 h, 256 h + 128) of W_kv_up
@@ -147,9 +145,8 @@ __device__ __forceinline__ void absorb_epilogue(const LinearParams& p, const flo
   const int last = (s + kStages - 1) % kStages, bar = 2 + cw, row0 = 64 * cw;
   uint8_t* staging = cw == 0 ? s_a + last * a_bytes : s_b + last * b_bytes;
   named_bar_sync(1, 256);  // both warpgroups' MMAs are done with the last stage
-  if (!(p.absorb_probe & 8))
-    store_block_staged(acc + 4 * (kAbsorbNope / 8), staging, p.y + nt * (kAbsorbNope + 64) + kAbsorbNope, p.n, row0,
-                       p.m, t, bar);
+  store_block_staged(acc + 4 * (kAbsorbNope / 8), staging, p.y + nt * (kAbsorbNope + 64) + kAbsorbNope, p.n, row0,
+                     p.m, t, bar);
   uint32_t qa[kAbsorbNope / 4];  // q_nope's A fragments: qa[4j .. 4j + 3] = columns 16j .. 16j + 15
 #pragma unroll
   for (int c = 0; c < kAbsorbNope / 8; ++c)
@@ -159,35 +156,34 @@ __device__ __forceinline__ void absorb_epilogue(const LinearParams& p, const flo
       qa[2 * c + h] = *reinterpret_cast<const uint32_t*>(&v);
     }
   __nv_bfloat16* q_lat = p.q_lat + nt * 576;
-#pragma unroll 1
-  for (int e = 0; e < kAbsorbStages; ++e) {
+  // Stage e + 1's two blocks are multiplied while stage e's products go out (two accumulator pairs in turn)
+  float u[2][2][32];
+  auto issue = [&](float(&pair)[2][32]) {
     mbar_wait(&full[s], phase);
-    if (p.absorb_probe & 2) {
-      ring_next(s, phase, kStages);
-      continue;
-    }
-    float u0[32], u1[32];
     // W_UK's blocks are N-major (rows of k = the nope dimension, 64 latent columns each): advancing k by 16 rows
     // moves 2048 bytes
     const uint64_t d0 = make_desc_sw128(s_a + s * a_bytes, kAbsorbBlockBytes, 1024);
     const uint64_t d1 = make_desc_sw128(s_b + s * b_bytes, kAbsorbBlockBytes, 1024);
     wgmma_fence();
 #pragma unroll
-    for (int q = 0; q < kAbsorbNope / 16; ++q) wgmma_m64n64k16_rs_bf16<1>(u0, qa + 4 * q, d0 + (2048 >> 4) * q, q > 0);
+    for (int q = 0; q < kAbsorbNope / 16; ++q) wgmma_m64n64k16_rs_bf16<1>(pair[0], qa + 4 * q, d0 + (2048 >> 4) * q, q);
 #pragma unroll
-    for (int q = 0; q < kAbsorbNope / 16; ++q) wgmma_m64n64k16_rs_bf16<1>(u1, qa + 4 * q, d1 + (2048 >> 4) * q, q > 0);
+    for (int q = 0; q < kAbsorbNope / 16; ++q) wgmma_m64n64k16_rs_bf16<1>(pair[1], qa + 4 * q, d1 + (2048 >> 4) * q, q);
     wgmma_commit();
+    ring_next(s, phase, kStages);
+  };
+  issue(u[0]);
+#pragma unroll
+  for (int e = 0; e < kAbsorbStages; ++e) {
     wgmma_wait<0>();
 #pragma unroll
     for (int i = 0; i < 32; ++i) {
-      reg_fence(u0[i]);
-      reg_fence(u1[i]);
+      reg_fence(u[e & 1][0][i]);
+      reg_fence(u[e & 1][1][i]);
     }
-    if (!(p.absorb_probe & 4)) {
-      store_block_staged(u0, staging, q_lat + 64 * (2 * e), kAbsorbQRow, row0, p.m, t, bar);
-      store_block_staged(u1, staging, q_lat + 64 * (2 * e + 1), kAbsorbQRow, row0, p.m, t, bar);
-    }
-    ring_next(s, phase, kStages);
+    if (e + 1 < kAbsorbStages) issue(u[(e + 1) & 1]);
+    store_block_staged(u[e & 1][0], staging, q_lat + 64 * (2 * e), kAbsorbQRow, row0, p.m, t, bar);
+    store_block_staged(u[e & 1][1], staging, q_lat + 64 * (2 * e + 1), kAbsorbQRow, row0, p.m, t, bar);
   }
 }
 

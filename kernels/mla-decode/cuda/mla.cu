@@ -292,7 +292,6 @@ const char* launch_mla_linear(const LinearConfig& c, const void* x, const void* 
       p.bound_w2 = second->w_ref.capture->bind(tm_w2, second->w_ref.input, second->w_ref.offset);
     if (absorb) {
       p.q_lat = static_cast<__nv_bfloat16*>(absorb->q_lat);
-      p.absorb_probe = kb::env_int("KBENCH_MLA_ABSORB_PROBE", 0);
       if (absorb->w_ref.capture) p.bound_uk = absorb->w_ref.capture->bind(tm_uk, absorb->w_ref.input, absorb->w_ref.offset);
     }
     cudaLaunchAttribute attr[2];
