@@ -31,7 +31,7 @@ namespace mla {
 constexpr int kRotators = 96;  // producer warps 1..3
 constexpr int kRopeItems = kTile * 4;  // (row, group of 8 frequencies) pairs a tile
 constexpr int kItemsPerRotator = (kRopeItems + kRotators - 1) / kRotators;
-constexpr int kSOnceSmemBytes = 1024 + kTileBytes * (1 + kStages) + kBlockBytes + 3 * kHG * 4 + 16 + 8 * (3 + 3 * kStages);
+constexpr int kSOnceSmemBytes = 1024 + kTileBytes * (1 + kStages) + kBlockBytes + 3 * kHG * 4 + 16 + 8 * (2 + 3 * kStages);
 // Named barriers between the consumer warpgroups (256 threads: one side syncs, the other arrives).
 constexpr int kBarPReady = 5;  // P and the rescale factors of the current tile are in shared memory
 constexpr int kBarPFree = 6;   // warpgroup 1 has read them (its P V done): warpgroup 0 may write the next
@@ -228,27 +228,6 @@ __device__ __forceinline__ void rotate_items(int u, int tile, int kv_len, const 
   fence_proxy_async_smem();  // the consumers' wgmma reads the block (the async proxy)
 }
 
-// Rotator u's items of Q's rope block (Params::rope_q), every head at position kv_len - 1 with the keys' arithmetic
-// (rotate_pair: the reference's roundings, as assemble_q_kernel computes them), in place.
-__device__ __forceinline__ void rotate_q_items(int u, int kv_len, const Params& p, uint8_t* q_rope) {
-  RopePair x[kItemsPerRotator];
-  RopeTables tab[kItemsPerRotator];
-#pragma unroll
-  for (int k = 0; k < kItemsPerRotator; ++k) {
-    const int item = u + kRotators * k;
-    if (item < kRopeItems) {
-      tab[k] = load_rope_tables(kv_len - 1, item % 4, p);
-      x[k] = load_rope_pair(q_rope, item / 4, item % 4);
-    }
-  }
-#pragma unroll
-  for (int k = 0; k < kItemsPerRotator; ++k) {
-    const int item = u + kRotators * k;
-    if (item < kRopeItems) store_rope_pair(q_rope, item / 4, item % 4, rotate_pair(x[k], tab[k]));
-  }
-  fence_proxy_async_smem();  // warpgroup 0's wgmma reads Q (the async proxy)
-}
-
 // Rotator u's cos/sin for its items of a tile.
 __device__ __forceinline__ void load_item_tables(int u, int tile, int kv_len, const Params& p, RopeTables* tab) {
 #pragma unroll
@@ -326,7 +305,6 @@ struct SOnceSmem {
   uint64_t* roped;   // [kStages] ... and the rope columns rotated (kRopeFirst: and the latent blocks landed)
   uint64_t* empty;   // [kStages] both consumer warpgroups done with the stage
   uint64_t* q_free;  // the persistent kernel: warpgroup 0's last S of an item landed, Q may be replaced
-  uint64_t* q_roped; // Params::rope_q: Q's rope columns rotated (one arrive a rotator)
 };
 
 // The layout in the dynamic allocation (tiles 1024-byte aligned), and (thread 0) the barriers initialised.
@@ -345,7 +323,6 @@ __device__ __forceinline__ SOnceSmem s_once_smem(uint8_t* smem_raw, const Params
   m.roped = m.full + kStages;
   m.empty = m.roped + kStages;
   m.q_free = m.empty + kStages;
-  m.q_roped = m.q_free + 1;
   if (threadIdx.x == 0) {
     trace_clock(p, 4);  // (dev builds) the CTA's entry
     mbar_init(m.q_full, 1);
@@ -355,7 +332,6 @@ __device__ __forceinline__ SOnceSmem s_once_smem(uint8_t* smem_raw, const Params
       mbar_init(&m.empty[s], 8);  // one arrive per consumer warp
     }
     if (persistent) mbar_init(m.q_free, 4);  // one arrive per warp of warpgroup 0
-    mbar_init(m.q_roped, kRotators);
     fence_mbar_init();
   }
   __syncthreads();
@@ -578,11 +554,6 @@ __global__ void __launch_bounds__(kThreads, 1) mla_attention_s_once_kernel(const
       load_q_and_tiles(&tm_q, maps.kv, sm.q, sm.kv, sm.q_full, kRopeFirst ? sm.roped : sm.full, sm.empty, work,
                        p.max_seq, kRopeFirst ? sm.full : nullptr, &p, p.narrow_tail ? maps.tail : nullptr);
     } else if (pt >= 32) {
-      if (p.rope_q) {  // Q first: warpgroup 0's first S needs it as much as the first tile's keys
-        mbar_wait(sm.q_full, 0);
-        rotate_q_items(pt - 32, work.kv_len, p, sm.q + 8 * kBlockBytes);
-        mbar_arrive(sm.q_roped);
-      }
       rotate_tiles(pt - 32, work, p, sm.kv, sm.full, sm.roped);
     }
     return;
@@ -605,7 +576,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_attention_s_once_kernel(const
     setmaxnreg_inc<kWg0Regs>();
     uint32_t pa[16];
     float sc[32];
-    mbar_wait(p.rope_q ? sm.q_roped : sm.q_full, 0);
+    mbar_wait(sm.q_full, 0);
     if (c.t == 0) trace_clock(p, 0);
     wg0_item(p, sm, c, work, nullptr, o, sc, pa, m_run, l_run, s, phase);
     if (c.t == 0) trace_clock(p, 2);

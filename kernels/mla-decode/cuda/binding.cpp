@@ -47,8 +47,7 @@ static torch::Tensor device_length(const c10::optional<torch::Tensor>& lens, int
 // (cache_ref: where a moving graph's capture reads the cache: moving_inputs.h)
 static torch::Tensor attention_run(const torch::Tensor& q, const torch::Tensor& cache, int64_t kv_len,
                                    const torch::Tensor& cos, const torch::Tensor& sin,
-                                   const c10::optional<torch::Tensor>& lens, const MovingRef& cache_ref,
-                                   bool rope_q = false) {
+                                   const c10::optional<torch::Tensor>& lens, const MovingRef& cache_ref) {
   TORCH_CHECK(q.is_cuda() && q.scalar_type() == at::kBFloat16 && q.is_contiguous() && q.dim() == 3 &&
                   q.size(1) == 128 && q.size(2) == 576,
               "mla_attention: q must be a contiguous bf16 CUDA tensor [bs, 128, 576]");
@@ -75,7 +74,6 @@ static torch::Tensor attention_run(const torch::Tensor& q, const torch::Tensor& 
   const MlaConfig config = mla_config(a.bs, a.kv_len, mla_num_sms());
   a.config = config;
   a.cache_ref = cache_ref;
-  a.rope_q = rope_q;
   kb::print_config_once([&](char* buf, int size) {
     const int len = snprintf(buf, size, "mla_attention bs=%d kv_len=%d: ", a.bs, a.kv_len);
     mla_describe(config, buf + len, size - len);
@@ -227,8 +225,7 @@ static bool absorb_uk_on() { return kb::env_int("KBENCH_MLA_ABSORB_UK", 1) != 0;
 // W_UK_h = rows [256 h, 256 h + 128) of w_kv_up [128 * 256, 512]; undefined where linear.cuh cannot (another
 // configuration than one 192-column head a CTA, unaligned or non-contiguous tensors): then the caller runs both.
 static torch::Tensor linear_absorb_out(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& w_kv_up,
-                                       torch::Tensor& q_full, const MovingRef& w_ref, const MovingRef& uk_ref,
-                                       bool rope_to_q = false) {
+                                       torch::Tensor& q_full, const MovingRef& w_ref, const MovingRef& uk_ref) {
   const int64_t k = w.size(1), n = w.size(0), m = x.numel() / std::max<int64_t>(k, 1);
   const LinearConfig config = linear_plan(x, w);
   const bool fits = config.bn && mla_linear_absorbs(config, static_cast<int>(n)) && w_kv_up.is_contiguous() &&
@@ -245,7 +242,7 @@ static torch::Tensor linear_absorb_out(const torch::Tensor& x, const torch::Tens
   auto sizes = x.sizes().vec();
   sizes.back() = n;
   torch::Tensor y = torch::empty(sizes, x.options());
-  const LinearAbsorb absorb{w_kv_up.data_ptr(), q_full.data_ptr(), uk_ref, rope_to_q};
+  const LinearAbsorb absorb{w_kv_up.data_ptr(), q_full.data_ptr(), uk_ref};
   const char* err = launch_mla_linear(config, x.data_ptr(), w.data_ptr(), y.data_ptr(), static_cast<int>(m),
                                       static_cast<int>(n), static_cast<int>(k),
                                       c10::cuda::getCurrentCUDAStream().stream(), nullptr, {}, w_ref, nullptr, &absorb);
@@ -501,15 +498,10 @@ torch::Tensor mla_step(torch::Tensor x, torch::Tensor cache, torch::Tensor w_kv_
   // or the per-head bmm writes its [H, bs, 512] result straight into them (a strided output: rows H * 576 apart);
   // mla_rope_q the rope columns
   torch::Tensor q_full = torch::empty({bs, kH, kLora + kRope}, x.options());
-  // KBENCH_MLA_ATTENTION_ROPES_Q (on): where q_up absorbs W_UK and the attention runs the one-item s-once kernel,
-  // q's rope columns go un-rotated into q_full and the attention's rotators rotate them (finding 60): no RoPE launch
-  const bool rope_in_attention = absorb_uk_on() && kb::env_int("KBENCH_MLA_ATTENTION_ROPES_Q", 1) != 0 &&
-                                 mla_attention_rotates_q(mla_config(static_cast<int>(bs), static_cast<int>(kv_len),
-                                                                    mla_num_sms()));
   torch::Tensor q_flat = absorb_uk_on() ? linear_absorb_out(q_low, w_q_up, w_kv_up, q_full, ref(4, w_q_up),
-                                                            ref(5, w_kv_up), rope_in_attention)
+                                                            ref(5, w_kv_up))
                                         : torch::Tensor();
-  const bool absorbed = q_flat.defined(), q_roped_late = absorbed && rope_in_attention;
+  const bool absorbed = q_flat.defined();
   if (!absorbed) q_flat = linear_out(q_low, w_q_up, nullptr, {}, ref(4, w_q_up));
   const torch::Tensor q = q_flat.view({bs, kH, kNope + kRope});
   steps.mark("q_up");
@@ -527,11 +519,10 @@ torch::Tensor mla_step(torch::Tensor x, torch::Tensor cache, torch::Tensor w_kv_
     appended = nullptr;
   };
   if (late.ring) join();
-  if (!q_roped_late) mla_rope_q(q_full, q, cos, sin, lens);
+  mla_rope_q(q_full, q, cos, sin, lens);
   join();
   steps.mark("rope_q");
-  const torch::Tensor o_latent = attention_run(q_full, cache, kv_len, cos, sin, lens, ref(1, cache),
-                                               q_roped_late);  // [bs, H, 512]
+  const torch::Tensor o_latent = attention_run(q_full, cache, kv_len, cos, sin, lens, ref(1, cache));  // [bs, H, 512]
   steps.mark("attention");
   // y written by the per-head bmm through a transposed view: wo reads it as [bs, H * v] in place
   torch::Tensor y_heads = y.transpose(0, 1);

@@ -72,7 +72,6 @@ struct LinearParams {
   // moving graph's map of W_kv_up (tm_uk's input), or null
   __nv_bfloat16* q_lat;
   const CUtensorMap* bound_uk;
-  int rope_to_q;  // kAbsorb: q's rope columns to q_lat's columns 512 .. 575 (the attention rotates them), not to y
 };
 
 // kAbsorb's shapes: a head's q is 128 nope + 64 rope columns; W_UK of head h is rows [256 h, 256 h + 128) of W_kv_up
@@ -146,12 +145,8 @@ __device__ __forceinline__ void absorb_epilogue(const LinearParams& p, const flo
   const int last = (s + kStages - 1) % kStages, bar = 2 + cw, row0 = 64 * cw;
   uint8_t* staging = cw == 0 ? s_a + last * a_bytes : s_b + last * b_bytes;
   named_bar_sync(1, 256);  // both warpgroups' MMAs are done with the last stage
-  if (p.rope_to_q)
-    store_block_staged(acc + 4 * (kAbsorbNope / 8), staging, p.q_lat + nt * 576 + kAbsorbLatent, kAbsorbQRow, row0,
-                       p.m, t, bar);
-  else
-    store_block_staged(acc + 4 * (kAbsorbNope / 8), staging, p.y + nt * (kAbsorbNope + 64) + kAbsorbNope, p.n, row0,
-                       p.m, t, bar);
+  store_block_staged(acc + 4 * (kAbsorbNope / 8), staging, p.y + nt * (kAbsorbNope + 64) + kAbsorbNope, p.n, row0,
+                     p.m, t, bar);
   uint32_t qa[kAbsorbNope / 4];  // q_nope's A fragments: qa[4j .. 4j + 3] = columns 16j .. 16j + 15
 #pragma unroll
   for (int c = 0; c < kAbsorbNope / 8; ++c)

@@ -58,10 +58,6 @@ void mla_describe(const MlaConfig& c, char* buf, int size) {
            c.bulk_store ? 1 : 0, c.staged_st ? 1 : 0, c.persistent ? 1 : 0, c.narrow_tail ? 1 : 0);
 }
 
-bool mla_attention_rotates_q(const MlaConfig& c) {
-  return c.s_once && !c.seesaw && !(c.persistent && c.splits == 1);
-}
-
 const char* mla_run(const MlaArgs& a, cudaStream_t stream) {
   if (a.kv_len < 1 || a.kv_len > a.max_seq || a.max_seq % kTile) return "mla cuda: need 1 <= kv_len <= max_seq, max_seq % 64 == 0";
   const int sms = mla_num_sms();
@@ -92,9 +88,6 @@ const char* mla_run(const MlaArgs& a, cudaStream_t stream) {
   p.bulk_store = a.config.bulk_store && p.splits == 1;
   p.staged_st = a.config.staged_st;
   p.narrow_tail = a.config.narrow_tail && a.config.s_once && !a.config.seesaw;
-  if (a.rope_q && !mla_attention_rotates_q(a.config))
-    return "mla cuda: only the one-item s-once kernel rotates q's rope columns (MlaArgs::rope_q)";
-  p.rope_q = a.rope_q;
   p.scale_log2 = static_cast<float>(1.4426950408889634 / std::sqrt(192.0));
 #ifdef KBENCH_DEV
   // timing only (benchmarks/mla_decode.py --rope-cost): what the in-kernel RoPE of the keys costs; wrong results
@@ -299,7 +292,6 @@ const char* launch_mla_linear(const LinearConfig& c, const void* x, const void* 
       p.bound_w2 = second->w_ref.capture->bind(tm_w2, second->w_ref.input, second->w_ref.offset);
     if (absorb) {
       p.q_lat = static_cast<__nv_bfloat16*>(absorb->q_lat);
-      p.rope_to_q = absorb->rope_to_q;
       if (absorb->w_ref.capture) p.bound_uk = absorb->w_ref.capture->bind(tm_uk, absorb->w_ref.input, absorb->w_ref.offset);
     }
     cudaLaunchAttribute attr[2];

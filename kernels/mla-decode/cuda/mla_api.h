@@ -31,12 +31,7 @@ struct MlaArgs {
   int bs, max_seq, kv_len;  // kv_len: the same count on the host, for the checks and the configuration
   MlaConfig config;
   MovingRef cache_ref;  // (the s-once kernels only)
-  bool rope_q = false;  // q's rope columns un-rotated: the attention rotates them (only where mla_attention_rotates_q)
 };
-
-// Whether the attention configuration c runs the kernel that can rotate Q's rope columns itself (MlaArgs::rope_q):
-// the one-item s-once kernel.
-bool mla_attention_rotates_q(const MlaConfig& c);
 
 int mla_num_sms();
 void mla_describe(const MlaConfig& c, char* buf, int size);
@@ -80,7 +75,6 @@ struct LinearAbsorb {
   const void* w_kv_up;
   void* q_lat;
   MovingRef w_ref;
-  bool rope_to_q = false;  // q's rope columns (un-rotated) into q_lat's columns 512 .. 575, not y (MlaArgs::rope_q)
 };
 bool mla_linear_absorbs(const LinearConfig& c, int n);  // whether launch_mla_linear takes `absorb` with c for n
 LinearConfig mla_linear_config(int m, int n, int k);
