@@ -95,6 +95,10 @@ CANDIDATES = {
     # moe_replay reading its ~20 knobs through getenv every call (the build before the forty-seventh session's
     # kb::KnobsMemo, which reads them again only when a KBENCH_MOE_ variable changed)
     "knob-reads": {"KBENCH_MOE_KNOB_MEMO": "0"},
+    # moe_replay describing and comparing all 101 inputs before it launches the held graph (the build before the
+    # forty-eighth session's speculation: the graph whose router inputs match launched first, called off if the rest
+    # differs)
+    "no-speculate": {"KBENCH_MOE_SPECULATE": "0"},
     # the shipped build under another name (no knob set): the method's own bias between two variants in one process
     "same": {},
 }

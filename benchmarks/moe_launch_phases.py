@@ -45,7 +45,8 @@ CANDIDATES = {"py-key": {"KBENCH_MOE_FAST_REPLAY": "0", "KBENCH_MOE_PY_KEY": "1"
               "publish-kernel": {"KBENCH_MOE_PUBLISH_KERNEL": "1", "KBENCH_MOE_LATE_OUTPUT": "0"},
               "early-output": {"KBENCH_MOE_LATE_OUTPUT": "0"},
               # moe_replay's knobs read through getenv every call (the build before kb::KnobsMemo)
-              "knob-reads": {"KBENCH_MOE_KNOB_MEMO": "0"}}
+              "knob-reads": {"KBENCH_MOE_KNOB_MEMO": "0"},
+              "no-speculate": {"KBENCH_MOE_SPECULATE": "0"}}
 
 
 def phases_of_one_call(mod, data) -> dict[str, float]:
@@ -63,7 +64,8 @@ def phases_of_one_call(mod, data) -> dict[str, float]:
         names = list(steps)
         # late_output: the graph launches before the output is made, which then runs while the GPU works
         late = names.index("output") > names.index("launch")
-        after_launch = steps["output"] if late else 0.0
+        # (speculate: the comparison's steps run after the launch too)
+        after_launch = sum(steps[name] for name in names[names.index("launch") + 1:]) if late else 0.0
     else:
         late, after_launch = False, 0.0
         out, key = mod.prepare(x, weights, n_experts, k)  # as custom_kernel keys its replay

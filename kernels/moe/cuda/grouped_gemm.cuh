@@ -98,6 +98,9 @@ struct GemmParams {
   int decode_ahead;               // MoeConfig::decode_ahead: consumers decode the next unit under this one's last MMAs
                                   // and every scan for a unit's group starts at the previous unit's; 0: at the unit's
                                   // start, from group 0 (the build before)
+  // late output: the device word the output's address is taken into. A null address there is a speculative launch
+  // called off (moe_replay: inputs other than the graph's), and the launch reads and writes nothing.
+  void* const* abort_slot;
 #ifdef KBENCH_DEV
   long long* trace;               // KBENCH_MOE_DEV_TRACE: per-unit stamps (kTrace instances; see below)
   int trace_launch;               // which of the call's GEMM launches this is (the trace's first index)
@@ -353,6 +356,7 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_kernel(const __grid_
   using R = Ring<kBK>;
   constexpr int kABytes = R::kABytes, kBBytes = R::kBBytes;
   extern __shared__ uint8_t smem_raw[];
+  if (p.abort_slot && *p.abort_slot == nullptr) return;  // (uniform: every thread reads the same word)
   // 128B-swizzled TMA tiles and wgmma descriptors both assume 1024-byte aligned tiles.
   uint8_t* base = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
   uint8_t* s_a = base + L.a;

@@ -227,6 +227,9 @@ const char* moe_run(const MoeArgs& a, cudaStream_t stream, cudaEvent_t* events) 
   }
   mark(1);
   __half* const* out_slot = reinterpret_cast<__half* const*>(a.out_slot);
+  // a graph that takes its output late may be launched before its inputs are checked, and called off by a null
+  // address (moe_replay's speculation): every GEMM launch after the take then returns at once
+  void* const* abort_slot = a.late.ring ? reinterpret_cast<void* const*>(a.out_slot) : nullptr;
   const bool shared_gather = a.shared_gather && !a.shared_done;
   if (shared_gather) {  // the shared expert's GEMM 1, its epilogue warps gathering xs and zeroing the output
     GemmParams gs;
@@ -238,6 +241,7 @@ const char* moe_run(const MoeArgs& a, cudaStream_t stream, cudaEvent_t* events) 
     gs.K = a.K;
     gs.zero_slot = out_slot;
     gs.gather_lsu = a.gather_lsu && a.K <= 32;  // its lanes hold a token's K rows
+    gs.abort_slot = abort_slot;
     launch_gemm(gs, true, a, stream, 0);
   } else {
     gather_kernel<<<a.T, 256, 0, stream>>>(static_cast<const __half*>(a.x), a.pair_row, static_cast<__half*>(a.xs),
@@ -276,6 +280,7 @@ const char* moe_run(const MoeArgs& a, cudaStream_t stream, cudaEvent_t* events) 
   g2.skip_empty_halves = a.skip_empty_halves;
   g2.band = a.band;
   g2.decode_ahead = a.decode_ahead;
+  g1.abort_slot = g2.abort_slot = abort_slot;
   launch_gemm(g1, true, a, stream, 1);
   mark(3);
   launch_gemm(g2, false, a, stream, 2);

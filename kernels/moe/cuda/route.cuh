@@ -188,6 +188,7 @@ __global__ void __launch_bounds__(kRouteThreads) route_place_kernel(const int64_
 __global__ void gather_kernel(const __half* __restrict__ x, const int* __restrict__ pair_row, __half* __restrict__ xs,
                               int K, int d, __half* const* __restrict__ out_slot) {
   __shared__ uint4* dst[kMaxGroups];  // the token's K rows of xs (K <= routed experts < kMaxGroups)
+  if (out_slot && *out_slot == nullptr) return;  // a speculative launch called off (GemmParams::abort_slot)
   const int t = blockIdx.x;
   if (threadIdx.x < K)
     dst[threadIdx.x] = reinterpret_cast<uint4*>(xs + static_cast<long long>(pair_row[t * K + threadIdx.x]) * d);
