@@ -216,12 +216,14 @@ const char* moe_run(const MoeArgs& a, cudaStream_t stream, cudaEvent_t* events) 
     if (a.logits) {  // fused_topk: the router's softmax and top-k count the pairs as they pick them
       hist_rows = topk_blocks(pairs);
       rows_per_chunk = kRouteChunk / kTopkPairs;
-      launch_router_topk(a.logits, a.T, a.K, a.E, a.scores, a.experts, a.route_hist, a.late, stream);
+      // (the late take in route_place, after the pairs are placed: the host compares the inputs meanwhile)
+      launch_router_topk(a.logits, a.T, a.K, a.E, a.scores, a.experts, a.route_hist, kb::LateAddress{}, stream);
     } else {
       route_count_kernel<<<blocks, kRouteThreads, 0, stream>>>(a.experts, pairs, a.E, a.route_hist, a.late);
     }
     route_place_kernel<<<blocks, kRouteThreads, 0, stream>>>(a.experts, a.T, a.K, a.E, a.route_hist, hist_rows,
-                                                             rows_per_chunk, a.meta, a.rows_pair, a.pair_row);
+                                                             rows_per_chunk, a.meta, a.rows_pair, a.pair_row,
+                                                             a.logits ? a.late : kb::LateAddress{});
   } else {
     route_kernel<<<1, kRouteThreads, 0, stream>>>(a.experts, a.T, a.K, a.E, a.meta, a.rows_pair, a.pair_row);
   }

@@ -128,12 +128,16 @@ __global__ void __launch_bounds__(kRouteThreads) route_count_kernel(const int64_
 // and chunk b's rows of e after the earlier chunks' (so every chunk knows its places without the others). Within a
 // chunk, rows of one expert go in arrival order at the shared-memory counter. Block 0 writes meta.
 // hist: hist_rows rows of E counts, rows_per_chunk a chunk (1 from route_count_kernel, 8 from router_topk_kernel).
+// late: block 0's first thread takes the call's output address once its rows are placed (router_topk_kernel's
+// launches: the last moment before the GEMMs, so that a speculative launch's GPU waits least for the host's
+// comparison: moe_replay).
 __global__ void __launch_bounds__(kRouteThreads) route_place_kernel(const int64_t* __restrict__ experts, int T, int K,
                                                                     int E, const int* __restrict__ hist,
                                                                     int hist_rows, int rows_per_chunk,
                                                                     int* __restrict__ meta,
                                                                     int* __restrict__ rows_pair,
-                                                                    int* __restrict__ pair_row) {
+                                                                    int* __restrict__ pair_row,
+                                                                    kb::LateAddress late) {
   __shared__ int next[kMaxGroups];   // this chunk's next row of expert e
   __shared__ int total[kMaxGroups];  // expert e's rows over all chunks
   const int pairs = T * K;
@@ -179,6 +183,7 @@ __global__ void __launch_bounds__(kRouteThreads) route_place_kernel(const int64_
       pair_row[i] = pos;
     }
   }
+  if (late.ring && blockIdx.x == 0 && threadIdx.x == 0) kb::take_late_address(late);
 }
 
 // xs[pair_row[t*K + k]] = x[t] for every token t and slot k; one block per token, 16-byte copies, d % 8 == 0.

@@ -48,7 +48,8 @@ __device__ __forceinline__ void load_logits(const __half* __restrict__ logits, i
 // Block b owns pairs [b * kTopkPairs, (b + 1) * kTopkPairs): it computes every token those touch and writes only its
 // own pairs (a token across two blocks is computed by both, identically). kWidth = next_pow2(E) <= 64: a row on
 // kLanes lanes, kPer values a lane (value l + it * kLanes on lane l), as softmax_warp_forward lays it out.
-// late: as route_count_kernel (block 0's first thread takes the call's output address, here before its rows).
+// late: as route_count_kernel (block 0's first thread takes the call's output address, here before its rows; moe_run
+// passes none since the forty-eighth session: route_place_kernel takes it, later).
 template <int kWidth>
 __global__ void __launch_bounds__(kRouteThreads) router_topk_kernel(const __half* __restrict__ logits, int T, int K,
                                                                     int E, __half* __restrict__ scores,
