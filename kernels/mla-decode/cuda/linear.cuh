@@ -15,12 +15,12 @@
 // [m][n2]. The step's kv_down and q_down (both of x) run so, in one wave: launched apart, the first to start took
 // every SM and the other, on the q path to the attention, waited for it (docs/mla-decode-notes.md, finding 54).
 //
-// kAbsorb (the step's q_up, bn 192 = one head's nope | rope columns, no split): after storing its q tile, each CTA
-// multiplies the head's q_nope (the accumulator rounded to bf16, kept in registers as wgmma A fragments) by the
-// head's W_UK [128][512] (four more ring stages, two 64-column blocks a stage; asked of L2 at the CTA's start they
-// took the main loop's DRAM stream: +4.7 us) and stores
-// the 512 latent columns of the attention's query (LinearParams::q_lat): the per-head W_UK GEMM without a launch of
-// its own (docs/mla-decode-notes.md, finding 59).
+// kAbsorb (the step's q_up, bn 192 = one head's nope | rope columns, no split): after storing its q tile's rope
+// columns, each CTA multiplies the head's q_nope (the accumulator rounded to bf16, kept in registers as wgmma A
+// fragments) by the head's W_UK [128][512] (four more ring stages, two 64-column blocks a stage; asked of L2 at the
+// CTA's start they took the main loop's DRAM stream: +4.7 us) and stores the 512 latent columns of the attention's
+// query (LinearParams::q_lat): the per-head W_UK GEMM without a launch of its own (docs/mla-decode-notes.md,
+// finding 59).
 #pragma once
 #include <cstdint>
 #include <cuda.h>
@@ -77,7 +77,8 @@ struct LinearParams {
 // kAbsorb's shapes: a head's q is 128 nope + 64 rope columns; W_UK of head h is rows [256 h, 256 h + 128) of W_kv_up
 // [128 * 256][512], loaded as 8 blocks of 128 rows x 64 columns (16 KB, 128-byte swizzle), two a ring stage (the
 // stage's X slot and its W slot, each at least 16 KB).
-constexpr int kAbsorbNope = 128, kAbsorbLatent = 512, kAbsorbHeadRows = 256, kAbsorbQRow = 128 * 576;
+constexpr int kAbsorbNope = 128, kAbsorbRope = 64, kAbsorbLatent = 512, kAbsorbHeadRows = 256;
+constexpr int kAbsorbQHead = kAbsorbLatent + kAbsorbRope, kAbsorbQRow = 128 * kAbsorbQHead;  // q_lat's pitches
 constexpr int kAbsorbBlockBytes = kAbsorbNope * 128;
 constexpr int kAbsorbStages = kAbsorbLatent / 64 / 2;
 
@@ -145,8 +146,8 @@ __device__ __forceinline__ void absorb_epilogue(const LinearParams& p, const flo
   const int last = (s + kStages - 1) % kStages, bar = 2 + cw, row0 = 64 * cw;
   uint8_t* staging = cw == 0 ? s_a + last * a_bytes : s_b + last * b_bytes;
   named_bar_sync(1, 256);  // both warpgroups' MMAs are done with the last stage
-  store_block_staged(acc + 4 * (kAbsorbNope / 8), staging, p.y + nt * (kAbsorbNope + 64) + kAbsorbNope, p.n, row0,
-                     p.m, t, bar);
+  store_block_staged(acc + 4 * (kAbsorbNope / 8), staging, p.y + nt * (kAbsorbNope + kAbsorbRope) + kAbsorbNope, p.n,
+                     row0, p.m, t, bar);
   uint32_t qa[kAbsorbNope / 4];  // q_nope's A fragments: qa[4j .. 4j + 3] = columns 16j .. 16j + 15
 #pragma unroll
   for (int c = 0; c < kAbsorbNope / 8; ++c)
@@ -155,8 +156,9 @@ __device__ __forceinline__ void absorb_epilogue(const LinearParams& p, const flo
       const __nv_bfloat162 v = __floats2bfloat162_rn(acc[4 * c + 2 * h], acc[4 * c + 2 * h + 1]);
       qa[2 * c + h] = *reinterpret_cast<const uint32_t*>(&v);
     }
-  __nv_bfloat16* q_lat = p.q_lat + nt * 576;
-  // Stage e + 1's two blocks are multiplied while stage e's products go out (two accumulator pairs in turn)
+  __nv_bfloat16* q_lat = p.q_lat + nt * kAbsorbQHead;
+  // Stage e + 1's two blocks are multiplied while stage e's products go out (two accumulator pairs in turn; a tie
+  // with one stage at a time, finding 59)
   float u[2][2][32];
   auto issue = [&](float(&pair)[2][32]) {
     mbar_wait(&full[s], phase);
@@ -192,7 +194,7 @@ __global__ void __launch_bounds__(kLinearThreads, 1)
     linear_kernel(const __grid_constant__ CUtensorMap tm_x, const __grid_constant__ CUtensorMap tm_w,
                   const __grid_constant__ CUtensorMap tm_w2, const __grid_constant__ CUtensorMap tm_uk,
                   const LinearParams p) {
-  static_assert(!kAbsorb || kBN == kAbsorbNope + 64, "kAbsorb: one head's q columns a CTA");
+  static_assert(!kAbsorb || kBN == kAbsorbNope + kAbsorbRope, "kAbsorb: one head's q columns a CTA");
   using S = LinearShape<kBN>;
   static_assert(!kAbsorb || (S::kABytes >= kAbsorbBlockBytes && S::kBBytes >= kAbsorbBlockBytes),
                 "kAbsorb: a W_UK block in each slot of a stage");

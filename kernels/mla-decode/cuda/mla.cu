@@ -249,7 +249,7 @@ LinearConfig mla_linear_pair_config(int m, int n1, int n2, int k) {
 }
 
 bool mla_linear_absorbs(const LinearConfig& c, int n) {
-  return c.bn == kAbsorbNope + 64 && c.splits == 1 && n == 128 * c.bn;
+  return c.bn == kAbsorbNope + kAbsorbRope && c.splits == 1 && n == 128 * c.bn;
 }
 
 const char* launch_mla_linear(const LinearConfig& c, const void* x, const void* w, void* y, int m, int n, int k,
@@ -301,7 +301,7 @@ const char* launch_mla_linear(const LinearConfig& c, const void* x, const void* 
     attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attr[1].val.programmaticStreamSerializationAllowed = c.pdl ? 1 : 0;
     cfg.numAttrs = 2;
-    if constexpr (kBN == kAbsorbNope + 64) {
+    if constexpr (kBN == kAbsorbNope + kAbsorbRope) {
       if (absorb) {
         static bool sized[64] = {};  // per device (an attribute of the function on each device's context)
         int dev = 0;
