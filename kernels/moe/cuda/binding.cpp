@@ -351,13 +351,13 @@ c10::optional<torch::Tensor> moe_replay(py::object owner, torch::Tensor x, py::d
     config_for = shape;
   }
   steps.mark("knobs");
-  const c10::cuda::CUDAGuard guard(x.device());
   // speculate: the graph whose router inputs these are launched first; its GEMMs wait for the late address
   cudaGraphExec_t launched = nullptr;
   if (speculate) {
     static std::vector<int64_t> head;
     if (describe_head(x, weights, K, E, head))
-      if (const kb::HeldGraph* guess = held.guess(owner, head, config)) {
+      if (const kb::HeldGraph* guess = held.guess(owner, head, config)) {  // (so x is a CUDA tensor)
+        const c10::cuda::CUDAGuard guard(x.device());
         kb::launch(*guess);
         launched = guess->exec;
         steps.mark("launch");
@@ -368,13 +368,14 @@ c10::optional<torch::Tensor> moe_replay(py::object owner, torch::Tensor x, py::d
   steps.mark("describe");
   const kb::HeldGraph* graph = described ? held.find(owner, now, config) : nullptr;
   steps.mark("find");
-  const torch::Tensor x2 = x.view({-1, x.size(-1)});
   if (launched && (!graph || graph->exec != launched)) {
     // another graph's inputs (or none held): the launched one is called off (its GEMMs see a null output)
-    output_slot(x2).rings[0]->publish(nullptr);
+    output_slot(x).rings[0]->publish(nullptr);
     launched = nullptr;
   }
   if (!graph) return c10::nullopt;
+  const c10::cuda::CUDAGuard guard(x.device());
+  const torch::Tensor x2 = x.view({-1, x.size(-1)});
   kb::LateRings& slot = output_slot(x2);
   torch::Tensor out;
   if (!graph->late) {
