@@ -442,9 +442,11 @@ def absorb(runs: int) -> None:
     mod.ext.mla_linear_absorb(x, w, w_kvu, q_full)
     ratio = benchlib.tolerance_ratio(q_full[..., :512], sep_full[..., :512].float(), 8e-3, 1e-2)
     print(f"absorbing q_up against the separate launches: {ratio:.3f}x the tolerance", flush=True)
+    if ratio > 1:
+        sys.exit(1)
     variants = {"q_up": (lambda: mod.ext.mla_linear(x, w), {}), "q_up+bmm_uk": (separate, {}),
-                "bmm_uk": (lambda: mod.ext.mla_bmm_out(sep_full.narrow(2, 0, 512).transpose(0, 1), q_nope, w_uk), {})}
-    variants["absorb"] = (lambda: mod.ext.mla_linear_absorb(x, w, w_kvu, q_full), {})
+                "bmm_uk": (lambda: mod.ext.mla_bmm_out(sep_full.narrow(2, 0, 512).transpose(0, 1), q_nope, w_uk), {}),
+                "absorb": (lambda: mod.ext.mla_linear_absorb(x, w, w_kvu, q_full), {})}
     times = benchlib.interleaved(timer, variants, runs)
     benchlib.record("mla-decode", [benchlib.Row(gpu, 1, f"cuda/{name}[q-path]", "kernel", case, us)
                                    for name, us in times.items()])

@@ -150,7 +150,7 @@ def test_layer_with_its_router_matches_the_definition(moe, tokens, n_experts, k,
 
 
 # (tokens, experts, slots): the official shapes, the tests' E = 8 and 4, widths 1 to 64 with E not a power of two
-# (padded lanes), K = E, and a block's pairs ending inside a token (K = 3, 5: router_topk_kernel's blocks own 512 pairs)
+# (padded lanes), K = E, and a block's pairs ending inside a token (K = 3, 5: router_topk_kernel's blocks own 256 pairs)
 TOPK_SHAPES = [(2048, 32, 4), (8192, 32, 4), (65536, 32, 4), (1000, 8, 2), (129, 4, 1), (300, 6, 3), (777, 64, 8),
                (513, 33, 5), (100, 16, 16), (50, 1, 1), (1001, 2, 2), (4097, 12, 3)]
 

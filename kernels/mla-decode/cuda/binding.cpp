@@ -159,9 +159,11 @@ static LinearConfig pair_plan(const torch::Tensor& x, const torch::Tensor& w1, c
 
 // mla_linear with y_slot (a late output, late_address.h): the kernel stores to the address that device word holds
 // then, and the returned tensor is never written; x_ref, w_ref: x and w are a moving graph's inputs
-// (moving_inputs.h). Both on linear.cuh only: the caller checks linear_plan first.
+// (moving_inputs.h). Both on linear.cuh only: the caller checks linear_plan first. absorb: linear_absorb_out's
+// launch (the caller checked that it fits).
 static torch::Tensor linear_out(const torch::Tensor& x, const torch::Tensor& w, void* const* y_slot,
-                                const MovingRef& x_ref = {}, const MovingRef& w_ref = {}) {
+                                const MovingRef& x_ref = {}, const MovingRef& w_ref = {},
+                                const LinearAbsorb* absorb = nullptr) {
   TORCH_CHECK(x.is_cuda() && x.scalar_type() == at::kBFloat16 && w.scalar_type() == at::kBFloat16 &&
                   w.device() == x.device() && w.dim() == 2 && x.size(-1) == w.size(1),
               "mla_linear: x [..., k] and w [n, k] must be bf16 CUDA tensors on one device");
@@ -170,7 +172,8 @@ static torch::Tensor linear_out(const torch::Tensor& x, const torch::Tensor& w, 
   TORCH_CHECK(config.bn || (!y_slot && !x_ref.capture && !w_ref.capture),
               "mla_linear: a late output or a moving input needs linear.cuh, and no configuration fits");
   kb::print_config_once([&](char* buf, int size) {
-    const int len = snprintf(buf, size, "mla_linear m=%lld n=%lld k=%lld: ", (long long)m, (long long)n, (long long)k);
+    const int len = snprintf(buf, size, "mla_linear m=%lld n=%lld k=%lld%s: ", (long long)m, (long long)n,
+                             (long long)k, absorb ? " absorbing W_UK" : "");
     if (config.bn) linear_describe(config, buf + len, size - len);
     else snprintf(buf + len, size - len, "cuBLAS (no LinearConfig fits)");
   });
@@ -181,7 +184,7 @@ static torch::Tensor linear_out(const torch::Tensor& x, const torch::Tensor& w, 
   torch::Tensor y = torch::empty(sizes, x.options());
   const char* err = launch_mla_linear(config, x.data_ptr(), w.data_ptr(), y.data_ptr(), static_cast<int>(m),
                                       static_cast<int>(n), static_cast<int>(k), c10::cuda::getCurrentCUDAStream().stream(),
-                                      y_slot, x_ref, w_ref);
+                                      y_slot, x_ref, w_ref, nullptr, absorb);
   TORCH_CHECK(err == nullptr, err ? err : "");
   return y;
 }
@@ -221,9 +224,10 @@ static std::tuple<torch::Tensor, torch::Tensor> pair_out(const LinearConfig& con
 // latent columns (linear.cuh's kAbsorb, finding 59); 0: the per-head GEMM after q_up (head_gemm.cuh), as before.
 static bool absorb_uk_on() { return kb::env_int("KBENCH_MLA_ABSORB_UK", 1) != 0; }
 
-// q = x w^T [bs, 128 * 192] (the step's q_up; only each head's 64 rope columns written) and, in the same launch, q_full[:, h, :512] = q_nope_h W_UK_h with
-// W_UK_h = rows [256 h, 256 h + 128) of w_kv_up [128 * 256, 512]; undefined where linear.cuh cannot (another
-// configuration than one 192-column head a CTA, unaligned or non-contiguous tensors): then the caller runs both.
+// q = x w^T [bs, 128 * 192] (the step's q_up; only each head's 64 rope columns written) and, in the same launch,
+// q_full[:, h, :512] = q_nope_h W_UK_h with W_UK_h = rows [256 h, 256 h + 128) of w_kv_up [128 * 256, 512];
+// undefined where linear.cuh cannot (another configuration than one 192-column head a CTA, unaligned or
+// non-contiguous tensors): then the caller runs both.
 static torch::Tensor linear_absorb_out(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& w_kv_up,
                                        torch::Tensor& q_full, const MovingRef& w_ref, const MovingRef& uk_ref) {
   const int64_t k = w.size(1), n = w.size(0), m = x.numel() / std::max<int64_t>(k, 1);
@@ -233,21 +237,8 @@ static torch::Tensor linear_absorb_out(const torch::Tensor& x, const torch::Tens
                     reinterpret_cast<uintptr_t>(w_kv_up.data_ptr()) % 16 == 0 && q_full.is_contiguous() &&
                     q_full.size(0) == m && q_full.numel() == m * 128 * 576;
   if (!fits) return torch::Tensor();
-  kb::print_config_once([&](char* buf, int size) {
-    const int len = snprintf(buf, size, "mla_linear m=%lld n=%lld k=%lld absorbing W_UK: ", (long long)m, (long long)n,
-                             (long long)k);
-    linear_describe(config, buf + len, size - len);
-  });
-  const c10::cuda::CUDAGuard guard(x.device());
-  auto sizes = x.sizes().vec();
-  sizes.back() = n;
-  torch::Tensor y = torch::empty(sizes, x.options());
   const LinearAbsorb absorb{w_kv_up.data_ptr(), q_full.data_ptr(), uk_ref};
-  const char* err = launch_mla_linear(config, x.data_ptr(), w.data_ptr(), y.data_ptr(), static_cast<int>(m),
-                                      static_cast<int>(n), static_cast<int>(k),
-                                      c10::cuda::getCurrentCUDAStream().stream(), nullptr, {}, w_ref, nullptr, &absorb);
-  TORCH_CHECK(err == nullptr, err ? err : "");
-  return y;
+  return linear_out(x, w, nullptr, {}, w_ref, &absorb);
 }
 
 // The step's q_up with W_UK absorbed (linear_absorb_out) for the tests: x [m, 1536] and w [128 * 192, 1536] bf16,

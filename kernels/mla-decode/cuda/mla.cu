@@ -222,6 +222,9 @@ static int linear_capacity(int bn, int splits) {
   with_linear_instance(bn, [&](auto bn_c) {
     constexpr int kBN = decltype(bn_c)::value;
     cudaFuncSetAttribute(linear_kernel<kBN>, cudaFuncAttributeMaxDynamicSharedMemorySize, LinearShape<kBN>::kSmemBytes);
+    if constexpr (kBN == kAbsorbNope + kAbsorbRope)  // (the same ring: its absorbing instance holds as many CTAs)
+      cudaFuncSetAttribute(linear_kernel<kBN, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           LinearShape<kBN>::kSmemBytes);
     cudaLaunchAttribute attr[1];
     const cudaLaunchConfig_t cfg = linear_launch_config<kBN>(splits, splits, attr);
     int clusters = 0;
@@ -302,15 +305,7 @@ const char* launch_mla_linear(const LinearConfig& c, const void* x, const void* 
     attr[1].val.programmaticStreamSerializationAllowed = c.pdl ? 1 : 0;
     cfg.numAttrs = 2;
     if constexpr (kBN == kAbsorbNope + kAbsorbRope) {
-      if (absorb) {
-        static bool sized[64] = {};  // per device (an attribute of the function on each device's context)
-        int dev = 0;
-        cudaGetDevice(&dev);
-        if (dev < 64 && !sized[dev]) {  // (a failure shows as the launch's error)
-          cudaFuncSetAttribute(linear_kernel<kBN, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                               LinearShape<kBN>::kSmemBytes);
-          sized[dev] = true;
-        }
+      if (absorb) {  // (its shared-memory size set by linear_capacity, as every instance's)
         cudaLaunchKernelEx(&cfg, linear_kernel<kBN, true>, tm_x, tm_w, tm_w2, tm_uk, p);
         err = kb::launch_error("mla_linear (absorbing W_UK)");
         return;

@@ -70,7 +70,7 @@ struct LinearSecond {
 };
 // absorb set (the step's q_up, linear.cuh's kAbsorb: c = {192, 1}, n = 128 * 192): each head's q_nope is also
 // multiplied by its W_UK (rows [256 h, 256 h + 128) of w_kv_up bf16 [128 * 256][512]) into q_lat bf16 [m][128][576],
-// columns 0 .. 511 of each head (finding 59); y still gets the whole q.
+// columns 0 .. 511 of each head (finding 59); y gets only each head's 64 rope columns (all the step reads of it).
 struct LinearAbsorb {
   const void* w_kv_up;
   void* q_lat;

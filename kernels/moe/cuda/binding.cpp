@@ -296,11 +296,16 @@ bool describe_head(const torch::Tensor& x, const py::dict& weights, int64_t K, i
 // output address: GemmParams::abort_slot) where the whole comparison then picks another or none.
 bool speculate_on() { return kb::env_int("KBENCH_MOE_SPECULATE", 1) != 0; }
 
-// The configuration a launch would take for T tokens (its knobs as read now), as text (moe_describe lists every
-// field, so a knob added to MoeConfig is compared without touching this).
-std::string config_text(int64_t T, int64_t K, int64_t E) {
+// The configuration a launch would take for T tokens (its knobs as read now)
+MoeConfig config_for_shape(int64_t T, int64_t K, int64_t E) {
+  return moe_config(static_cast<int>(T), static_cast<int>(K), static_cast<int>(E));
+}
+
+// A configuration as text, what a held graph is keyed by (moe_describe lists every field, so a knob added to MoeConfig
+// is compared without touching this).
+std::string config_text(const MoeConfig& c) {
   char buf[512];
-  moe_describe(moe_config(static_cast<int>(T), static_cast<int>(K), static_cast<int>(E)), buf, sizeof buf);
+  moe_describe(c, buf, sizeof buf);
   return buf;
 }
 
@@ -313,12 +318,12 @@ bool moe_hold_graph(py::object owner, py::object graph, int64_t exec, torch::Ten
                     int64_t E) {
   kb::HeldGraph held{owner, graph, py::none(), reinterpret_cast<cudaGraphExec_t>(exec), {}, {}};
   TORCH_CHECK(describe_inputs(x, weights, K, E, held.inputs), "moe_hold_graph: every weight must be a tensor");
-  held.config = config_text(x.numel() / x.size(-1), K, E);
+  const MoeConfig c = config_for_shape(x.numel() / x.size(-1), K, E);
+  held.config = config_text(c);
   const bool late = held.late = last_capture_late;
   last_capture_late = false;
   // speculation is safe where nothing before the late take reads an input the head does not describe: the shared
   // expert's GEMM 1 runs after the routing (shared_gather), not before the router (shared_first alone)
-  const MoeConfig c = moe_config(static_cast<int>(x.numel() / x.size(-1)), static_cast<int>(K), static_cast<int>(E));
   if (late && (c.shared_gather || !c.shared_first) && !describe_head(x, weights, K, E, held.head)) held.head.clear();
   kb::held_graphs().hold(std::move(held));
   return late;
@@ -347,7 +352,7 @@ c10::optional<torch::Tensor> moe_replay(py::object owner, torch::Tensor x, py::d
   if (held.empty() || !fast || x.dim() < 2) return c10::nullopt;
   const std::array<int64_t, 3> shape{x.numel() / x.size(-1), K, E};
   if (shape != config_for) {
-    config = config_text(shape[0], K, E);
+    config = config_text(config_for_shape(shape[0], K, E));
     config_for = shape;
   }
   steps.mark("knobs");
