@@ -40,7 +40,7 @@
 #   DIST_WINDOW=1: also the official multi-rank window, --window; DIST_TRACE=1: all2all's phases, --trace),
 #   dist-probe (ag-gemm's overlapped path in pieces: distributed.py --probe), dist-perf (kbench perf of DIST_PROBLEMS
 #   for each of DIST_BACKENDS, default cuda: one build read 795.7 and 444.7 us official on two pairs, so compare a
-#   backend with torch only on the same pair),
+#   backend with torch only on the same pair; in each of DIST_MODES, default benchmark),
 #   dist-tier, window-ab
 #   (all2all's torch backend judged, alternately, by kbench as it was at the revision in OLD_KBENCH, a `git archive`
 #   tarball, and by kbench now: the multi-rank window before and after it matched the official harness).
@@ -194,8 +194,10 @@ for part in "$@"; do
                 --runs "${RUNS:-15}" ;;
   dist-perf) for p in ${DIST_PROBLEMS:-all2all gemm-rs ag-gemm}; do  # DIST_BACKENDS="cuda torch": both, same pair
                for b in ${DIST_BACKENDS:-cuda}; do
-                 step 200 "perf_${p}_$b" kbench perf "$p" --backend "$b" --world-size "$n" \
-                   --json "$W/records/perf_${p}_$b.json"
+                 for m in ${DIST_MODES:-benchmark}; do  # DIST_MODES="benchmark leaderboard"
+                   step 200 "perf_${p}_${b}_$m" kbench perf "$p" --backend "$b" --world-size "$n" --mode "$m" \
+                     --json "$W/records/perf_${p}_${b}_$m.json"
+                 done
                done
              done ;;
   window-ab) old=$(mktemp -d); tar xf "${OLD_KBENCH:?OLD_KBENCH names a git archive tarball}" -C "$old"
