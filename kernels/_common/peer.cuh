@@ -8,20 +8,12 @@
 
 #include <cstdint>
 
+#include "device_sms.h"  // kb::sm_count: the host sizes the peer kernels' grids by it
 #include "sm90.cuh"
 
 namespace kb {
 
 constexpr int kMaxRanks = 8;
-
-// The current device's SM count, read once a device (the host side sizes the peer kernels' grids by it).
-inline int sm_count() {
-  static int sms[64] = {};  // (a race writes the same value)
-  int dev = 0;
-  cudaGetDevice(&dev);
-  if (sms[dev & 63] == 0) cudaDeviceGetAttribute(&sms[dev & 63], cudaDevAttrMultiProcessorCount, dev);
-  return sms[dev & 63];
-}
 
 struct PeerPtrs {
   uint64_t p[kMaxRanks];  // rank r's buffer, mapped into this process

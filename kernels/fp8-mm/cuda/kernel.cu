@@ -6,8 +6,8 @@
 #include <cstdint>
 #include <cstdio>
 #include <algorithm>
-#include <mutex>
 
+#include "device_sms.h"
 #include "fp8_gemm_api.h"
 #include "gemm.cuh"
 #include "tma_host.h"
@@ -48,18 +48,9 @@ cudaError_t launch_gemm(int grid, cudaStream_t stream, const CUtensorMap& a, con
   return cudaLaunchKernelEx(&cfg, fp8_gemm_kernel<BN, kF16, kSched>, a, b, sa, p);
 }
 
-struct DeviceInfo {
-  int sms = 0;
-  bool attrs_set = false;
-};
-
-DeviceInfo& device_info(int dev) {
-  static DeviceInfo info[64];
-  static std::mutex mu;
-  std::lock_guard<std::mutex> lock(mu);
-  DeviceInfo& d = info[dev & 63];
-  if (d.sms == 0) {
-    cudaDeviceGetAttribute(&d.sms, cudaDevAttrMultiProcessorCount, dev);
+// The SM count (one CTA an SM), every GEMM instance's shared-memory size set on the device's first call.
+int num_sms() {
+  return kb::sm_count_after([] {
     set_smem_attrs<128, true>();
     set_smem_attrs<128, false>();
     set_smem_attrs<64, true>();
@@ -74,8 +65,7 @@ DeviceInfo& device_info(int dev) {
     set_smem_attrs<64, true, 4>();
     set_smem_attrs<128, true, 8>();
     set_smem_attrs<128, true, 11>();
-  }
-  return d;
+  });
 }
 
 int ceil_div(long long a, long long b) { return static_cast<int>((a + b - 1) / b); }
@@ -113,11 +103,7 @@ void fp8_gemm_describe(const GemmConfig& c, char* buf, int size) {
            c.split_slices ? ", split_slices" : "");
 }
 
-int fp8_gemm_num_sms() {
-  int dev = 0;
-  cudaGetDevice(&dev);
-  return device_info(dev).sms;
-}
+int fp8_gemm_num_sms() { return num_sms(); }
 
 const char* fp8_gemm_run(const Fp8GemmArgs& g, GemmConfig config, cudaStream_t stream) {
   const int m = g.m, n = g.n, k = g.k;
@@ -139,9 +125,7 @@ const char* fp8_gemm_run(const Fp8GemmArgs& g, GemmConfig config, cudaStream_t s
     return "fp8_gemm: the exact (fp16 MMA) path widens through the transpose pass; pass column-major operands";
   if (g.sa_ld % 4 || (reinterpret_cast<uintptr_t>(g.sa) & 15))
     return "fp8_gemm: a_scale must be M-major with a leading dimension that is a multiple of 4 floats";
-  int dev = 0;
-  cudaGetDevice(&dev);
-  const DeviceInfo& info = device_info(dev);
+  const int sms = num_sms();
 
   const int splits = ceil_div(k / kBK, ceil_div(k / kBK, plan.splits));
   if (splits > 1 && !g.ws) return "fp8_gemm: split-K plan needs a workspace";
@@ -207,7 +191,7 @@ const char* fp8_gemm_run(const Fp8GemmArgs& g, GemmConfig config, cudaStream_t s
   p.ws = g.ws;
   p.ws_split_stride = plain_ws ? (long long)m * n : 0;  // g.ws holds plan.splits >= p.splits slices then
 
-  const int grid = p.num_units < info.sms ? p.num_units : info.sms;
+  const int grid = p.num_units < sms ? p.num_units : sms;
   if (!g.host_cache) launch_pass();
   cudaError_t err;
   if (plan.bn == 128 && plan.exact && plan.sched == 8)

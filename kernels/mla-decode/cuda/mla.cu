@@ -16,6 +16,7 @@
 #include "attention.cuh"
 #include "attention_s_once.cuh"
 #include "attention_seesaw.cuh"
+#include "device_sms.h"
 #include "head_gemm.cuh"
 #include "knobs.h"
 #include "launch_error.h"
@@ -32,13 +33,7 @@ static auto s_once_kernel(bool rope_first, bool persistent) {
 }
 
 int mla_num_sms() {
-  static int sms[64] = {};
-  static std::mutex mu;
-  int dev = 0;
-  cudaGetDevice(&dev);
-  std::lock_guard<std::mutex> lock(mu);
-  if (sms[dev & 63] == 0) {
-    cudaDeviceGetAttribute(&sms[dev & 63], cudaDevAttrMultiProcessorCount, dev);
+  return kb::sm_count_after([] {
     cudaFuncSetAttribute(mla_attention_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
     cudaFuncSetAttribute(mla_attention_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
     for (const bool rope_first : {false, true})
@@ -46,8 +41,7 @@ int mla_num_sms() {
         cudaFuncSetAttribute(s_once_kernel(rope_first, persistent), cudaFuncAttributeMaxDynamicSharedMemorySize,
                              kSOnceSmemBytes);
     cudaFuncSetAttribute(mla_attention_seesaw_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSeesawSmemBytes);
-  }
-  return sms[dev & 63];
+  });
 }
 
 void mla_describe(const MlaConfig& c, char* buf, int size) {

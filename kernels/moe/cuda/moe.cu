@@ -7,8 +7,8 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
-#include <mutex>
 
+#include "device_sms.h"
 #include "driver_api.h"
 #include "grouped_gemm.cuh"
 #include "knobs.h"
@@ -57,19 +57,9 @@ int gemm_smem_bytes(int stages, bool async, int bk) {
   return gemm_smem(64, stages, false).bytes;
 }
 
-struct DeviceInfo {
-  int sms = 0;
-};
-
-const DeviceInfo& device_info() {
-  static DeviceInfo info[64];
-  static std::mutex mu;
-  int dev = 0;
-  cudaGetDevice(&dev);
-  std::lock_guard<std::mutex> lock(mu);
-  DeviceInfo& d = info[dev & 63];
-  if (d.sms == 0) {
-    cudaDeviceGetAttribute(&d.sms, cudaDevAttrMultiProcessorCount, dev);
+// The SM count (one CTA an SM), every GEMM instance's shared-memory size set on the device's first call.
+int moe_num_sms() {
+  return kb::sm_count_after([] {
     for (const int stages : {3, 4})
       for (const bool glu : {false, true})
         for (const bool async : {false, true})
@@ -77,8 +67,7 @@ const DeviceInfo& device_info() {
             for (const bool trace : {false, true})
               cudaFuncSetAttribute(gemm_kernel(glu, stages, async, bk, trace),
                                    cudaFuncAttributeMaxDynamicSharedMemorySize, gemm_smem_bytes(stages, async, bk));
-  }
-  return d;
+  });
 }
 
 // The k of launch `launch`'s ring stages (its tensor maps' boxes and its kernel instance), from MoeConfig::bk32's
@@ -134,7 +123,7 @@ void launch_gemm(GemmParams g, bool glu, const MoeArgs& a, cudaStream_t stream, 
   }
 #endif
   const int bk = launch_bk(a, launch);
-  gemm_kernel(glu, a.stages, async, bk, trace)<<<device_info().sms, kThreads, gemm_smem_bytes(a.stages, async, bk),
+  gemm_kernel(glu, a.stages, async, bk, trace)<<<moe_num_sms(), kThreads, gemm_smem_bytes(a.stages, async, bk),
                                                  stream>>>(g);
 }
 
