@@ -48,8 +48,9 @@ CANDIDATES = {"eager": {"KBENCH_MLA_GRAPH": "0"},
               "row-stores": {"KBENCH_MLA_BULK_STORE": "0"},
               # the staged rows written by bulk copies (before finding 37 made staged_st, 16-byte stores, the default)
               "bulk-copies": {"KBENCH_MLA_STAGED_ST": "0"},
-              # one CTA an SM walking its work items through one ring, rows stored from registers (finding 37)
-              "persistent": {"KBENCH_MLA_PERSISTENT": "1"},
+              # one CTA a work item (before finding 61 made the persistent kernel, one CTA an SM walking its items
+              # through one ring, the default where there are more items than SMs)
+              "one-item": {"KBENCH_MLA_PERSISTENT": "0"},
               # the cache's last tile computed whole where it holds <= 16 rows (before finding 42 made narrow_tail,
               # 16-row boxes, m64n16 S and one P V step, the default)
               "wide-tail": {"KBENCH_MLA_NARROW_TAIL": "0"},

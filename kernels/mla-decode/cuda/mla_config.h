@@ -21,8 +21,8 @@ struct MlaConfig {
   bool seesaw;           // attention_seesaw.cuh: the warpgroups take turns at S and the softmax (overrides s_once)
   bool bulk_store;       // s_once, one split: the output rows staged in shared memory and written by bulk copies
   bool staged_st;        // bulk_store: the staged rows written by coalesced 16-byte stores instead of bulk copies
-  bool persistent;       // s_once, one split: one CTA an SM walks its work items through one ring (the next item's
-                         // tiles load under this one's last), rows stored from registers
+  bool persistent;       // s_once, one split, more work items than SMs: one CTA an SM walks its work items through
+                         // one ring (the next item's tiles load under this one's last), rows stored from registers
   bool narrow_tail;      // s_once: the cache's last tile, where it holds <= 16 rows, loaded as 16-row boxes, S by
                          // m64n16 and P V by one k16 step
 };
@@ -30,7 +30,8 @@ struct MlaConfig {
 // bs batch rows, kv_len cache rows to read, sms the GPU's SM count. KBENCH_MLA_SPLITS=N forces N splits;
 // KBENCH_MLA_PREFETCH_TABLES=0/1 overrides prefetch_tables, KBENCH_MLA_S_ONCE=0/1 s_once, KBENCH_MLA_ROPE_FIRST=0/1
 // rope_first, KBENCH_MLA_SEESAW=0/1 seesaw, KBENCH_MLA_BULK_STORE=0/1 bulk_store, KBENCH_MLA_STAGED_ST=0/1 staged_st,
-// KBENCH_MLA_PERSISTENT=0/1 persistent, KBENCH_MLA_NARROW_TAIL=0/1 narrow_tail.
+// KBENCH_MLA_PERSISTENT=0/1 persistent (default: where a CTA an SM gets two or more items), KBENCH_MLA_NARROW_TAIL=0/1
+// narrow_tail.
 // (Measured misses, removed: early S, the next tile's S issued behind this tile's P V, +8.6%,
 // docs/mla-decode-notes.md finding 19; split S, both warpgroups sharing each tile's S and softmax, +12.5%, finding
 // 26; part of the softmax's exponentials on the FP32 pipes, +0.2 to +1.3%, finding 27; one CTA an SM taking equal
@@ -67,9 +68,13 @@ inline MlaConfig mla_config(int bs, int kv_len, int sms) {
   // stores need not be waited for: attention -0.5 to -3.8 us at batch 128 on two H100s, compute-sanitizer clean
   // (docs/mla-decode-notes.md, findings 36, 37)
   const bool staged_st = kb::env_int("KBENCH_MLA_STAGED_ST", 1) != 0;
-  // persistent: a candidate (docs/mla-decode-notes.md, finding 37): the second wave's start overlapped with the
-  // first's drain; attention -1.7 us at prefill 4096, none at 6144 (one H100, clean L2)
-  const bool persistent = s_once && !seesaw && splits == 1 && kb::env_int("KBENCH_MLA_PERSISTENT", 0) != 0;
+  // persistent, where a CTA an SM gets two or more work items (batch 128: 256 items on 132 SMs): the next item's Q
+  // and first tiles load under this one's last; attention -1.7 / -0.0 us at prefill 4096 / 6144 alone (clean L2),
+  // -2.2 / -1.2 us in the step (profiler timeline), the same bits; with one item a CTA it has nothing to overlap
+  // and read +1 to +2 us (batch 66) (docs/mla-decode-notes.md, findings 37 and 61)
+  const bool many_items = mla::kHeadGroups * bs > sms;
+  const bool persistent =
+      s_once && !seesaw && splits == 1 && kb::env_int("KBENCH_MLA_PERSISTENT", many_items ? 1 : 0) != 0;
   // narrow_tail: the benchmark cases' last tile holds one row; attention -0.5 to -2.8 us at batch 128 (two H100s,
   // clean L2), the same bits (docs/mla-decode-notes.md, findings 41, 42)
   const bool narrow_tail = s_once && !seesaw && kb::env_int("KBENCH_MLA_NARROW_TAIL", 1) != 0;
