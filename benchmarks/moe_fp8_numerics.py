@@ -25,7 +25,6 @@ import torch.nn.functional as F
 from kbench import benchlib, problems
 
 E4M3_MAX = 448.0
-FORMS = ("fp16", "fp8 channel", "fp8 block")
 VARIANTS = {  # name -> (GEMM 1's form, GEMM 2's form)
     "fp16": ("fp16", "fp16"),
     "fp8 channel": ("fp8 channel", "fp8 channel"),
