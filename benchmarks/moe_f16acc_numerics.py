@@ -55,10 +55,18 @@ def gemm(a: torch.Tensor, w: torch.Tensor, promote: int | None, toward_zero: boo
     return total.half()
 
 
-def expert(v, weights, prefix, mode) -> torch.Tensor:
-    g = gemm(v, weights[f"{prefix}.0.weight"], *mode)
-    u = gemm(v, weights[f"{prefix}.1.weight"], *mode)
-    return gemm(F.silu(g.float()).half() * u, weights[f"{prefix}.2.weight"], *mode)
+def accumulated(*mode) -> tuple:
+    """Both GEMMs (gemms for expert() and layer()) accumulated as gemm()'s mode says."""
+    return (lambda a, w: gemm(a, w, *mode),) * 2
+
+
+def expert(v, weights, prefix, gemms) -> torch.Tensor:
+    """One gated MLP on rows v [R, H] fp16 with the reference's roundings; gemms: (GEMM 1's, GEMM 2's) functions of
+    (a [R, K] fp16, w [K, N] fp16) -> fp16 [R, N] (benchmarks/moe_fp8_numerics.py passes its own)."""
+    gemm1, gemm2 = gemms
+    g = gemm1(v, weights[f"{prefix}.0.weight"])
+    u = gemm1(v, weights[f"{prefix}.1.weight"])
+    return gemm2(F.silu(g.float()).half() * u, weights[f"{prefix}.2.weight"])
 
 
 def route(x, weights, config) -> tuple[torch.Tensor, torch.Tensor]:
@@ -67,17 +75,17 @@ def route(x, weights, config) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.topk(scores, k=config["n_experts_per_token"], dim=-1, sorted=False)
 
 
-def layer(x, weights, config, routing, mode) -> torch.Tensor:
-    """The reference's layer on rows x [T, H] fp16 (ref_kernel's op order) with route()'s routing, each GEMM
-    accumulated as `mode`."""
+def layer(x, weights, config, routing, gemms) -> torch.Tensor:
+    """The reference's layer on rows x [T, H] fp16 (ref_kernel's op order) with route()'s routing and expert()'s
+    gemms."""
     top_scores, top_experts = routing
     routed = torch.zeros_like(x)
     for e in range(config["n_routed_experts"]):
         tokens, slots = (top_experts == e).nonzero(as_tuple=True)
         if len(tokens):
-            out = expert(x[tokens], weights, f"experts.{e}", mode) * top_scores[tokens, slots, None]
+            out = expert(x[tokens], weights, f"experts.{e}", gemms) * top_scores[tokens, slots, None]
             routed.index_add_(0, tokens, out)
-    return routed + expert(x, weights, "shared_experts", mode)
+    return routed + expert(x, weights, "shared_experts", gemms)
 
 
 def main() -> None:
@@ -86,8 +94,8 @@ def main() -> None:
     args = ap.parse_args()
     ref = problems.load_modules("moe").reference
     spec = problems.load_spec("moe")
-    modes = {"fp32": (None,), **{f"f16-p{p}": (p,) for p in PROMOTE},
-             **{f"f16-p{p}-rz": (p, True) for p in TRUNCATED}}
+    modes = {"fp32": accumulated(None), **{f"f16-p{p}": accumulated(p) for p in PROMOTE},
+             **{f"f16-p{p}-rz": accumulated(p, True) for p in TRUNCATED}}
     print(f"worst / rms of |out - fp32| / tolerance over {args.tokens} tokens a case (>= 1 fails):", flush=True)
     print(f"{'case':>18} " + " ".join(f"{n:>15}" for n in modes))
     for case in map(problems.official_case, [*spec.tests, *spec.benchmarks]):

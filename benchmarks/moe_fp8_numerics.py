@@ -5,28 +5,28 @@
 Why: both benchmark cases run at the board's power cap (docs/moe-notes.md, thirty-first and thirty-second sessions),
 so their time is their energy, and FP8 MMAs would take about half the tensor cores' energy a MAC at twice the rate.
 This asks the numbers first. For the official benchmark cases' shapes (fewer tokens, the same generator and seeds on
-this machine's CPU, so statistically the official inputs) it runs the reference and prints the worst
-|out - ref| / (atol + rtol |ref|) of the layer's output when the expert GEMMs (the shared expert's and the routed
-ones, the reference's routing kept) take their operands as:
-  fp16            the shipped kernels' operands, fp32 accumulation, fp16 gate / up / h / down (the control)
+this machine's CPU, so statistically the official inputs) it computes the reference's layer
+(benchmarks/moe_f16acc_numerics.py's route() and layer(): ref_kernel's op order and fp16 roundings) and prints the
+worst |out - control| / (atol + rtol |control|) of its output when the expert GEMMs (the shared expert's and the
+routed ones, one routing for all) take their operands as:
   fp8 channel     e4m3 with one scale a row of x or h and one a weight column (amax -> 448)
   fp8 block       e4m3 with DeepSeek-V3's scales: a row's 128-wide k-blocks, the weights' 128 x 128 blocks
-and each FP8 form in GEMM 1 (gate and up) only or GEMM 2 (down) only. Accumulation stays exact fp32 (Hopper's FP8
-MMA keeps fewer bits, so these are the FP8 forms' best case). The worst element over tokens x 7168 outputs grows
-with the token count, so a ratio near 1 here fails at the official 2048 and 8192.
+and the block form in GEMM 1 (gate and up) only or GEMM 2 (down) only. The control takes them as the shipped kernels
+do (fp16, fp32 accumulation, fp16 gate / up / h / down); its own distance from ref_kernel is the first column.
+Accumulation stays exact fp32 (Hopper's FP8 MMA keeps fewer bits, so these are the FP8 forms' best case). The worst
+element over tokens x 7168 outputs grows with the token count, so a ratio near 1 here fails at 2048 and 8192.
 """
 from __future__ import annotations
 
 import argparse
 
 import torch
-import torch.nn.functional as F
 
+import moe_f16acc_numerics as study  # route() and layer(): the reference's layer with the GEMMs passed in
 from kbench import benchlib, problems
 
 E4M3_MAX = 448.0
-VARIANTS = {  # name -> (GEMM 1's form, GEMM 2's form)
-    "fp16": ("fp16", "fp16"),
+VARIANTS = {  # name -> (GEMM 1's operand form, GEMM 2's)
     "fp8 channel": ("fp8 channel", "fp8 channel"),
     "fp8 block": ("fp8 block", "fp8 block"),
     "block, GEMM 1 only": ("fp8 block", "fp16"),
@@ -56,35 +56,10 @@ def quantize(t: torch.Tensor, form: str, reduce_dim: int) -> torch.Tensor:
     return e4m3_scaled(blocks, blocks.abs().amax(dim=(1, 3), keepdim=True)).view(rows, cols)
 
 
-def matmul(v: torch.Tensor, w: torch.Tensor, form: str) -> torch.Tensor:
-    """v [m, k] fp16 times w [k, n] fp16 (the reference's [in, out] weight) in `form`, rounded to fp16 [m, n]."""
-    return (quantize(v, form, 1) @ quantize(w, form, 0)).half()
-
-
-def expert(v: torch.Tensor, weights: dict, prefix: str, forms: tuple[str, str]) -> torch.Tensor:
-    """One gated MLP on rows v [m, dhidden] fp16, the reference's roundings, GEMM forms (GEMM 1's, GEMM 2's)."""
-    gate = F.silu(matmul(v, weights[f"{prefix}.0.weight"], forms[0]))
-    up = matmul(v, weights[f"{prefix}.1.weight"], forms[0])
-    return matmul(gate * up, weights[f"{prefix}.2.weight"], forms[1])
-
-
-def layer(x: torch.Tensor, weights: dict, config: dict, forms: tuple[str, str]) -> torch.Tensor:
-    """The reference's layer (its routing, its fp16 combine order) with the expert GEMMs in `forms`."""
-    rows = x.reshape(-1, x.shape[-1])
-    top_k, n_experts = config["n_experts_per_token"], config["n_routed_experts"]
-    scores = F.linear(x, weights["router.weight"]).softmax(dim=-1)
-    top_scores, top_experts = torch.topk(scores, k=top_k, dim=-1, sorted=False)
-    flat_experts, flat_scores = top_experts.reshape(-1), top_scores.reshape(-1, 1)
-    order = torch.argsort(flat_experts, stable=True)
-    counts = torch.bincount(flat_experts, minlength=n_experts).tolist()
-    routed, start = torch.zeros_like(rows), 0
-    for e, count in enumerate(counts):
-        pairs = order[start:start + count]
-        start += count
-        if count:
-            out = expert(rows[pairs // top_k], weights, f"experts.{e}", forms)
-            routed.index_add_(0, pairs // top_k, out.mul_(flat_scores[pairs]))
-    return routed.view_as(x) + expert(rows, weights, "shared_experts", forms).view_as(x)
+def operands(form: str):
+    """A GEMM of v [m, k] fp16 and w [k, n] fp16 (the reference's [in, out] weight) with its operands in `form`,
+    accumulated exactly in fp32 and rounded to fp16 [m, n]."""
+    return lambda v, w: (quantize(v, form, 1) @ quantize(w, form, 0)).half()
 
 
 def main() -> None:
@@ -93,15 +68,19 @@ def main() -> None:
     args = ap.parse_args()
     ref = problems.load_modules("moe").reference
     spec = problems.load_spec("moe")
-    print(f"worst |out - ref| / tolerance at {args.tokens} tokens (>= 1 fails):")
-    print(f"{'case':>6} {'seed':>6} " + " ".join(f"{n:>19}" for n in VARIANTS))
+    print(f"worst |out - control| / tolerance at {args.tokens} tokens (>= 1 fails):")
+    print(f"{'case':>6} {'seed':>6} {'control vs ref':>19} " + " ".join(f"{n:>19}" for n in VARIANTS))
     for case in map(problems.official_case, spec.benchmarks):
         x, weights, config = ref.generate_input(**{**case, "bs": 1, "seqlen": args.tokens})
-        expected = ref.ref_kernel((x, weights, config))
-        ratios = [benchlib.tolerance_ratio(layer(x, weights, config, forms), expected, ref.RTOL, ref.ATOL)
-                  for forms in VARIANTS.values()]
+        rows = x.reshape(-1, x.shape[-1])
+        routing = study.route(rows, weights, config)
+        control = study.layer(rows, weights, config, routing, (operands("fp16"), operands("fp16")))
+        expected = ref.ref_kernel((x, weights, config)).reshape(rows.shape)
+        ratios = [benchlib.tolerance_ratio(control, expected, ref.RTOL, ref.ATOL)]
+        for f1, f2 in VARIANTS.values():
+            out = study.layer(rows, weights, config, routing, (operands(f1), operands(f2)))
+            ratios.append(benchlib.tolerance_ratio(out, control, ref.RTOL, ref.ATOL))
         print(f"{case['seqlen']:>6} {case['seed']:>6} " + " ".join(f"{r:>19.3f}" for r in ratios), flush=True)
-
 
 if __name__ == "__main__":
     main()
