@@ -60,6 +60,10 @@ def test_a_records_rows_hold_its_means_and_where_kept_its_medians():
     record["environment"]["import_s"] = 27.5
     assert [(r.metric, r.case, r.us) for r in benchlib.rows_from_record(record, "cuda") if r.metric == "import"] == [
         ("import", benchlib.IMPORT_CASE, 27.5)]
+    record["environment"]["import_s"] = 0.000616152  # a cached import: kept in the CSV, not rounded to 0.00
+    imported = [r for r in benchlib.rows_from_record(record, "cuda") if r.metric == "import"]
+    assert imported[0].values()[-1] == "0.000616"
+    assert [r.values()[-1] for r in benchlib.rows_from_record(record, "cuda")][:3] == ["1.00", "4.00", "2.00"]
     del record["environment"]["import_s"]
     for c in record["cases"]:  # a record from before medians were kept: the means only
         del c["median_ns"]
