@@ -696,7 +696,7 @@ def main():
     ap.add_argument("--rope-cost", action="store_true",
                     help="instead: time the attention kernel with and without its RoPE rotation (a dev build)")
     ap.add_argument("--absorb", action="store_true",
-                    help="instead: the q path (q_up, W_UK) separate and absorbed, with the absorbing kernel's probes")
+                    help="instead: the q path (q_up, W_UK) separate and absorbed (one check, then CUDA events)")
     ap.add_argument("--projections", action="store_true",
                     help="instead: each projection GEMM alone, cuBLAS against linear.cuh")
     ap.add_argument("--phase-trace", action="store_true",

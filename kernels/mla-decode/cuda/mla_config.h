@@ -72,9 +72,7 @@ inline MlaConfig mla_config(int bs, int kv_len, int sms) {
   // and first tiles load under this one's last; attention -1.7 / -0.0 us at prefill 4096 / 6144 alone (clean L2),
   // -2.2 / -1.2 us in the step (profiler timeline), the same bits; with one item a CTA it has nothing to overlap
   // and read +1 to +2 us (batch 66) (docs/mla-decode-notes.md, findings 37 and 61)
-  const bool many_items = mla::kHeadGroups * bs > sms;
-  const bool persistent =
-      s_once && !seesaw && splits == 1 && kb::env_int("KBENCH_MLA_PERSISTENT", many_items ? 1 : 0) != 0;
+  const bool persistent = s_once && !seesaw && splits == 1 && kb::env_int("KBENCH_MLA_PERSISTENT", ctas > sms) != 0;
   // narrow_tail: the benchmark cases' last tile holds one row; attention -0.5 to -2.8 us at batch 128 (two H100s,
   // clean L2), the same bits (docs/mla-decode-notes.md, findings 41, 42)
   const bool narrow_tail = s_once && !seesaw && kb::env_int("KBENCH_MLA_NARROW_TAIL", 1) != 0;
