@@ -76,9 +76,7 @@ CANDIDATES = {"eager": {"KBENCH_MLA_GRAPH": "0"},
               "knob-reads": {"KBENCH_MLA_KNOB_MEMO": "0"},
               # q_up, then the per-head W_UK GEMM in a launch of its own (the build before finding 59's absorbing
               # q_up: each q_up CTA multiplies its head's q_nope by W_UK in its epilogue)
-              "separate-uk": {"KBENCH_MLA_ABSORB_UK": "0"},
-              # S's first 8 of 36 k16 steps with Q's A fragments from warpgroup 0's registers (finding 63)
-              "q-regs": {"KBENCH_MLA_Q_REGS": "1"}}
+              "separate-uk": {"KBENCH_MLA_ABSORB_UK": "0"}}
 # The step's projections at the official dims (batch 128): name -> (n, k) of W [n, k]; x is [128, k].
 PROJECTIONS = {"kv_down": (576, 7168), "q_down": (1536, 7168), "q_up": (24576, 1536), "wo": (7168, 16384)}
 

@@ -368,12 +368,10 @@ __device__ __forceinline__ void release_stage(float* o, int lane, uint64_t* empt
 // tile's, its own O += P V over columns 0 .. 255, the stage released. sc, pa: S's accumulator and P's A fragments
 // (pa[4j .. 4j+3]: positions 16j .. 16j+15). q_free: non-null on an item's last tile in the persistent kernel, whose
 // producer may then load the next item's Q. kNarrow: the tile is narrow (narrow_tile): positions 0 .. 15 only.
-// kQBlocks, qa: Q's first kQBlocks column blocks as wgmma A fragments (load_q_fragments), read from registers by S's
-// wide tiles instead of from shared memory (MlaConfig::q_blocks).
-template <bool kNarrow, int kQBlocks>
+template <bool kNarrow>
 __device__ __forceinline__ void wg0_tile(const Params& p, const SOnceSmem& sm, const Consumer& c, int i, int tile,
                                          int kv_len, uint64_t* q_free, float* o, float* sc, uint32_t* pa,
-                                         const uint32_t* qa, float* m_run, float* l_run, int& s, uint32_t& phase) {
+                                         float* m_run, float* l_run, int& s, uint32_t& phase) {
   const int t = c.t, warp = c.warp, lane = c.lane, frag_row = c.frag_row;
   uint8_t* kv = sm.kv + s * kTileBytes;
   if (t == 0) trace_stamp(p, kTraceWg0, i, 0);
@@ -388,8 +386,6 @@ __device__ __forceinline__ void wg0_tile(const Params& p, const SOnceSmem& sm, c
     for (int q = 0; q < 4; ++q) {
       if constexpr (kNarrow)
         wgmma_m64n16k16_bf16<0>(sc, da + 2 * q, db + 2 * q, blk > 0 || q > 0);
-      else if (blk < kQBlocks)
-        wgmma_m64n64k16_rs_bf16<0>(sc, qa + 16 * blk + 4 * q, db + 2 * q, blk > 0 || q > 0);
       else
         wgmma_m64n64k16_bf16<0>(sc, da + 2 * q, db + 2 * q, blk > 0 || q > 0);
     }
@@ -483,27 +479,18 @@ __device__ __forceinline__ ItemTiles item_tiles(const Params& p, const CtaWork& 
 // A work item's tiles in warpgroup 0: the wide ones, then the narrow last one where narrow_tile says so (with S and
 // P arrays of its own: reusing the wide tiles' made ptxas serialize the kernel's wgmmas, C7511). q_free: as
 // wg0_tile's, given with the item's last tile.
-template <int kQBlocks>
 __device__ __forceinline__ void wg0_item(const Params& p, const SOnceSmem& sm, const Consumer& c, const CtaWork& work,
-                                         uint64_t* q_free, float* o, float* sc, uint32_t* pa, const uint32_t* qa,
-                                         float* m_run, float* l_run, int& s, uint32_t& phase) {
+                                         uint64_t* q_free, float* o, float* sc, uint32_t* pa, float* m_run,
+                                         float* l_run, int& s, uint32_t& phase) {
   const ItemTiles t = item_tiles(p, work);
   for (int i = 0; i < t.wide; ++i)
-    wg0_tile<false, kQBlocks>(p, sm, c, i, work.tile0 + i, work.kv_len, i == t.count - 1 ? q_free : nullptr, o, sc,
-                              pa, qa, m_run, l_run, s, phase);
+    wg0_tile<false>(p, sm, c, i, work.tile0 + i, work.kv_len, i == t.count - 1 ? q_free : nullptr, o, sc, pa, m_run,
+                    l_run, s, phase);
   if (t.narrow_last) {
     float sn[4 * kTailRows / 8];
     uint32_t pn[kTailRows / 4];
-    wg0_tile<true, 0>(p, sm, c, t.wide, work.tile1 - 1, work.kv_len, q_free, o, sn, pn, qa, m_run, l_run, s, phase);
+    wg0_tile<true>(p, sm, c, t.wide, work.tile1 - 1, work.kv_len, q_free, o, sn, pn, m_run, l_run, s, phase);
   }
-}
-
-// Q's first kQBlocks column blocks (64 heads x 64 columns each, swizzled as P's block) as the A fragments of S's
-// k16 steps: qa[16 blk + 4 q ..] the fragment of columns 64 blk + 16 q .. + 15 (the layout load_p gives P).
-template <int kQBlocks>
-__device__ __forceinline__ void load_q_fragments(const SOnceSmem& sm, const Consumer& c, uint32_t* qa) {
-#pragma unroll
-  for (int blk = 0; blk < kQBlocks; ++blk) load_p<4>(sm.q + blk * kBlockBytes, c.warp, c.lane, qa + 16 * blk);
 }
 
 // The same item's tiles in warpgroup 1.
@@ -550,7 +537,7 @@ __device__ __forceinline__ CacheMaps cache_maps(const Params& p, const CUtensorM
   return {p.bound_kv, p.bound_tail};
 }
 
-template <bool kRopeFirst, int kQBlocks>
+template <bool kRopeFirst>
 __global__ void __launch_bounds__(kThreads, 1) mla_attention_s_once_kernel(const __grid_constant__ CUtensorMap tm_q,
                                                                            const __grid_constant__ CUtensorMap tm_kv,
                                                                            const __grid_constant__ CUtensorMap tm_tail,
@@ -587,12 +574,11 @@ __global__ void __launch_bounds__(kThreads, 1) mla_attention_s_once_kernel(const
   uint32_t phase = 0;
   if (c.w == 0) {
     setmaxnreg_inc<kWg0Regs>();
-    uint32_t pa[16], qa[16 * kQBlocks + 1];
+    uint32_t pa[16];
     float sc[32];
     mbar_wait(sm.q_full, 0);
-    load_q_fragments<kQBlocks>(sm, c, qa);
     if (c.t == 0) trace_clock(p, 0);
-    wg0_item<kQBlocks>(p, sm, c, work, nullptr, o, sc, pa, qa, m_run, l_run, s, phase);
+    wg0_item(p, sm, c, work, nullptr, o, sc, pa, m_run, l_run, s, phase);
     if (c.t == 0) trace_clock(p, 2);
   } else {
     setmaxnreg_inc<kWg1Regs>();
@@ -614,7 +600,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_attention_s_once_kernel(const
 // 37): gridDim.x CTAs (one an SM) each walk the work items blockIdx.x, blockIdx.x + gridDim.x, ... with the ring and
 // its barriers carried across items, the next item's first tiles loading under this one's last, and write each
 // item's rows straight from registers (store_rows_direct). The same per-tile steps as the kernel above.
-template <bool kRopeFirst, int kQBlocks>
+template <bool kRopeFirst>
 __global__ void __launch_bounds__(kThreads, 1) mla_attention_s_once_persistent_kernel(
     const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_kv,
     const __grid_constant__ CUtensorMap tm_tail, const Params p) {
@@ -665,12 +651,11 @@ __global__ void __launch_bounds__(kThreads, 1) mla_attention_s_once_persistent_k
     for (int item = blockIdx.x, k = 0; item < items; item += gridDim.x, ++k) {
       const CtaWork work = cta_work(p, item);
       start_item();
-      uint32_t pa[16], qa[16 * kQBlocks + 1];
+      uint32_t pa[16];
       float sc[32];
       mbar_wait(sm.q_full, k & 1);
-      load_q_fragments<kQBlocks>(sm, c, qa);
       if (c.t == 0) trace_clock(p, 0);
-      wg0_item<kQBlocks>(p, sm, c, work, sm.q_free, o, sc, pa, qa, m_run, l_run, s, phase);
+      wg0_item(p, sm, c, work, sm.q_free, o, sc, pa, m_run, l_run, s, phase);
       if (c.t == 0) trace_clock(p, 2);
       finish_item(work);
     }

@@ -27,15 +27,9 @@
 using namespace mla;
 
 // The s-once kernel for a configuration's compile-time choices.
-template <int kQBlocks>
-static auto s_once_kernel_q(bool rope_first, bool persistent) {
-  if (persistent)
-    return rope_first ? mla_attention_s_once_persistent_kernel<true, kQBlocks>
-                      : mla_attention_s_once_persistent_kernel<false, kQBlocks>;
-  return rope_first ? mla_attention_s_once_kernel<true, kQBlocks> : mla_attention_s_once_kernel<false, kQBlocks>;
-}
-static auto s_once_kernel(bool rope_first, bool persistent, int q_blocks) {
-  return q_blocks ? s_once_kernel_q<kQRegBlocks>(rope_first, persistent) : s_once_kernel_q<0>(rope_first, persistent);
+static auto s_once_kernel(bool rope_first, bool persistent) {
+  if (persistent) return rope_first ? mla_attention_s_once_persistent_kernel<true> : mla_attention_s_once_persistent_kernel<false>;
+  return rope_first ? mla_attention_s_once_kernel<true> : mla_attention_s_once_kernel<false>;
 }
 
 int mla_num_sms() {
@@ -44,9 +38,8 @@ int mla_num_sms() {
     cudaFuncSetAttribute(mla_attention_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
     for (const bool rope_first : {false, true})
       for (const bool persistent : {false, true})
-        for (const int q_blocks : {0, kQRegBlocks})
-          cudaFuncSetAttribute(s_once_kernel(rope_first, persistent, q_blocks),
-                               cudaFuncAttributeMaxDynamicSharedMemorySize, kSOnceSmemBytes);
+        cudaFuncSetAttribute(s_once_kernel(rope_first, persistent), cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             kSOnceSmemBytes);
     cudaFuncSetAttribute(mla_attention_seesaw_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSeesawSmemBytes);
   });
 }
@@ -54,9 +47,9 @@ int mla_num_sms() {
 void mla_describe(const MlaConfig& c, char* buf, int size) {
   snprintf(buf, size,
            "MlaConfig{splits=%d, prefetch_tables=%d, s_once=%d, rope_first=%d, seesaw=%d, bulk_store=%d, staged_st=%d, "
-           "persistent=%d, narrow_tail=%d, q_blocks=%d}",
+           "persistent=%d, narrow_tail=%d}",
            c.splits, c.prefetch_tables ? 1 : 0, c.s_once ? 1 : 0, c.rope_first ? 1 : 0, c.seesaw ? 1 : 0,
-           c.bulk_store ? 1 : 0, c.staged_st ? 1 : 0, c.persistent ? 1 : 0, c.narrow_tail ? 1 : 0, c.q_blocks);
+           c.bulk_store ? 1 : 0, c.staged_st ? 1 : 0, c.persistent ? 1 : 0, c.narrow_tail ? 1 : 0);
 }
 
 const char* mla_run(const MlaArgs& a, cudaStream_t stream) {
@@ -104,9 +97,9 @@ const char* mla_run(const MlaArgs& a, cudaStream_t stream) {
     mla_attention_seesaw_kernel<<<grid, kThreads, kSeesawSmemBytes, stream>>>(tm_q, tm_kv, p);
   } else if (a.config.s_once && a.config.persistent && p.splits == 1) {
     const dim3 ctas(std::min<unsigned>(grid.x, static_cast<unsigned>(sms)));  // one an SM, each walking items
-    s_once_kernel(a.config.rope_first, true, a.config.q_blocks)<<<ctas, kThreads, kSOnceSmemBytes, stream>>>(tm_q, tm_kv, tm_tail, p);
+    s_once_kernel(a.config.rope_first, true)<<<ctas, kThreads, kSOnceSmemBytes, stream>>>(tm_q, tm_kv, tm_tail, p);
   } else if (a.config.s_once) {
-    s_once_kernel(a.config.rope_first, false, a.config.q_blocks)<<<grid, kThreads, kSOnceSmemBytes, stream>>>(tm_q, tm_kv, tm_tail, p);
+    s_once_kernel(a.config.rope_first, false)<<<grid, kThreads, kSOnceSmemBytes, stream>>>(tm_q, tm_kv, tm_tail, p);
   } else {
     const auto kernel = a.config.prefetch_tables ? mla_attention_kernel<true> : mla_attention_kernel<false>;
     kernel<<<grid, kThreads, kSmemBytes, stream>>>(tm_q, tm_kv, p);

@@ -9,13 +9,6 @@ namespace mla {
 constexpr int kTile = 64;                 // cache rows per tile (one TMA box of the attention kernel)
 constexpr int kHeads = 128, kHG = 64;     // query heads; per CTA
 constexpr int kHeadGroups = kHeads / kHG;  // CTAs per batch row without a split
-// The s-once kernels' warpgroup 0 may hold Q's first kQRegBlocks 64-column blocks in registers (16 a block a thread)
-// as S's A operand (MlaConfig::q_blocks), halving those k16 steps' shared-memory reads (docs/mla-decode-notes.md,
-// finding 63).
-#ifndef KBENCH_MLA_Q_REG_BLOCKS
-#define KBENCH_MLA_Q_REG_BLOCKS 2
-#endif
-constexpr int kQRegBlocks = KBENCH_MLA_Q_REG_BLOCKS;
 }  // namespace mla
 
 // KBENCH_PRINT_CONFIG=1 prints the one picked for each shape.
@@ -32,19 +25,19 @@ struct MlaConfig {
                          // one ring (the next item's tiles load under this one's last), rows stored from registers
   bool narrow_tail;      // s_once: the cache's last tile, where it holds <= 16 rows, loaded as 16-row boxes, S by
                          // m64n16 and P V by one k16 step
-  int q_blocks;          // s_once: Q's column blocks S reads from warpgroup 0's registers (0 or mla::kQRegBlocks)
 };
 
 // bs batch rows, kv_len cache rows to read, sms the GPU's SM count. KBENCH_MLA_SPLITS=N forces N splits;
 // KBENCH_MLA_PREFETCH_TABLES=0/1 overrides prefetch_tables, KBENCH_MLA_S_ONCE=0/1 s_once, KBENCH_MLA_ROPE_FIRST=0/1
 // rope_first, KBENCH_MLA_SEESAW=0/1 seesaw, KBENCH_MLA_BULK_STORE=0/1 bulk_store, KBENCH_MLA_STAGED_ST=0/1 staged_st,
 // KBENCH_MLA_PERSISTENT=0/1 persistent (default: where a CTA an SM gets two or more items), KBENCH_MLA_NARROW_TAIL=0/1
-// narrow_tail, KBENCH_MLA_Q_REGS=0/1 q_blocks (0 or mla::kQRegBlocks).
+// narrow_tail.
 // (Measured misses, removed: early S, the next tile's S issued behind this tile's P V, +8.6%,
 // docs/mla-decode-notes.md finding 19; split S, both warpgroups sharing each tile's S and softmax, +12.5%, finding
 // 26; part of the softmax's exponentials on the FP32 pipes, +0.2 to +1.3%, finding 27; one CTA an SM taking equal
 // runs of the work, +52 us with rows shared between runs, -1% with whole rows, finding 29; L2 prefetches of the next
-// wave's first data, +3 us, or of the row's later tiles, +9 to +37%, finding 36.)
+// wave's first data, +3 us, or of the row's later tiles, +9 to +37%, finding 36; Q's first two blocks as S's A
+// operand from registers, a tie in time and energy, finding 63.)
 inline MlaConfig mla_config(int bs, int kv_len, int sms) {
   // No split where one CTA per (row, head group) already fills >= 90% of its waves (batch 128 on 132 SMs: 256 CTAs
   // in 2 waves, 97%): splitting adds the combine pass and the fp32 partials for no wave gain (measured on two H100s,
@@ -84,8 +77,6 @@ inline MlaConfig mla_config(int bs, int kv_len, int sms) {
   // narrow_tail: the benchmark cases' last tile holds one row; attention -0.5 to -2.8 us at batch 128 (two H100s,
   // clean L2), the same bits (docs/mla-decode-notes.md, findings 41, 42)
   const bool narrow_tail = s_once && !seesaw && kb::env_int("KBENCH_MLA_NARROW_TAIL", 1) != 0;
-  // q_blocks: a candidate (finding 63)
-  const int q_blocks = s_once && !seesaw && kb::env_int("KBENCH_MLA_Q_REGS", 0) != 0 ? mla::kQRegBlocks : 0;
   return MlaConfig{splits, prefetch_tables, s_once, rope_first, seesaw, bulk_store, staged_st, persistent,
-                   narrow_tail, q_blocks};
+                   narrow_tail};
 }
