@@ -90,7 +90,10 @@ def _check_against_eager(mla, monkeypatch, data, expected_data=None, what: str =
                           (5, 79, None, ""), (5, 80, None, ""), (5, 81, None, ""),
                           (200, 130, None, "PERSISTENT=1"),
                           (3, 65, None, "NARROW_TAIL=0"), (128, 4097, None, "NARROW_TAIL=0"),
-                          (16, 1025, "3", "NARROW_TAIL=0"), (3, 65, None, "NARROW_TAIL=0,PERSISTENT=1")])
+                          (16, 1025, "3", "NARROW_TAIL=0"), (3, 65, None, "NARROW_TAIL=0,PERSISTENT=1"),
+                          # warpgroup 0's P V issued before P's hand-over (finding 64)
+                          (1, 2, None, "EARLY_PV=1"), (5, 79, None, "EARLY_PV=1"), (128, 4097, None, "EARLY_PV=1"),
+                          (128, 4097, None, "EARLY_PV=1,PERSISTENT=0"), (16, 1025, "3", "EARLY_PV=1")])
 def test_attention_matches_the_definition(mla, bs, kv_len, splits, knobs, monkeypatch, grow=1.0):
     """splits, knobs: as _set_knobs takes them. grow: the keys' rope columns scaled from 1 at position 0 to
     `grow` at the last, so that the row maxima keep rising tile after tile (the s-once softmax rescales lazily)."""
@@ -121,6 +124,7 @@ def test_attention_matches_the_definition(mla, bs, kv_len, splits, knobs, monkey
                                                     (16, 1025, None, "ROPE_FIRST=0"),
                                                     (133, 1025, None, "PERSISTENT=1"),
                                                     (16, 1025, None, "NARROW_TAIL=0"),
+                                                    (16, 1025, None, "EARLY_PV=1"),
                                                     (16, 1025, None, "S_ONCE=0"),
                                                     (16, 1025, None, "SEESAW=1"), (128, 4097, "2", "SEESAW=1"),
                                                     (3, 65, None, "SEESAW=1")])
@@ -136,7 +140,8 @@ def test_attention_with_rising_maxima(mla, bs, kv_len, splits, knobs, monkeypatc
 @pytest.mark.parametrize("bs,kv_len,splits,knobs", [(128, 4097, "2", ""), (128, 4097, "2", "SEESAW=1"),
                                                     (16, 1025, None, "SEESAW=1"), (128, 4097, None, ""),
                                                     (200, 1025, None, "PERSISTENT=1"),
-                                                    (128, 4097, None, "NARROW_TAIL=0")])
+                                                    (128, 4097, None, "NARROW_TAIL=0"),
+                                                    (128, 4097, None, "EARLY_PV=1"), (200, 1025, None, "EARLY_PV=1")])
 def test_attention_repeats_bit_for_bit(mla, bs, kv_len, splits, knobs, monkeypatch):
     """The kernel is deterministic: 30 calls on the same inputs must give the same bits. A race between the
     warpgroups, the loads and the rotators shows up here as an occasional difference (a version of the seesaw
@@ -200,6 +205,21 @@ def test_the_persistent_kernel_equals_the_one_item_kernel(mla, bs, kv_len, monke
 
     outs = _outputs_per_knob_value(mla, monkeypatch, "PERSISTENT", ("0", "1"), bs, kv_len)
     assert torch.equal(outs["0"], outs["1"]), "the persistent kernel changes the rows"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("bs,kv_len,knobs", [(1, 2, ""), (3, 65, ""), (5, 80, ""), (128, 4097, ""), (133, 1000, ""),
+                                             (200, 130, ""), (3, 65, "PERSISTENT=1"), (128, 4097, "PERSISTENT=0"),
+                                             (128, 4097, "ROPE_FIRST=0"), (16, 1025, "SPLITS=3")])
+def test_the_early_p_v_equals_the_hand_over_first(mla, bs, kv_len, knobs, monkeypatch):
+    """MlaConfig::early_pv: warpgroup 0 issues its O += P V before it hands P to warpgroup 1 (stmatrix under its
+    MMAs): the same MMAs in the same order, so the same bits, in the one-item and persistent kernels, split or not,
+    with the output poisoned before each call."""
+    import torch
+
+    _set_knobs(monkeypatch, None, knobs)
+    outs = _outputs_per_knob_value(mla, monkeypatch, "EARLY_PV", ("0", "1"), bs, kv_len)
+    assert torch.equal(outs["0"], outs["1"]), "the early P V changes the rows"
 
 
 @pytest.mark.gpu

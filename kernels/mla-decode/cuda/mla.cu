@@ -27,9 +27,15 @@
 using namespace mla;
 
 // The s-once kernel for a configuration's compile-time choices.
-static auto s_once_kernel(bool rope_first, bool persistent) {
-  if (persistent) return rope_first ? mla_attention_s_once_persistent_kernel<true> : mla_attention_s_once_persistent_kernel<false>;
-  return rope_first ? mla_attention_s_once_kernel<true> : mla_attention_s_once_kernel<false>;
+template <bool kEarlyPv>
+static auto s_once_kernel_of(bool rope_first, bool persistent) {
+  if (persistent)
+    return rope_first ? mla_attention_s_once_persistent_kernel<true, kEarlyPv>
+                      : mla_attention_s_once_persistent_kernel<false, kEarlyPv>;
+  return rope_first ? mla_attention_s_once_kernel<true, kEarlyPv> : mla_attention_s_once_kernel<false, kEarlyPv>;
+}
+static auto s_once_kernel(bool rope_first, bool persistent, bool early_pv) {
+  return early_pv ? s_once_kernel_of<true>(rope_first, persistent) : s_once_kernel_of<false>(rope_first, persistent);
 }
 
 int mla_num_sms() {
@@ -38,8 +44,9 @@ int mla_num_sms() {
     cudaFuncSetAttribute(mla_attention_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
     for (const bool rope_first : {false, true})
       for (const bool persistent : {false, true})
-        cudaFuncSetAttribute(s_once_kernel(rope_first, persistent), cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             kSOnceSmemBytes);
+        for (const bool early_pv : {false, true})
+          cudaFuncSetAttribute(s_once_kernel(rope_first, persistent, early_pv),
+                               cudaFuncAttributeMaxDynamicSharedMemorySize, kSOnceSmemBytes);
     cudaFuncSetAttribute(mla_attention_seesaw_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSeesawSmemBytes);
   });
 }
@@ -47,9 +54,9 @@ int mla_num_sms() {
 void mla_describe(const MlaConfig& c, char* buf, int size) {
   snprintf(buf, size,
            "MlaConfig{splits=%d, prefetch_tables=%d, s_once=%d, rope_first=%d, seesaw=%d, bulk_store=%d, staged_st=%d, "
-           "persistent=%d, narrow_tail=%d}",
+           "persistent=%d, narrow_tail=%d, early_pv=%d}",
            c.splits, c.prefetch_tables ? 1 : 0, c.s_once ? 1 : 0, c.rope_first ? 1 : 0, c.seesaw ? 1 : 0,
-           c.bulk_store ? 1 : 0, c.staged_st ? 1 : 0, c.persistent ? 1 : 0, c.narrow_tail ? 1 : 0);
+           c.bulk_store ? 1 : 0, c.staged_st ? 1 : 0, c.persistent ? 1 : 0, c.narrow_tail ? 1 : 0, c.early_pv ? 1 : 0);
 }
 
 const char* mla_run(const MlaArgs& a, cudaStream_t stream) {
@@ -97,9 +104,9 @@ const char* mla_run(const MlaArgs& a, cudaStream_t stream) {
     mla_attention_seesaw_kernel<<<grid, kThreads, kSeesawSmemBytes, stream>>>(tm_q, tm_kv, p);
   } else if (a.config.s_once && a.config.persistent && p.splits == 1) {
     const dim3 ctas(std::min<unsigned>(grid.x, static_cast<unsigned>(sms)));  // one an SM, each walking items
-    s_once_kernel(a.config.rope_first, true)<<<ctas, kThreads, kSOnceSmemBytes, stream>>>(tm_q, tm_kv, tm_tail, p);
+    s_once_kernel(a.config.rope_first, true, a.config.early_pv)<<<ctas, kThreads, kSOnceSmemBytes, stream>>>(tm_q, tm_kv, tm_tail, p);
   } else if (a.config.s_once) {
-    s_once_kernel(a.config.rope_first, false)<<<grid, kThreads, kSOnceSmemBytes, stream>>>(tm_q, tm_kv, tm_tail, p);
+    s_once_kernel(a.config.rope_first, false, a.config.early_pv)<<<grid, kThreads, kSOnceSmemBytes, stream>>>(tm_q, tm_kv, tm_tail, p);
   } else {
     const auto kernel = a.config.prefetch_tables ? mla_attention_kernel<true> : mla_attention_kernel<false>;
     kernel<<<grid, kThreads, kSmemBytes, stream>>>(tm_q, tm_kv, p);
