@@ -76,11 +76,7 @@ CANDIDATES = {"eager": {"KBENCH_MLA_GRAPH": "0"},
               "knob-reads": {"KBENCH_MLA_KNOB_MEMO": "0"},
               # q_up, then the per-head W_UK GEMM in a launch of its own (the build before finding 59's absorbing
               # q_up: each q_up CTA multiplies its head's q_nope by W_UK in its epilogue)
-              "separate-uk": {"KBENCH_MLA_ABSORB_UK": "0"},
-              # warpgroup 0's P V issued before it hands P to warpgroup 1; each chunk of P stored by the softmax as
-              # it is made (finding 64)
-              "early-pv": {"KBENCH_MLA_HAND_OVER": "1"},
-              "p-in-softmax": {"KBENCH_MLA_HAND_OVER": "2"}}
+              "separate-uk": {"KBENCH_MLA_ABSORB_UK": "0"}}
 # The step's projections at the official dims (batch 128): name -> (n, k) of W [n, k]; x is [128, k].
 PROJECTIONS = {"kv_down": (576, 7168), "q_down": (1536, 7168), "q_up": (24576, 1536), "wo": (7168, 16384)}
 

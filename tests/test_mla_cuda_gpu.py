@@ -90,11 +90,7 @@ def _check_against_eager(mla, monkeypatch, data, expected_data=None, what: str =
                           (5, 79, None, ""), (5, 80, None, ""), (5, 81, None, ""),
                           (200, 130, None, "PERSISTENT=1"),
                           (3, 65, None, "NARROW_TAIL=0"), (128, 4097, None, "NARROW_TAIL=0"),
-                          (16, 1025, "3", "NARROW_TAIL=0"), (3, 65, None, "NARROW_TAIL=0,PERSISTENT=1"),
-                          # P handed over under warpgroup 0's P V, or inside its softmax (finding 64)
-                          (1, 2, None, "HAND_OVER=1"), (128, 4097, None, "HAND_OVER=1"),
-                          (1, 2, None, "HAND_OVER=2"), (5, 79, None, "HAND_OVER=2"), (128, 4097, None, "HAND_OVER=2"),
-                          (128, 4097, None, "HAND_OVER=2,PERSISTENT=0"), (16, 1025, "3", "HAND_OVER=2")])
+                          (16, 1025, "3", "NARROW_TAIL=0"), (3, 65, None, "NARROW_TAIL=0,PERSISTENT=1")])
 def test_attention_matches_the_definition(mla, bs, kv_len, splits, knobs, monkeypatch, grow=1.0):
     """splits, knobs: as _set_knobs takes them. grow: the keys' rope columns scaled from 1 at position 0 to
     `grow` at the last, so that the row maxima keep rising tile after tile (the s-once softmax rescales lazily)."""
@@ -125,7 +121,6 @@ def test_attention_matches_the_definition(mla, bs, kv_len, splits, knobs, monkey
                                                     (16, 1025, None, "ROPE_FIRST=0"),
                                                     (133, 1025, None, "PERSISTENT=1"),
                                                     (16, 1025, None, "NARROW_TAIL=0"),
-                                                    (16, 1025, None, "HAND_OVER=2"),
                                                     (16, 1025, None, "S_ONCE=0"),
                                                     (16, 1025, None, "SEESAW=1"), (128, 4097, "2", "SEESAW=1"),
                                                     (3, 65, None, "SEESAW=1")])
@@ -141,8 +136,7 @@ def test_attention_with_rising_maxima(mla, bs, kv_len, splits, knobs, monkeypatc
 @pytest.mark.parametrize("bs,kv_len,splits,knobs", [(128, 4097, "2", ""), (128, 4097, "2", "SEESAW=1"),
                                                     (16, 1025, None, "SEESAW=1"), (128, 4097, None, ""),
                                                     (200, 1025, None, "PERSISTENT=1"),
-                                                    (128, 4097, None, "NARROW_TAIL=0"),
-                                                    (128, 4097, None, "HAND_OVER=2"), (200, 1025, None, "HAND_OVER=2")])
+                                                    (128, 4097, None, "NARROW_TAIL=0")])
 def test_attention_repeats_bit_for_bit(mla, bs, kv_len, splits, knobs, monkeypatch):
     """The kernel is deterministic: 30 calls on the same inputs must give the same bits. A race between the
     warpgroups, the loads and the rotators shows up here as an occasional difference (a version of the seesaw
@@ -206,21 +200,6 @@ def test_the_persistent_kernel_equals_the_one_item_kernel(mla, bs, kv_len, monke
 
     outs = _outputs_per_knob_value(mla, monkeypatch, "PERSISTENT", ("0", "1"), bs, kv_len)
     assert torch.equal(outs["0"], outs["1"]), "the persistent kernel changes the rows"
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("bs,kv_len,knobs", [(1, 2, ""), (3, 65, ""), (5, 80, ""), (128, 4097, ""), (133, 1000, ""),
-                                             (200, 130, ""), (3, 65, "PERSISTENT=1"), (128, 4097, "PERSISTENT=0"),
-                                             (128, 4097, "ROPE_FIRST=0"), (16, 1025, "SPLITS=3")])
-def test_the_hand_overs_of_p_give_the_same_rows(mla, bs, kv_len, knobs, monkeypatch):
-    """MlaConfig::hand_over: warpgroup 0 hands P to warpgroup 1 after its softmax (0), under its own P V (1), or chunk
-    by chunk inside the softmax (2): the same MMAs in the same order, so the same bits, in the one-item and
-    persistent kernels, split or not, with the output poisoned before each call."""
-    import torch
-
-    _set_knobs(monkeypatch, None, knobs)
-    outs = _outputs_per_knob_value(mla, monkeypatch, "HAND_OVER", ("0", "1", "2"), bs, kv_len)
-    assert torch.equal(outs["0"], outs["1"]) and torch.equal(outs["0"], outs["2"]), "a hand-over changes the rows"
 
 
 @pytest.mark.gpu

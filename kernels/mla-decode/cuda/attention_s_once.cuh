@@ -162,12 +162,9 @@ __device__ __forceinline__ void issue_pv_from_registers(float* o, const uint32_t
 // rows moved their maxima (one decision per warp, so that an O rescale is skipped or done by whole warps).
 // kGroups: the groups of 8 positions S holds (8; 2 for a narrow tile, whose accumulator is m64n16: sc[0 .. 7] and
 // pa[0 .. 3] only).
-// p_block (may be null): each 16-position chunk of P also stored there (stmatrix, store_p's layout) as soon as its
-// exponentials are done, so that the stores drain under the rest of the softmax (MlaConfig::hand_over 2).
 template <int kGroups>
 __device__ __forceinline__ bool softmax_tile(float* sc, int tile, int kv_len, float scale_log2, int frag_col,
-                                             float* m_run, float* l_run, float* alpha, uint32_t* pa,
-                                             uint8_t* p_block = nullptr, int warp = 0, int lane = 0) {
+                                             float* m_run, float* l_run, float* alpha, uint32_t* pa) {
   if (tile * kTile + 8 * kGroups > kv_len) {  // the split's last tile: positions past the cache do not count
 #pragma unroll
     for (int c = 0; c < kGroups; ++c)
@@ -205,11 +202,6 @@ __device__ __forceinline__ bool softmax_tile(float* sc, int tile, int kv_len, fl
       l_run[h] += p0 + p1;
       const __nv_bfloat162 pair = __floats2bfloat162_rn(p0, p1);
       pa[2 * c + h] = *reinterpret_cast<const uint32_t*>(&pair);
-      if (p_block && (c & 1) && h == 1) {
-        const int j2 = c / 2;
-        stmatrix_x4(p_fragment_row(p_block, warp, lane, j2), pa[4 * j2], pa[4 * j2 + 1], pa[4 * j2 + 2],
-                    pa[4 * j2 + 3]);
-      }
     }
   return rescale;
 }
@@ -376,10 +368,7 @@ __device__ __forceinline__ void release_stage(float* o, int lane, uint64_t* empt
 // tile's, its own O += P V over columns 0 .. 255, the stage released. sc, pa: S's accumulator and P's A fragments
 // (pa[4j .. 4j+3]: positions 16j .. 16j+15). q_free: non-null on an item's last tile in the persistent kernel, whose
 // producer may then load the next item's Q. kNarrow: the tile is narrow (narrow_tile): positions 0 .. 15 only.
-// kHandOver (MlaConfig::hand_over): 0 P handed to warpgroup 1 after the softmax, then its own P V; 1 its own P V
-// issued first, P handed over while those MMAs run; 2 each chunk of P stored by the softmax as it is made (the
-// buffer claimed before it), only the rescale factors and the arrive after it.
-template <bool kNarrow, int kHandOver>
+template <bool kNarrow>
 __device__ __forceinline__ void wg0_tile(const Params& p, const SOnceSmem& sm, const Consumer& c, int i, int tile,
                                          int kv_len, uint64_t* q_free, float* o, float* sc, uint32_t* pa,
                                          float* m_run, float* l_run, int& s, uint32_t& phase) {
@@ -413,27 +402,19 @@ __device__ __forceinline__ void wg0_tile(const Params& p, const SOnceSmem& sm, c
   }
 
   float alpha[2];
-  if constexpr (kHandOver == 2) named_bar_sync(kBarPFree, 256);
-  const bool rescale = softmax_tile<kGroups>(sc, tile, kv_len, p.scale_log2, c.frag_col, m_run, l_run, alpha, pa,
-                                             kHandOver == 2 ? sm.p : nullptr, warp, lane);
+  const bool rescale = softmax_tile<kGroups>(sc, tile, kv_len, p.scale_log2, c.frag_col, m_run, l_run, alpha, pa);
   if (t == 0) trace_stamp(p, kTraceWg0, i, 3);
-  // P and the rescale factors to warpgroup 1, once it has read the previous tile's.
-  auto hand_over_p = [&]() {
-    if constexpr (kHandOver != 2) {
-      named_bar_sync(kBarPFree, 256);
-      if (t == 0) trace_stamp(p, kTraceWg0, i, 4);
-      store_p<kChunks>(sm.p, warp, lane, pa);
-    }
-    if ((lane & 3) == 0) {
-      sm.alpha[frag_row] = alpha[0];
-      sm.alpha[frag_row + 8] = alpha[1];
-    }
-    if (lane == 0) sm.rescale[warp] = rescale;
-    // Warpgroup 1 reads P with ldmatrix (the generic proxy, like these writes): the named barrier orders them, no
-    // proxy fence on this path.
-    named_bar_arrive(kBarPReady, 256);
-  };
-  if constexpr (kHandOver != 1) hand_over_p();
+  named_bar_sync(kBarPFree, 256);
+  if (t == 0) trace_stamp(p, kTraceWg0, i, 4);
+  store_p<kChunks>(sm.p, warp, lane, pa);
+  if ((lane & 3) == 0) {
+    sm.alpha[frag_row] = alpha[0];
+    sm.alpha[frag_row + 8] = alpha[1];
+  }
+  if (lane == 0) sm.rescale[warp] = rescale;
+  // Warpgroup 1 reads P with ldmatrix (the generic proxy, like these writes): the named barrier orders them, no proxy
+  // fence on this path.
+  named_bar_arrive(kBarPReady, 256);
   if (rescale) {
 #pragma unroll
     for (int j = 0; j < 128; ++j) o[j] *= alpha[(j >> 1) & 1];
@@ -444,7 +425,6 @@ __device__ __forceinline__ void wg0_tile(const Params& p, const SOnceSmem& sm, c
   wgmma_fence();
   issue_pv_from_registers<kChunks>(o, pa, db);
   wgmma_commit();
-  if constexpr (kHandOver == 1) hand_over_p();  // stmatrix only reads pa, which the MMAs in flight read too
   wgmma_wait<0>();
   if (t == 0) trace_stamp(p, kTraceWg0, i, 6);
   release_stage(o, lane, sm.empty, s, phase);
@@ -499,19 +479,17 @@ __device__ __forceinline__ ItemTiles item_tiles(const Params& p, const CtaWork& 
 // A work item's tiles in warpgroup 0: the wide ones, then the narrow last one where narrow_tile says so (with S and
 // P arrays of its own: reusing the wide tiles' made ptxas serialize the kernel's wgmmas, C7511). q_free: as
 // wg0_tile's, given with the item's last tile.
-template <int kHandOver>
 __device__ __forceinline__ void wg0_item(const Params& p, const SOnceSmem& sm, const Consumer& c, const CtaWork& work,
                                          uint64_t* q_free, float* o, float* sc, uint32_t* pa, float* m_run,
                                          float* l_run, int& s, uint32_t& phase) {
   const ItemTiles t = item_tiles(p, work);
   for (int i = 0; i < t.wide; ++i)
-    wg0_tile<false, kHandOver>(p, sm, c, i, work.tile0 + i, work.kv_len, i == t.count - 1 ? q_free : nullptr, o, sc,
-                              pa, m_run, l_run, s, phase);
+    wg0_tile<false>(p, sm, c, i, work.tile0 + i, work.kv_len, i == t.count - 1 ? q_free : nullptr, o, sc, pa, m_run,
+                    l_run, s, phase);
   if (t.narrow_last) {
     float sn[4 * kTailRows / 8];
     uint32_t pn[kTailRows / 4];
-    wg0_tile<true, kHandOver>(p, sm, c, t.wide, work.tile1 - 1, work.kv_len, q_free, o, sn, pn, m_run, l_run, s,
-                             phase);
+    wg0_tile<true>(p, sm, c, t.wide, work.tile1 - 1, work.kv_len, q_free, o, sn, pn, m_run, l_run, s, phase);
   }
 }
 
@@ -559,7 +537,7 @@ __device__ __forceinline__ CacheMaps cache_maps(const Params& p, const CUtensorM
   return {p.bound_kv, p.bound_tail};
 }
 
-template <bool kRopeFirst, int kHandOver>
+template <bool kRopeFirst>
 __global__ void __launch_bounds__(kThreads, 1) mla_attention_s_once_kernel(const __grid_constant__ CUtensorMap tm_q,
                                                                            const __grid_constant__ CUtensorMap tm_kv,
                                                                            const __grid_constant__ CUtensorMap tm_tail,
@@ -600,7 +578,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_attention_s_once_kernel(const
     float sc[32];
     mbar_wait(sm.q_full, 0);
     if (c.t == 0) trace_clock(p, 0);
-    wg0_item<kHandOver>(p, sm, c, work, nullptr, o, sc, pa, m_run, l_run, s, phase);
+    wg0_item(p, sm, c, work, nullptr, o, sc, pa, m_run, l_run, s, phase);
     if (c.t == 0) trace_clock(p, 2);
   } else {
     setmaxnreg_inc<kWg1Regs>();
@@ -622,7 +600,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_attention_s_once_kernel(const
 // 37): gridDim.x CTAs (one an SM) each walk the work items blockIdx.x, blockIdx.x + gridDim.x, ... with the ring and
 // its barriers carried across items, the next item's first tiles loading under this one's last, and write each
 // item's rows straight from registers (store_rows_direct). The same per-tile steps as the kernel above.
-template <bool kRopeFirst, int kHandOver>
+template <bool kRopeFirst>
 __global__ void __launch_bounds__(kThreads, 1) mla_attention_s_once_persistent_kernel(
     const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_kv,
     const __grid_constant__ CUtensorMap tm_tail, const Params p) {
@@ -677,7 +655,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_attention_s_once_persistent_k
       float sc[32];
       mbar_wait(sm.q_full, k & 1);
       if (c.t == 0) trace_clock(p, 0);
-      wg0_item<kHandOver>(p, sm, c, work, sm.q_free, o, sc, pa, m_run, l_run, s, phase);
+      wg0_item(p, sm, c, work, sm.q_free, o, sc, pa, m_run, l_run, s, phase);
       if (c.t == 0) trace_clock(p, 2);
       finish_item(work);
     }

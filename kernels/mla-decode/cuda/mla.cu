@@ -27,17 +27,9 @@
 using namespace mla;
 
 // The s-once kernel for a configuration's compile-time choices.
-template <int kHandOver>
-static auto s_once_kernel_of(bool rope_first, bool persistent) {
-  if (persistent)
-    return rope_first ? mla_attention_s_once_persistent_kernel<true, kHandOver>
-                      : mla_attention_s_once_persistent_kernel<false, kHandOver>;
-  return rope_first ? mla_attention_s_once_kernel<true, kHandOver> : mla_attention_s_once_kernel<false, kHandOver>;
-}
-static auto s_once_kernel(bool rope_first, bool persistent, int hand_over) {
-  if (hand_over == 1) return s_once_kernel_of<1>(rope_first, persistent);
-  if (hand_over == 2) return s_once_kernel_of<2>(rope_first, persistent);
-  return s_once_kernel_of<0>(rope_first, persistent);
+static auto s_once_kernel(bool rope_first, bool persistent) {
+  if (persistent) return rope_first ? mla_attention_s_once_persistent_kernel<true> : mla_attention_s_once_persistent_kernel<false>;
+  return rope_first ? mla_attention_s_once_kernel<true> : mla_attention_s_once_kernel<false>;
 }
 
 int mla_num_sms() {
@@ -46,9 +38,8 @@ int mla_num_sms() {
     cudaFuncSetAttribute(mla_attention_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
     for (const bool rope_first : {false, true})
       for (const bool persistent : {false, true})
-        for (const int hand_over : {0, 1, 2})
-          cudaFuncSetAttribute(s_once_kernel(rope_first, persistent, hand_over),
-                               cudaFuncAttributeMaxDynamicSharedMemorySize, kSOnceSmemBytes);
+        cudaFuncSetAttribute(s_once_kernel(rope_first, persistent), cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             kSOnceSmemBytes);
     cudaFuncSetAttribute(mla_attention_seesaw_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSeesawSmemBytes);
   });
 }
@@ -56,9 +47,9 @@ int mla_num_sms() {
 void mla_describe(const MlaConfig& c, char* buf, int size) {
   snprintf(buf, size,
            "MlaConfig{splits=%d, prefetch_tables=%d, s_once=%d, rope_first=%d, seesaw=%d, bulk_store=%d, staged_st=%d, "
-           "persistent=%d, narrow_tail=%d, hand_over=%d}",
+           "persistent=%d, narrow_tail=%d}",
            c.splits, c.prefetch_tables ? 1 : 0, c.s_once ? 1 : 0, c.rope_first ? 1 : 0, c.seesaw ? 1 : 0,
-           c.bulk_store ? 1 : 0, c.staged_st ? 1 : 0, c.persistent ? 1 : 0, c.narrow_tail ? 1 : 0, c.hand_over);
+           c.bulk_store ? 1 : 0, c.staged_st ? 1 : 0, c.persistent ? 1 : 0, c.narrow_tail ? 1 : 0);
 }
 
 const char* mla_run(const MlaArgs& a, cudaStream_t stream) {
@@ -106,9 +97,9 @@ const char* mla_run(const MlaArgs& a, cudaStream_t stream) {
     mla_attention_seesaw_kernel<<<grid, kThreads, kSeesawSmemBytes, stream>>>(tm_q, tm_kv, p);
   } else if (a.config.s_once && a.config.persistent && p.splits == 1) {
     const dim3 ctas(std::min<unsigned>(grid.x, static_cast<unsigned>(sms)));  // one an SM, each walking items
-    s_once_kernel(a.config.rope_first, true, a.config.hand_over)<<<ctas, kThreads, kSOnceSmemBytes, stream>>>(tm_q, tm_kv, tm_tail, p);
+    s_once_kernel(a.config.rope_first, true)<<<ctas, kThreads, kSOnceSmemBytes, stream>>>(tm_q, tm_kv, tm_tail, p);
   } else if (a.config.s_once) {
-    s_once_kernel(a.config.rope_first, false, a.config.hand_over)<<<grid, kThreads, kSOnceSmemBytes, stream>>>(tm_q, tm_kv, tm_tail, p);
+    s_once_kernel(a.config.rope_first, false)<<<grid, kThreads, kSOnceSmemBytes, stream>>>(tm_q, tm_kv, tm_tail, p);
   } else {
     const auto kernel = a.config.prefetch_tables ? mla_attention_kernel<true> : mla_attention_kernel<false>;
     kernel<<<grid, kThreads, kSmemBytes, stream>>>(tm_q, tm_kv, p);

@@ -25,21 +25,20 @@ struct MlaConfig {
                          // one ring (the next item's tiles load under this one's last), rows stored from registers
   bool narrow_tail;      // s_once: the cache's last tile, where it holds <= 16 rows, loaded as 16-row boxes, S by
                          // m64n16 and P V by one k16 step
-  int hand_over;         // s_once: how warpgroup 0 hands P to warpgroup 1: 0 after its softmax, then its own P V;
-                         // 1 under its own P V (issued first); 2 each chunk stored by the softmax as it is made
 };
 
 // bs batch rows, kv_len cache rows to read, sms the GPU's SM count. KBENCH_MLA_SPLITS=N forces N splits;
 // KBENCH_MLA_PREFETCH_TABLES=0/1 overrides prefetch_tables, KBENCH_MLA_S_ONCE=0/1 s_once, KBENCH_MLA_ROPE_FIRST=0/1
 // rope_first, KBENCH_MLA_SEESAW=0/1 seesaw, KBENCH_MLA_BULK_STORE=0/1 bulk_store, KBENCH_MLA_STAGED_ST=0/1 staged_st,
 // KBENCH_MLA_PERSISTENT=0/1 persistent (default: where a CTA an SM gets two or more items), KBENCH_MLA_NARROW_TAIL=0/1
-// narrow_tail, KBENCH_MLA_HAND_OVER=0/1/2 hand_over.
+// narrow_tail.
 // (Measured misses, removed: early S, the next tile's S issued behind this tile's P V, +8.6%,
 // docs/mla-decode-notes.md finding 19; split S, both warpgroups sharing each tile's S and softmax, +12.5%, finding
 // 26; part of the softmax's exponentials on the FP32 pipes, +0.2 to +1.3%, finding 27; one CTA an SM taking equal
 // runs of the work, +52 us with rows shared between runs, -1% with whole rows, finding 29; L2 prefetches of the next
 // wave's first data, +3 us, or of the row's later tiles, +9 to +37%, finding 36; Q's first two blocks as S's A
-// operand from registers, a tie in time and energy, finding 63.)
+// operand from registers, a tie in time and energy, finding 63; P handed
+// to warpgroup 1 under warpgroup 0's P V, +2%, or chunk by chunk inside its softmax, +4%, finding 64.)
 inline MlaConfig mla_config(int bs, int kv_len, int sms) {
   // No split where one CTA per (row, head group) already fills >= 90% of its waves (batch 128 on 132 SMs: 256 CTAs
   // in 2 waves, 97%): splitting adds the combine pass and the fp32 partials for no wave gain (measured on two H100s,
@@ -79,8 +78,6 @@ inline MlaConfig mla_config(int bs, int kv_len, int sms) {
   // narrow_tail: the benchmark cases' last tile holds one row; attention -0.5 to -2.8 us at batch 128 (two H100s,
   // clean L2), the same bits (docs/mla-decode-notes.md, findings 41, 42)
   const bool narrow_tail = s_once && !seesaw && kb::env_int("KBENCH_MLA_NARROW_TAIL", 1) != 0;
-  // hand_over 1, 2: candidates (docs/mla-decode-notes.md, finding 64)
-  const int hand_over = s_once && !seesaw ? std::clamp(kb::env_int("KBENCH_MLA_HAND_OVER", 0), 0, 2) : 0;
   return MlaConfig{splits, prefetch_tables, s_once, rope_first, seesaw, bulk_store, staged_st, persistent,
-                   narrow_tail, hand_over};
+                   narrow_tail};
 }
