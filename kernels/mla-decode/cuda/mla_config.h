@@ -37,8 +37,8 @@ struct MlaConfig {
 // 26; part of the softmax's exponentials on the FP32 pipes, +0.2 to +1.3%, finding 27; one CTA an SM taking equal
 // runs of the work, +52 us with rows shared between runs, -1% with whole rows, finding 29; L2 prefetches of the next
 // wave's first data, +3 us, or of the row's later tiles, +9 to +37%, finding 36; Q's first two blocks as S's A
-// operand from registers, a tie in time and energy, finding 63; P handed
-// to warpgroup 1 under warpgroup 0's P V, +2%, or chunk by chunk inside its softmax, +4%, finding 64.)
+// operand from registers, a tie in time and energy, finding 63; P handed to warpgroup 1 under warpgroup 0's P V, +2%,
+// or chunk by chunk inside its softmax, +4%, finding 64.)
 inline MlaConfig mla_config(int bs, int kv_len, int sms) {
   // No split where one CTA per (row, head group) already fills >= 90% of its waves (batch 128 on 132 SMs: 256 CTAs
   // in 2 waves, 97%): splitting adds the combine pass and the fp32 partials for no wave gain (measured on two H100s,
