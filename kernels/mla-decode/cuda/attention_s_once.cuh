@@ -31,7 +31,7 @@ namespace mla {
 constexpr int kRotators = 96;  // producer warps 1..3
 constexpr int kRopeItems = kTile * 4;  // (row, group of 8 frequencies) pairs a tile
 constexpr int kItemsPerRotator = (kRopeItems + kRotators - 1) / kRotators;
-constexpr int kSOnceSmemBytes = 1024 + kTileBytes * (1 + kStages) + kBlockBytes + 3 * kHG * 4 + 16 + 8 * (2 + 3 * kStages);
+constexpr int kSOnceSmemBytes = 1024 + kTileBytes * (1 + kStages) + kBlockBytes + 3 * kHG * 4 + 16 + 8 * (2 + 5 * kStages);
 // Named barriers between the consumer warpgroups (256 threads: one side syncs, the other arrives).
 constexpr int kBarPReady = 5;  // P and the rescale factors of the current tile are in shared memory
 constexpr int kBarPFree = 6;   // warpgroup 1 has read them (its P V done): warpgroup 0 may write the next
@@ -264,13 +264,35 @@ __device__ __forceinline__ void rotate_tiles(int u, const CtaWork& work, const P
   rotate_tiles(u, work, p, s_kv, full, roped, s, phase);
 }
 
+// Half of a tile's stage (MlaConfig::split_release): latent blocks j0 .. j0 + 3 on `latent` and, with rope_landed, the
+// rope block first on rope_landed (load_tile's layout and boxes, narrow where load_tile's would be).
+__device__ __forceinline__ void load_tile_half(const CUtensorMap* tm_kv, const CUtensorMap* tm_tail, uint8_t* s_kv,
+                                               int s, const CtaWork& c, int tile, int max_seq, int j0,
+                                               uint64_t* latent, uint64_t* rope_landed) {
+  const int row = c.b * max_seq + tile * kTile;
+  uint8_t* stage = s_kv + s * kTileBytes;
+  const bool narrow = tm_tail && short_tail(c.kv_len, tile);
+  const CUtensorMap* tm = narrow ? tm_tail : tm_kv;
+  const int box_bytes = narrow ? kTailBlockBytes : kBlockBytes;
+  mbar_arrive_expect_tx(latent, 4 * box_bytes);
+  if (rope_landed) {
+    mbar_arrive_expect_tx(rope_landed, box_bytes);
+    tma_load_2d(stage + (kBlocks - 1) * kBlockBytes, tm, rope_landed, (kBlocks - 1) * 64, row);
+  }
+  for (int j = j0; j < j0 + 4; ++j) tma_load_2d(stage + j * kBlockBytes, tm, latent, j * 64, row);
+}
+
 // The persistent kernel's producer thread (MlaConfig::persistent): the CTA's work items one after the other through
 // one ring, so that the next item's first tiles load while this item's last ones are worked on. An item's Q goes
 // behind its first tile, once warpgroup 0 has read the previous Q for the last time (q_free: its last S landed).
+// hi_full, hi_empty (MlaConfig::split_release; non-null with rope_landed only): each stage loaded in two halves, the
+// rope block and latent blocks 0-3 once warpgroup 0 has released the stage (empty), blocks 4-7 on hi_full once
+// warpgroup 1 has (hi_empty).
 __device__ __forceinline__ void load_items(const CUtensorMap* tm_q, const CUtensorMap* tm_kv, uint8_t* s_q,
                                            uint8_t* s_kv, uint64_t* q_full, uint64_t* q_free, uint64_t* full,
                                            uint64_t* empty, uint64_t* rope_landed, const Params& p, int items,
-                                           const CUtensorMap* tm_tail) {
+                                           const CUtensorMap* tm_tail, uint64_t* hi_full = nullptr,
+                                           uint64_t* hi_empty = nullptr) {
   tma_prefetch_desc(tm_q);
   tma_prefetch_desc(tm_kv);
   if (tm_tail) tma_prefetch_desc(tm_tail);
@@ -281,7 +303,13 @@ __device__ __forceinline__ void load_items(const CUtensorMap* tm_q, const CUtens
     if (k == 0) load_q(tm_q, s_q, q_full, c);
     for (int tile = c.tile0; tile < c.tile1; ++tile) {
       mbar_wait(&empty[s], phase ^ 1);
-      load_tile(tm_kv, s_kv, full, rope_landed, s, c, tile, p.max_seq, tm_tail);
+      if (hi_full) {
+        load_tile_half(tm_kv, tm_tail, s_kv, s, c, tile, p.max_seq, 0, &full[s], &rope_landed[s]);
+        mbar_wait(&hi_empty[s], phase ^ 1);
+        load_tile_half(tm_kv, tm_tail, s_kv, s, c, tile, p.max_seq, 4, &hi_full[s], nullptr);
+      } else {
+        load_tile(tm_kv, s_kv, full, rope_landed, s, c, tile, p.max_seq, tm_tail);
+      }
       if (k > 0 && tile == c.tile0) {
         mbar_wait(q_free, (k - 1) & 1);
         load_q(tm_q, s_q, q_full, c);
@@ -305,10 +333,12 @@ struct SOnceSmem {
   uint64_t* roped;   // [kStages] ... and the rope columns rotated (kRopeFirst: and the latent blocks landed)
   uint64_t* empty;   // [kStages] both consumer warpgroups done with the stage
   uint64_t* q_free;  // the persistent kernel: warpgroup 0's last S of an item landed, Q may be replaced
+  uint64_t* hi_full;   // [kStages] split_release: latent blocks 4-7 landed (roped then counts blocks 0-3 only)
+  uint64_t* hi_empty;  // [kStages] split_release: warpgroup 1 done with blocks 4-7 (empty: warpgroup 0 with the rest)
 };
 
 // The layout in the dynamic allocation (tiles 1024-byte aligned), and (thread 0) the barriers initialised.
-template <bool kRopeFirst>
+template <bool kRopeFirst, bool kSplit = false>
 __device__ __forceinline__ SOnceSmem s_once_smem(uint8_t* smem_raw, const Params& p, bool persistent) {
   SOnceSmem m;
   m.q = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
@@ -323,13 +353,17 @@ __device__ __forceinline__ SOnceSmem s_once_smem(uint8_t* smem_raw, const Params
   m.roped = m.full + kStages;
   m.empty = m.roped + kStages;
   m.q_free = m.empty + kStages;
+  m.hi_full = m.q_free + 1;
+  m.hi_empty = m.hi_full + kStages;
   if (threadIdx.x == 0) {
     trace_clock(p, 4);  // (dev builds) the CTA's entry
     mbar_init(m.q_full, 1);
     for (int s = 0; s < kStages; ++s) {
       mbar_init(&m.full[s], 1);
       mbar_init(&m.roped[s], kRotators + (kRopeFirst ? 1 : 0));
-      mbar_init(&m.empty[s], 8);  // one arrive per consumer warp
+      mbar_init(&m.empty[s], kSplit ? 4 : 8);  // one arrive per consumer warp (split: warpgroup 0's)
+      mbar_init(&m.hi_full[s], 1);
+      mbar_init(&m.hi_empty[s], 4);
     }
     if (persistent) mbar_init(m.q_free, 4);  // one arrive per warp of warpgroup 0
     fence_mbar_init();
@@ -368,7 +402,7 @@ __device__ __forceinline__ void release_stage(float* o, int lane, uint64_t* empt
 // tile's, its own O += P V over columns 0 .. 255, the stage released. sc, pa: S's accumulator and P's A fragments
 // (pa[4j .. 4j+3]: positions 16j .. 16j+15). q_free: non-null on an item's last tile in the persistent kernel, whose
 // producer may then load the next item's Q. kNarrow: the tile is narrow (narrow_tile): positions 0 .. 15 only.
-template <bool kNarrow>
+template <bool kNarrow, bool kSplit>
 __device__ __forceinline__ void wg0_tile(const Params& p, const SOnceSmem& sm, const Consumer& c, int i, int tile,
                                          int kv_len, uint64_t* q_free, float* o, float* sc, uint32_t* pa,
                                          float* m_run, float* l_run, int& s, uint32_t& phase) {
@@ -380,6 +414,10 @@ __device__ __forceinline__ void wg0_tile(const Params& p, const SOnceSmem& sm, c
   wgmma_fence();
 #pragma unroll
   for (int blk = 0; blk < kBlocks; ++blk) {
+    if (kSplit && blk == 4) {  // blocks 4-7 land on their own barrier (split_release); S's order stays 0 .. 8
+      mbar_wait(&sm.hi_full[s], phase);
+      wgmma_fence();
+    }
     const uint64_t da = make_desc_sw128(sm.q + blk * kBlockBytes);
     const uint64_t db = make_desc_sw128(kv + blk * kBlockBytes);
 #pragma unroll
@@ -433,13 +471,14 @@ __device__ __forceinline__ void wg0_tile(const Params& p, const SOnceSmem& sm, c
 // Warpgroup 1's tile i of an item of ntiles (in stage s): waits for P, reads it and the rescale factors into
 // registers (ldmatrix) and frees the buffer (but after the item's last tile: the next item's start frees it), then O
 // += P V over columns 256 .. 511 and the stage released. kNarrow: as wg0_tile's.
-template <bool kNarrow>
+template <bool kNarrow, bool kSplit>
 __device__ __forceinline__ void wg1_tile(const Params& p, const SOnceSmem& sm, const Consumer& c, int i, int ntiles,
                                          float* o, int& s, uint32_t& phase) {
   const int t = c.t, warp = c.warp, lane = c.lane, frag_row = c.frag_row;
   uint8_t* kv = sm.kv + s * kTileBytes;
   if (t == 0) trace_stamp(p, kTraceWg1, i, 0);
   mbar_wait(&sm.roped[s], phase);
+  if (kSplit) mbar_wait(&sm.hi_full[s], phase);
   if (t == 0) trace_stamp(p, kTraceWg1, i, 1);
   named_bar_sync(kBarPReady, 256);
   if (t == 0) trace_stamp(p, kTraceWg1, i, 2);
@@ -460,7 +499,7 @@ __device__ __forceinline__ void wg1_tile(const Params& p, const SOnceSmem& sm, c
   wgmma_commit();
   wgmma_wait<0>();
   if (t == 0) trace_stamp(p, kTraceWg1, i, 3);
-  release_stage(o, lane, sm.empty, s, phase);
+  release_stage(o, lane, kSplit ? sm.hi_empty : sm.empty, s, phase);
 }
 
 // A work item's tile count, how many of them are wide, and whether its last one is narrow (narrow_tile).
@@ -479,26 +518,29 @@ __device__ __forceinline__ ItemTiles item_tiles(const Params& p, const CtaWork& 
 // A work item's tiles in warpgroup 0: the wide ones, then the narrow last one where narrow_tile says so (with S and
 // P arrays of its own: reusing the wide tiles' made ptxas serialize the kernel's wgmmas, C7511). q_free: as
 // wg0_tile's, given with the item's last tile.
+template <bool kSplit = false>
 __device__ __forceinline__ void wg0_item(const Params& p, const SOnceSmem& sm, const Consumer& c, const CtaWork& work,
                                          uint64_t* q_free, float* o, float* sc, uint32_t* pa, float* m_run,
                                          float* l_run, int& s, uint32_t& phase) {
   const ItemTiles t = item_tiles(p, work);
   for (int i = 0; i < t.wide; ++i)
-    wg0_tile<false>(p, sm, c, i, work.tile0 + i, work.kv_len, i == t.count - 1 ? q_free : nullptr, o, sc, pa, m_run,
-                    l_run, s, phase);
+    wg0_tile<false, kSplit>(p, sm, c, i, work.tile0 + i, work.kv_len, i == t.count - 1 ? q_free : nullptr, o, sc,
+                            pa, m_run, l_run, s, phase);
   if (t.narrow_last) {
     float sn[4 * kTailRows / 8];
     uint32_t pn[kTailRows / 4];
-    wg0_tile<true>(p, sm, c, t.wide, work.tile1 - 1, work.kv_len, q_free, o, sn, pn, m_run, l_run, s, phase);
+    wg0_tile<true, kSplit>(p, sm, c, t.wide, work.tile1 - 1, work.kv_len, q_free, o, sn, pn, m_run, l_run, s,
+                           phase);
   }
 }
 
 // The same item's tiles in warpgroup 1.
+template <bool kSplit = false>
 __device__ __forceinline__ void wg1_item(const Params& p, const SOnceSmem& sm, const Consumer& c, const CtaWork& work,
                                          float* o, int& s, uint32_t& phase) {
   const ItemTiles t = item_tiles(p, work);
-  for (int i = 0; i < t.wide; ++i) wg1_tile<false>(p, sm, c, i, t.count, o, s, phase);
-  if (t.narrow_last) wg1_tile<true>(p, sm, c, t.wide, t.count, o, s, phase);
+  for (int i = 0; i < t.wide; ++i) wg1_tile<false, kSplit>(p, sm, c, i, t.count, o, s, phase);
+  if (t.narrow_last) wg1_tile<true, kSplit>(p, sm, c, t.wide, t.count, o, s, phase);
 }
 
 // An item's end in both warpgroups: the final row maxima and sums from warpgroup 0 (m_run, l_run: its running
@@ -600,12 +642,14 @@ __global__ void __launch_bounds__(kThreads, 1) mla_attention_s_once_kernel(const
 // 37): gridDim.x CTAs (one an SM) each walk the work items blockIdx.x, blockIdx.x + gridDim.x, ... with the ring and
 // its barriers carried across items, the next item's first tiles loading under this one's last, and write each
 // item's rows straight from registers (store_rows_direct). The same per-tile steps as the kernel above.
-template <bool kRopeFirst>
+// kSplit (with kRopeFirst): MlaConfig::split_release.
+template <bool kRopeFirst, bool kSplit>
 __global__ void __launch_bounds__(kThreads, 1) mla_attention_s_once_persistent_kernel(
     const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_kv,
     const __grid_constant__ CUtensorMap tm_tail, const Params p) {
   extern __shared__ uint8_t smem_raw[];
-  const SOnceSmem sm = s_once_smem<kRopeFirst>(smem_raw, p, true);
+  static_assert(kRopeFirst || !kSplit, "split_release loads the rope block first");
+  const SOnceSmem sm = s_once_smem<kRopeFirst, kSplit>(smem_raw, p, true);
   const int items = kHeadGroups * p.bs;  // work items (b, hg); this CTA takes blockIdx.x and every gridDim.x-th after
 
   if (threadIdx.x >= 256) {  // producer warpgroup: warp 0 loads, warps 1-3 rotate
@@ -614,7 +658,8 @@ __global__ void __launch_bounds__(kThreads, 1) mla_attention_s_once_persistent_k
     if (pt == 0) {
       const CacheMaps maps = cache_maps(p, &tm_kv, &tm_tail);
       load_items(&tm_q, maps.kv, sm.q, sm.kv, sm.q_full, sm.q_free, kRopeFirst ? sm.roped : sm.full, sm.empty,
-                 kRopeFirst ? sm.full : nullptr, p, items, p.narrow_tail ? maps.tail : nullptr);
+                 kRopeFirst ? sm.full : nullptr, p, items, p.narrow_tail ? maps.tail : nullptr,
+                 kSplit ? sm.hi_full : nullptr, kSplit ? sm.hi_empty : nullptr);
     } else if (pt >= 32) {
       int s = 0;
       uint32_t phase = 0;
@@ -655,7 +700,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_attention_s_once_persistent_k
       float sc[32];
       mbar_wait(sm.q_full, k & 1);
       if (c.t == 0) trace_clock(p, 0);
-      wg0_item(p, sm, c, work, sm.q_free, o, sc, pa, m_run, l_run, s, phase);
+      wg0_item<kSplit>(p, sm, c, work, sm.q_free, o, sc, pa, m_run, l_run, s, phase);
       if (c.t == 0) trace_clock(p, 2);
       finish_item(work);
     }
@@ -666,7 +711,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_attention_s_once_persistent_k
       const int ntiles = work.tile1 - work.tile0;
       start_item();
       if (ntiles > 0) named_bar_arrive(kBarPFree, 256);  // the P buffer starts free
-      wg1_item(p, sm, c, work, o, s, phase);
+      wg1_item<kSplit>(p, sm, c, work, o, s, phase);
       finish_item(work);
     }
   }
