@@ -77,8 +77,9 @@ CANDIDATES = {"eager": {"KBENCH_MLA_GRAPH": "0"},
               # q_up, then the per-head W_UK GEMM in a launch of its own (the build before finding 59's absorbing
               # q_up: each q_up CTA multiplies its head's q_nope by W_UK in its epilogue)
               "separate-uk": {"KBENCH_MLA_ABSORB_UK": "0"},
-              # each stage released and reloaded in two halves, S over blocks 4-7 waiting only for them (finding 65)
-              "split-release": {"KBENCH_MLA_SPLIT_RELEASE": "1"}}
+              # each stage released and reloaded whole, once both warpgroups are done with it (the build before
+              # finding 65's split release)
+              "whole-stage": {"KBENCH_MLA_SPLIT_RELEASE": "0"}}
 # The step's projections at the official dims (batch 128): name -> (n, k) of W [n, k]; x is [128, k].
 PROJECTIONS = {"kv_down": (576, 7168), "q_down": (1536, 7168), "q_up": (24576, 1536), "wo": (7168, 16384)}
 
