@@ -93,8 +93,7 @@ def _check_against_eager(mla, monkeypatch, data, expected_data=None, what: str =
                           (16, 1025, "3", "NARROW_TAIL=0"), (3, 65, None, "NARROW_TAIL=0,PERSISTENT=1"),
                           # each stage released in two halves (finding 65)
                           (1, 2, None, "SPLIT_RELEASE=1,PERSISTENT=1"), (5, 79, None, "SPLIT_RELEASE=1,PERSISTENT=1"),
-                          (128, 4097, None, "SPLIT_RELEASE=1"), (200, 130, None, "SPLIT_RELEASE=1"),
-                          (128, 4097, None, "EARLY_PV=1"), (5, 79, None, "EARLY_PV=1,PERSISTENT=1")])
+                          (128, 4097, None, "SPLIT_RELEASE=1"), (200, 130, None, "SPLIT_RELEASE=1")])
 def test_attention_matches_the_definition(mla, bs, kv_len, splits, knobs, monkeypatch, grow=1.0):
     """splits, knobs: as _set_knobs takes them. grow: the keys' rope columns scaled from 1 at position 0 to
     `grow` at the last, so that the row maxima keep rising tile after tile (the s-once softmax rescales lazily)."""
@@ -222,19 +221,6 @@ def test_the_split_release_equals_the_whole_stage(mla, bs, kv_len, knobs, monkey
     _set_knobs(monkeypatch, None, knobs)
     outs = _outputs_per_knob_value(mla, monkeypatch, "SPLIT_RELEASE", ("0", "1"), bs, kv_len)
     assert torch.equal(outs["0"], outs["1"]), "the split release changes the rows"
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("bs,kv_len,knobs", [(128, 4097, ""), (200, 130, ""), (5, 79, "PERSISTENT=1"),
-                                             (16, 1025, "PERSISTENT=1"), (128, 4097, "NARROW_TAIL=0")])
-def test_the_early_p_v_equals_the_hand_over_first(mla, bs, kv_len, knobs, monkeypatch):
-    """MlaConfig::early_pv (with the split release): warpgroup 0 issues its O += P V before it hands P to warpgroup
-    1 (stmatrix under its MMAs): the same MMAs in the same order, the same bits, the output poisoned before each call."""
-    import torch
-
-    _set_knobs(monkeypatch, None, knobs)
-    outs = _outputs_per_knob_value(mla, monkeypatch, "EARLY_PV", ("0", "1"), bs, kv_len)
-    assert torch.equal(outs["0"], outs["1"]), "the early P V changes the rows"
 
 
 @pytest.mark.gpu

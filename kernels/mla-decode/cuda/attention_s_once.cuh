@@ -402,9 +402,7 @@ __device__ __forceinline__ void release_stage(float* o, int lane, uint64_t* empt
 // tile's, its own O += P V over columns 0 .. 255, the stage released. sc, pa: S's accumulator and P's A fragments
 // (pa[4j .. 4j+3]: positions 16j .. 16j+15). q_free: non-null on an item's last tile in the persistent kernel, whose
 // producer may then load the next item's Q. kNarrow: the tile is narrow (narrow_tile): positions 0 .. 15 only.
-// kEarlyPv (MlaConfig::early_pv): its own P V issued right after the softmax, P handed to warpgroup 1 while those
-// MMAs run (finding 64 measured it without the split release).
-template <bool kNarrow, bool kSplit, bool kEarlyPv = false>
+template <bool kNarrow, bool kSplit>
 __device__ __forceinline__ void wg0_tile(const Params& p, const SOnceSmem& sm, const Consumer& c, int i, int tile,
                                          int kv_len, uint64_t* q_free, float* o, float* sc, uint32_t* pa,
                                          float* m_run, float* l_run, int& s, uint32_t& phase) {
@@ -444,21 +442,17 @@ __device__ __forceinline__ void wg0_tile(const Params& p, const SOnceSmem& sm, c
   float alpha[2];
   const bool rescale = softmax_tile<kGroups>(sc, tile, kv_len, p.scale_log2, c.frag_col, m_run, l_run, alpha, pa);
   if (t == 0) trace_stamp(p, kTraceWg0, i, 3);
-  // P and the rescale factors to warpgroup 1, once it has read the previous tile's.
-  auto hand_over_p = [&]() {
-    named_bar_sync(kBarPFree, 256);
-    if (t == 0) trace_stamp(p, kTraceWg0, i, 4);
-    store_p<kChunks>(sm.p, warp, lane, pa);
-    if ((lane & 3) == 0) {
-      sm.alpha[frag_row] = alpha[0];
-      sm.alpha[frag_row + 8] = alpha[1];
-    }
-    if (lane == 0) sm.rescale[warp] = rescale;
-    // Warpgroup 1 reads P with ldmatrix (the generic proxy, like these writes): the named barrier orders them, no
-    // proxy fence on this path.
-    named_bar_arrive(kBarPReady, 256);
-  };
-  if constexpr (!kEarlyPv) hand_over_p();
+  named_bar_sync(kBarPFree, 256);
+  if (t == 0) trace_stamp(p, kTraceWg0, i, 4);
+  store_p<kChunks>(sm.p, warp, lane, pa);
+  if ((lane & 3) == 0) {
+    sm.alpha[frag_row] = alpha[0];
+    sm.alpha[frag_row + 8] = alpha[1];
+  }
+  if (lane == 0) sm.rescale[warp] = rescale;
+  // Warpgroup 1 reads P with ldmatrix (the generic proxy, like these writes): the named barrier orders them, no proxy
+  // fence on this path.
+  named_bar_arrive(kBarPReady, 256);
   if (rescale) {
 #pragma unroll
     for (int j = 0; j < 128; ++j) o[j] *= alpha[(j >> 1) & 1];
@@ -469,7 +463,6 @@ __device__ __forceinline__ void wg0_tile(const Params& p, const SOnceSmem& sm, c
   wgmma_fence();
   issue_pv_from_registers<kChunks>(o, pa, db);
   wgmma_commit();
-  if constexpr (kEarlyPv) hand_over_p();  // stmatrix only reads pa, which the MMAs in flight read too
   wgmma_wait<0>();
   if (t == 0) trace_stamp(p, kTraceWg0, i, 6);
   release_stage(o, lane, sm.empty, s, phase);
@@ -525,18 +518,18 @@ __device__ __forceinline__ ItemTiles item_tiles(const Params& p, const CtaWork& 
 // A work item's tiles in warpgroup 0: the wide ones, then the narrow last one where narrow_tile says so (with S and
 // P arrays of its own: reusing the wide tiles' made ptxas serialize the kernel's wgmmas, C7511). q_free: as
 // wg0_tile's, given with the item's last tile.
-template <bool kSplit = false, bool kEarlyPv = false>
+template <bool kSplit = false>
 __device__ __forceinline__ void wg0_item(const Params& p, const SOnceSmem& sm, const Consumer& c, const CtaWork& work,
                                          uint64_t* q_free, float* o, float* sc, uint32_t* pa, float* m_run,
                                          float* l_run, int& s, uint32_t& phase) {
   const ItemTiles t = item_tiles(p, work);
   for (int i = 0; i < t.wide; ++i)
-    wg0_tile<false, kSplit, kEarlyPv>(p, sm, c, i, work.tile0 + i, work.kv_len, i == t.count - 1 ? q_free : nullptr, o, sc,
+    wg0_tile<false, kSplit>(p, sm, c, i, work.tile0 + i, work.kv_len, i == t.count - 1 ? q_free : nullptr, o, sc,
                             pa, m_run, l_run, s, phase);
   if (t.narrow_last) {
     float sn[4 * kTailRows / 8];
     uint32_t pn[kTailRows / 4];
-    wg0_tile<true, kSplit, kEarlyPv>(p, sm, c, t.wide, work.tile1 - 1, work.kv_len, q_free, o, sn, pn, m_run, l_run, s,
+    wg0_tile<true, kSplit>(p, sm, c, t.wide, work.tile1 - 1, work.kv_len, q_free, o, sn, pn, m_run, l_run, s,
                            phase);
   }
 }
@@ -649,8 +642,8 @@ __global__ void __launch_bounds__(kThreads, 1) mla_attention_s_once_kernel(const
 // 37): gridDim.x CTAs (one an SM) each walk the work items blockIdx.x, blockIdx.x + gridDim.x, ... with the ring and
 // its barriers carried across items, the next item's first tiles loading under this one's last, and write each
 // item's rows straight from registers (store_rows_direct). The same per-tile steps as the kernel above.
-// kSplit (with kRopeFirst): MlaConfig::split_release; kEarlyPv (with kSplit): MlaConfig::early_pv.
-template <bool kRopeFirst, bool kSplit, bool kEarlyPv = false>
+// kSplit (with kRopeFirst): MlaConfig::split_release.
+template <bool kRopeFirst, bool kSplit>
 __global__ void __launch_bounds__(kThreads, 1) mla_attention_s_once_persistent_kernel(
     const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_kv,
     const __grid_constant__ CUtensorMap tm_tail, const Params p) {
@@ -707,7 +700,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_attention_s_once_persistent_k
       float sc[32];
       mbar_wait(sm.q_full, k & 1);
       if (c.t == 0) trace_clock(p, 0);
-      wg0_item<kSplit, kEarlyPv>(p, sm, c, work, sm.q_free, o, sc, pa, m_run, l_run, s, phase);
+      wg0_item<kSplit>(p, sm, c, work, sm.q_free, o, sc, pa, m_run, l_run, s, phase);
       if (c.t == 0) trace_clock(p, 2);
       finish_item(work);
     }
