@@ -31,7 +31,7 @@ namespace mla {
 constexpr int kRotators = 96;  // producer warps 1..3
 constexpr int kRopeItems = kTile * 4;  // (row, group of 8 frequencies) pairs a tile
 constexpr int kItemsPerRotator = (kRopeItems + kRotators - 1) / kRotators;
-constexpr int kSOnceSmemBytes = 1024 + kTileBytes * (1 + kStages) + kBlockBytes + 3 * kHG * 4 + 16 + 8 * (2 + 6 * kStages);
+constexpr int kSOnceSmemBytes = 1024 + kTileBytes * (1 + kStages) + kBlockBytes + 3 * kHG * 4 + 16 + 8 * (2 + 5 * kStages);
 // Named barriers between the consumer warpgroups (256 threads: one side syncs, the other arrives).
 constexpr int kBarPReady = 5;  // P and the rescale factors of the current tile are in shared memory
 constexpr int kBarPFree = 6;   // warpgroup 1 has read them (its P V done): warpgroup 0 may write the next
@@ -274,11 +274,6 @@ __device__ __forceinline__ void load_tile_half(const CUtensorMap* tm_kv, const C
   const bool narrow = tm_tail && short_tail(c.kv_len, tile);
   const CUtensorMap* tm = narrow ? tm_tail : tm_kv;
   const int box_bytes = narrow ? kTailBlockBytes : kBlockBytes;
-  if (j0 < 0) {  // the rope block alone (MlaConfig::rope_early)
-    mbar_arrive_expect_tx(rope_landed, box_bytes);
-    tma_load_2d(stage + (kBlocks - 1) * kBlockBytes, tm, rope_landed, (kBlocks - 1) * 64, row);
-    return;
-  }
   mbar_arrive_expect_tx(latent, 4 * box_bytes);
   if (rope_landed) {
     mbar_arrive_expect_tx(rope_landed, box_bytes);
@@ -297,7 +292,7 @@ __device__ __forceinline__ void load_items(const CUtensorMap* tm_q, const CUtens
                                            uint8_t* s_kv, uint64_t* q_full, uint64_t* q_free, uint64_t* full,
                                            uint64_t* empty, uint64_t* rope_landed, const Params& p, int items,
                                            const CUtensorMap* tm_tail, uint64_t* hi_full = nullptr,
-                                           uint64_t* hi_empty = nullptr, uint64_t* rope_empty = nullptr) {
+                                           uint64_t* hi_empty = nullptr) {
   tma_prefetch_desc(tm_q);
   tma_prefetch_desc(tm_kv);
   if (tm_tail) tma_prefetch_desc(tm_tail);
@@ -307,14 +302,8 @@ __device__ __forceinline__ void load_items(const CUtensorMap* tm_q, const CUtens
     const CtaWork c = cta_work(p, item);
     if (k == 0) load_q(tm_q, s_q, q_full, c);
     for (int tile = c.tile0; tile < c.tile1; ++tile) {
-      mbar_wait(rope_empty ? &rope_empty[s] : &empty[s], phase ^ 1);
-      if (hi_full && rope_empty) {  // rope_early: the rope block as soon as S has read it, then the halves
-        load_tile_half(tm_kv, tm_tail, s_kv, s, c, tile, p.max_seq, -1, nullptr, &rope_landed[s]);
-        mbar_wait(&empty[s], phase ^ 1);
-        load_tile_half(tm_kv, tm_tail, s_kv, s, c, tile, p.max_seq, 0, &full[s], nullptr);
-        mbar_wait(&hi_empty[s], phase ^ 1);
-        load_tile_half(tm_kv, tm_tail, s_kv, s, c, tile, p.max_seq, 4, &hi_full[s], nullptr);
-      } else if (hi_full) {
+      mbar_wait(&empty[s], phase ^ 1);
+      if (hi_full) {
         load_tile_half(tm_kv, tm_tail, s_kv, s, c, tile, p.max_seq, 0, &full[s], &rope_landed[s]);
         mbar_wait(&hi_empty[s], phase ^ 1);
         load_tile_half(tm_kv, tm_tail, s_kv, s, c, tile, p.max_seq, 4, &hi_full[s], nullptr);
@@ -346,7 +335,6 @@ struct SOnceSmem {
   uint64_t* q_free;  // the persistent kernel: warpgroup 0's last S of an item landed, Q may be replaced
   uint64_t* hi_full;   // [kStages] split_release: latent blocks 4-7 landed (roped then counts blocks 0-3 only)
   uint64_t* hi_empty;  // [kStages] split_release: warpgroup 1 done with blocks 4-7 (empty: warpgroup 0 with the rest)
-  uint64_t* rope_empty;  // [kStages] rope_early: warpgroup 0's S done with the rope block
 };
 
 // The layout in the dynamic allocation (tiles 1024-byte aligned), and (thread 0) the barriers initialised.
@@ -367,7 +355,6 @@ __device__ __forceinline__ SOnceSmem s_once_smem(uint8_t* smem_raw, const Params
   m.q_free = m.empty + kStages;
   m.hi_full = m.q_free + 1;
   m.hi_empty = m.hi_full + kStages;
-  m.rope_empty = m.hi_empty + kStages;
   if (threadIdx.x == 0) {
     trace_clock(p, 4);  // (dev builds) the CTA's entry
     mbar_init(m.q_full, 1);
@@ -377,7 +364,6 @@ __device__ __forceinline__ SOnceSmem s_once_smem(uint8_t* smem_raw, const Params
       mbar_init(&m.empty[s], kSplit ? 4 : 8);  // one arrive per consumer warp (split: warpgroup 0's)
       mbar_init(&m.hi_full[s], 1);
       mbar_init(&m.hi_empty[s], 4);
-      mbar_init(&m.rope_empty[s], 4);
     }
     if (persistent) mbar_init(m.q_free, 4);  // one arrive per warp of warpgroup 0
     fence_mbar_init();
@@ -416,8 +402,7 @@ __device__ __forceinline__ void release_stage(float* o, int lane, uint64_t* empt
 // tile's, its own O += P V over columns 0 .. 255, the stage released. sc, pa: S's accumulator and P's A fragments
 // (pa[4j .. 4j+3]: positions 16j .. 16j+15). q_free: non-null on an item's last tile in the persistent kernel, whose
 // producer may then load the next item's Q. kNarrow: the tile is narrow (narrow_tile): positions 0 .. 15 only.
-// kRopeEarly (with kSplit; MlaConfig::rope_early): the rope block released once S has read it.
-template <bool kNarrow, bool kSplit, bool kRopeEarly = false>
+template <bool kNarrow, bool kSplit>
 __device__ __forceinline__ void wg0_tile(const Params& p, const SOnceSmem& sm, const Consumer& c, int i, int tile,
                                          int kv_len, uint64_t* q_free, float* o, float* sc, uint32_t* pa,
                                          float* m_run, float* l_run, int& s, uint32_t& phase) {
@@ -452,10 +437,6 @@ __device__ __forceinline__ void wg0_tile(const Params& p, const SOnceSmem& sm, c
   if (q_free) {  // this item's Q is read for the last time: the next one may land
     __syncwarp();
     if (lane == 0) mbar_arrive(q_free);
-  }
-  if constexpr (kRopeEarly) {  // S was the rope block's last reader: the next tile's may load into it
-    __syncwarp();
-    if (lane == 0) mbar_arrive(&sm.rope_empty[s]);
   }
 
   float alpha[2];
@@ -537,18 +518,18 @@ __device__ __forceinline__ ItemTiles item_tiles(const Params& p, const CtaWork& 
 // A work item's tiles in warpgroup 0: the wide ones, then the narrow last one where narrow_tile says so (with S and
 // P arrays of its own: reusing the wide tiles' made ptxas serialize the kernel's wgmmas, C7511). q_free: as
 // wg0_tile's, given with the item's last tile.
-template <bool kSplit = false, bool kRopeEarly = false>
+template <bool kSplit = false>
 __device__ __forceinline__ void wg0_item(const Params& p, const SOnceSmem& sm, const Consumer& c, const CtaWork& work,
                                          uint64_t* q_free, float* o, float* sc, uint32_t* pa, float* m_run,
                                          float* l_run, int& s, uint32_t& phase) {
   const ItemTiles t = item_tiles(p, work);
   for (int i = 0; i < t.wide; ++i)
-    wg0_tile<false, kSplit, kRopeEarly>(p, sm, c, i, work.tile0 + i, work.kv_len, i == t.count - 1 ? q_free : nullptr, o, sc,
+    wg0_tile<false, kSplit>(p, sm, c, i, work.tile0 + i, work.kv_len, i == t.count - 1 ? q_free : nullptr, o, sc,
                             pa, m_run, l_run, s, phase);
   if (t.narrow_last) {
     float sn[4 * kTailRows / 8];
     uint32_t pn[kTailRows / 4];
-    wg0_tile<true, kSplit, kRopeEarly>(p, sm, c, t.wide, work.tile1 - 1, work.kv_len, q_free, o, sn, pn, m_run, l_run, s,
+    wg0_tile<true, kSplit>(p, sm, c, t.wide, work.tile1 - 1, work.kv_len, q_free, o, sn, pn, m_run, l_run, s,
                            phase);
   }
 }
@@ -661,8 +642,8 @@ __global__ void __launch_bounds__(kThreads, 1) mla_attention_s_once_kernel(const
 // 37): gridDim.x CTAs (one an SM) each walk the work items blockIdx.x, blockIdx.x + gridDim.x, ... with the ring and
 // its barriers carried across items, the next item's first tiles loading under this one's last, and write each
 // item's rows straight from registers (store_rows_direct). The same per-tile steps as the kernel above.
-// kSplit (with kRopeFirst): MlaConfig::split_release; kRopeEarly (with kSplit): MlaConfig::rope_early.
-template <bool kRopeFirst, bool kSplit, bool kRopeEarly = false>
+// kSplit (with kRopeFirst): MlaConfig::split_release.
+template <bool kRopeFirst, bool kSplit>
 __global__ void __launch_bounds__(kThreads, 1) mla_attention_s_once_persistent_kernel(
     const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_kv,
     const __grid_constant__ CUtensorMap tm_tail, const Params p) {
@@ -678,7 +659,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_attention_s_once_persistent_k
       const CacheMaps maps = cache_maps(p, &tm_kv, &tm_tail);
       load_items(&tm_q, maps.kv, sm.q, sm.kv, sm.q_full, sm.q_free, kRopeFirst ? sm.roped : sm.full, sm.empty,
                  kRopeFirst ? sm.full : nullptr, p, items, p.narrow_tail ? maps.tail : nullptr,
-                 kSplit ? sm.hi_full : nullptr, kSplit ? sm.hi_empty : nullptr, kRopeEarly ? sm.rope_empty : nullptr);
+                 kSplit ? sm.hi_full : nullptr, kSplit ? sm.hi_empty : nullptr);
     } else if (pt >= 32) {
       int s = 0;
       uint32_t phase = 0;
@@ -719,7 +700,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_attention_s_once_persistent_k
       float sc[32];
       mbar_wait(sm.q_full, k & 1);
       if (c.t == 0) trace_clock(p, 0);
-      wg0_item<kSplit, kRopeEarly>(p, sm, c, work, sm.q_free, o, sc, pa, m_run, l_run, s, phase);
+      wg0_item<kSplit>(p, sm, c, work, sm.q_free, o, sc, pa, m_run, l_run, s, phase);
       if (c.t == 0) trace_clock(p, 2);
       finish_item(work);
     }

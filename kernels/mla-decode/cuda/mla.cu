@@ -27,12 +27,11 @@
 using namespace mla;
 
 // The s-once kernel for a configuration's compile-time choices.
-static auto s_once_kernel(bool rope_first, bool persistent, bool split_release = false, bool rope_early = false) {
+static auto s_once_kernel(bool rope_first, bool persistent, bool split_release = false) {
   if (persistent) {
     if (!rope_first) return mla_attention_s_once_persistent_kernel<false, false>;
-    if (!split_release) return mla_attention_s_once_persistent_kernel<true, false>;
-    return rope_early ? mla_attention_s_once_persistent_kernel<true, true, true>
-                      : mla_attention_s_once_persistent_kernel<true, true>;
+    return split_release ? mla_attention_s_once_persistent_kernel<true, true>
+                         : mla_attention_s_once_persistent_kernel<true, false>;
   }
   return rope_first ? mla_attention_s_once_kernel<true> : mla_attention_s_once_kernel<false>;
 }
@@ -44,9 +43,8 @@ int mla_num_sms() {
     for (const bool rope_first : {false, true})
       for (const bool persistent : {false, true})
         for (const bool split_release : {false, true})
-          for (const bool rope_early : {false, true})
-            cudaFuncSetAttribute(s_once_kernel(rope_first, persistent, split_release, rope_early),
-                                 cudaFuncAttributeMaxDynamicSharedMemorySize, kSOnceSmemBytes);
+          cudaFuncSetAttribute(s_once_kernel(rope_first, persistent, split_release),
+                               cudaFuncAttributeMaxDynamicSharedMemorySize, kSOnceSmemBytes);
     cudaFuncSetAttribute(mla_attention_seesaw_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSeesawSmemBytes);
   });
 }
@@ -54,10 +52,10 @@ int mla_num_sms() {
 void mla_describe(const MlaConfig& c, char* buf, int size) {
   snprintf(buf, size,
            "MlaConfig{splits=%d, prefetch_tables=%d, s_once=%d, rope_first=%d, seesaw=%d, bulk_store=%d, staged_st=%d, "
-           "persistent=%d, narrow_tail=%d, split_release=%d, rope_early=%d}",
+           "persistent=%d, narrow_tail=%d, split_release=%d}",
            c.splits, c.prefetch_tables ? 1 : 0, c.s_once ? 1 : 0, c.rope_first ? 1 : 0, c.seesaw ? 1 : 0,
            c.bulk_store ? 1 : 0, c.staged_st ? 1 : 0, c.persistent ? 1 : 0, c.narrow_tail ? 1 : 0,
-           c.split_release ? 1 : 0, c.rope_early ? 1 : 0);
+           c.split_release ? 1 : 0);
 }
 
 const char* mla_run(const MlaArgs& a, cudaStream_t stream) {
@@ -105,7 +103,7 @@ const char* mla_run(const MlaArgs& a, cudaStream_t stream) {
     mla_attention_seesaw_kernel<<<grid, kThreads, kSeesawSmemBytes, stream>>>(tm_q, tm_kv, p);
   } else if (a.config.s_once && a.config.persistent && p.splits == 1) {
     const dim3 ctas(std::min<unsigned>(grid.x, static_cast<unsigned>(sms)));  // one an SM, each walking items
-    s_once_kernel(a.config.rope_first, true, a.config.split_release, a.config.rope_early)<<<ctas, kThreads, kSOnceSmemBytes, stream>>>(tm_q, tm_kv, tm_tail, p);
+    s_once_kernel(a.config.rope_first, true, a.config.split_release)<<<ctas, kThreads, kSOnceSmemBytes, stream>>>(tm_q, tm_kv, tm_tail, p);
   } else if (a.config.s_once) {
     s_once_kernel(a.config.rope_first, false)<<<grid, kThreads, kSOnceSmemBytes, stream>>>(tm_q, tm_kv, tm_tail, p);
   } else {

@@ -28,16 +28,13 @@ struct MlaConfig {
   bool split_release;    // persistent, rope_first: each stage released and reloaded in two halves (the rope block and
                          // latent blocks 0-3 once warpgroup 0 is done, blocks 4-7 once warpgroup 1 is), S over
                          // blocks 4-7 waiting only for them
-  bool rope_early;       // split_release: a stage's rope block released once S has read it (its next tile's rope
-                         // block loaded and rotated under the rest of the tile)
 };
 
 // bs batch rows, kv_len cache rows to read, sms the GPU's SM count. KBENCH_MLA_SPLITS=N forces N splits;
 // KBENCH_MLA_PREFETCH_TABLES=0/1 overrides prefetch_tables, KBENCH_MLA_S_ONCE=0/1 s_once, KBENCH_MLA_ROPE_FIRST=0/1
 // rope_first, KBENCH_MLA_SEESAW=0/1 seesaw, KBENCH_MLA_BULK_STORE=0/1 bulk_store, KBENCH_MLA_STAGED_ST=0/1 staged_st,
 // KBENCH_MLA_PERSISTENT=0/1 persistent (default: where a CTA an SM gets two or more items), KBENCH_MLA_NARROW_TAIL=0/1
-// narrow_tail, KBENCH_MLA_SPLIT_RELEASE=0/1 split_release (default: with the persistent kernel), KBENCH_MLA_ROPE_EARLY=0/1
-// rope_early.
+// narrow_tail, KBENCH_MLA_SPLIT_RELEASE=0/1 split_release (default: with the persistent kernel).
 // (Measured misses, removed: early S, the next tile's S issued behind this tile's P V, +8.6%,
 // docs/mla-decode-notes.md finding 19; split S, both warpgroups sharing each tile's S and softmax, +12.5%, finding
 // 26; part of the softmax's exponentials on the FP32 pipes, +0.2 to +1.3%, finding 27; one CTA an SM taking equal
@@ -45,7 +42,7 @@ struct MlaConfig {
 // wave's first data, +3 us, or of the row's later tiles, +9 to +37%, finding 36; Q's first two blocks as S's A
 // operand from registers, a tie in time and energy, finding 63; P handed to warpgroup 1 under warpgroup 0's P V, +2%,
 // or chunk by chunk inside its softmax, +4%, finding 64, and under it with the split release, +0.3 to +1.3%, finding
-// 66.)
+// 66; the rope block released as soon as S has read it, a tie, finding 67.)
 inline MlaConfig mla_config(int bs, int kv_len, int sms) {
   // No split where one CTA per (row, head group) already fills >= 90% of its waves (batch 128 on 132 SMs: 256 CTAs
   // in 2 waves, 97%): splitting adds the combine pass and the fp32 partials for no wave gain (measured on two H100s,
@@ -89,8 +86,6 @@ inline MlaConfig mla_config(int bs, int kv_len, int sms) {
   // once both are, and S waits for the second half only before its blocks 4-7: the attention in the step -0.9 to
   // -1.1% at prefill 4096 / 6144 (two rounds, one H100), the same bits (docs/mla-decode-notes.md, finding 65)
   const bool split_release = persistent && rope_first && kb::env_int("KBENCH_MLA_SPLIT_RELEASE", 1) != 0;
-  // rope_early: a candidate (docs/mla-decode-notes.md, finding 67)
-  const bool rope_early = split_release && kb::env_int("KBENCH_MLA_ROPE_EARLY", 0) != 0;
   return MlaConfig{splits, prefetch_tables, s_once, rope_first, seesaw, bulk_store, staged_st, persistent,
-                   narrow_tail, split_release, rope_early};
+                   narrow_tail, split_release};
 }
