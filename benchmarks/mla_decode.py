@@ -572,15 +572,16 @@ def trace_clock_mhz(t: torch.Tensor) -> float:
     return ((t[:, 4, 0, 2] - t[:, 4, 0, 0]) / (t[:, 4, 0, 3] - t[:, 4, 0, 1]) * 1e3).median().item()
 
 
-def trace_intervals(t: torch.Tensor, ntiles: int, phases=TRACE_PHASES) -> dict[str, float]:
+def trace_intervals(t: torch.Tensor, ntiles: int, phases=TRACE_PHASES) -> dict[str, float | None]:
     """Each interval of phases in cycles, the median over the CTAs and the middle tiles (the first two and the
-    last three left out, where the pipeline fills and drains). t: float64 [ctas, roles, tiles, events]; ntiles: the
-    stamped steps (tiles; the seesaw stamps pairs of tiles)."""
+    last three left out, where the pipeline fills and drains); None where the kernel never stamped one of its ends
+    (the persistent kernel's loader stamps nothing: its chain rows were clock64 values, not intervals). t: float64
+    [ctas, roles, tiles, events]; ntiles: the stamped steps (tiles; the seesaw stamps pairs of tiles)."""
     out = {}
     for name, (ra, ea, oa), (rb, eb, ob) in phases:
         start = t[:, ra, 2 + oa:ntiles - 3 + oa, ea]
         end = t[:, rb, 2 + ob:ntiles - 3 + ob, eb]
-        out[name] = (end - start).median().item()
+        out[name] = None if not start.any() or not end.any() else (end - start).median().item()
     return out
 
 
@@ -668,6 +669,9 @@ def trace_rows(t: torch.Tensor, kv_len: int, gpu: str, label: str, table: list, 
     steps = min((kv_len + 63) // 64, TRACE_SHAPE[2]) // (2 if seesaw else 1)
     line, rows = [label.split("; seed")[0] + f" ({mhz:.0f} MHz)"], []
     for name, cycles in trace_intervals(t, steps, SEESAW_TRACE_PHASES if seesaw else TRACE_PHASES).items():
+        if cycles is None:  # not stamped by this kernel
+            line.append(None)
+            continue
         if cycles > 0:  # an interval that runs backwards (a schedule that reorders the stamps) is no time
             rows.append(benchlib.Row(gpu, 1, f"{backend}/trace:{name}", "trace", label, cycles / mhz))
         line.append(f"{cycles:.0f} ({cycles / mhz:.2f})")

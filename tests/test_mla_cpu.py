@@ -80,6 +80,20 @@ def test_trace_intervals_follow_the_stamps():
     assert bench.trace_clock_mhz(t) == pytest.approx(1500)
 
 
+def test_trace_intervals_leave_out_what_the_kernel_never_stamped():
+    """The persistent kernel's loader stamps nothing: the intervals with a loader end are None and make no rows (they
+    were written as raw clock64 values, ~2.5e11 cycles), the others as before."""
+    bench = _mla_benchmark()
+    t = _synthetic_stamps(bench)
+    t[:, 2] = 0  # role 2, the loader
+    got = bench.trace_intervals(t, ntiles=40)
+    unstamped = {name for name, a, b in bench.TRACE_PHASES if 2 in (a[0], b[0])}
+    assert unstamped and all(got[name] is None for name in unstamped)
+    assert got["tile period (wg0)"] == 1000
+    rows = bench.trace_rows(t, 64 * 40, "GPU", "case", [], seesaw=False)
+    assert rows and not any(r.backend.split("trace:")[1] in unstamped for r in rows)
+
+
 @pytest.mark.parametrize("knobs,backend", [({}, "cuda[dev]"), ({"KBENCH_MLA_SEESAW": "1"}, "cuda+seesaw[dev]"),
                                            ({"KBENCH_MLA_S_ONCE": "0", "KBENCH_MLA_PREFETCH_TABLES": "0"},
                                             "cuda+two-s-no-prefetch[dev]")])
