@@ -300,14 +300,19 @@ def record(problem: str, rows: Iterable[Row], folder: Path | None = None) -> Pat
             raise ValueError(f"metric {r.metric!r}: choose one of {', '.join(METRICS)}")
     path = (folder or results_dir()) / f"{problem}.csv"
     path.parent.mkdir(parents=True, exist_ok=True)
+    _append(path, [r.values() for r in rows])
+    return path
+
+
+def _append(path: Path, rows: list) -> None:
+    """Append rows (COLUMNS' values in order) to the CSV at path, the header first where the file is new. Lines end
+    in LF like the rest of the file (csv's default CRLF, appended to files written with LF, had mixed the two)."""
     new = not path.is_file()
     with open(path, "a", newline="") as f:
-        w = csv.writer(f)
+        w = csv.writer(f, lineterminator="\n")
         if new:
             w.writerow(COLUMNS)
-        for r in rows:
-            w.writerow(r.values())
-    return path
+        w.writerows(rows)
 
 
 def read(path: Path) -> list[dict]:
@@ -324,14 +329,7 @@ def merge(src: Path, dst: Path, rename: Callable[[str], str] | None = None) -> i
         if rename:
             for r in rows:
                 r["backend"] = rename(r["backend"])
-        out = Path(dst) / path.name
-        new = not out.is_file()
-        with open(out, "a", newline="") as f:
-            w = csv.writer(f)
-            if new:
-                w.writerow(COLUMNS)
-            for r in rows:
-                w.writerow([r[c] for c in COLUMNS])
+        _append(Path(dst) / path.name, [[r[c] for c in COLUMNS] for r in rows])
         moved += len(rows)
     return moved
 

@@ -148,6 +148,7 @@ def test_merge_appends_a_sessions_rows_and_renames_backends(tmp_path):
     moved = benchlib.merge(src, dst, rename=lambda b: b.replace("cuda", "cuda-v2"))
     rows = benchlib.read(dst / "moe.csv")
     assert moved == 2 and [r["backend"] for r in rows] == ["torch", "cuda-v2", "cuda-v2/gemm1"]
+    assert b"\r" not in (dst / "moe.csv").read_bytes(), "one line ending, LF, for recorded and merged rows"
 
 
 def test_official_figures_judge_the_shipped_build_and_each_candidate_with_its_knobs(tmp_path, monkeypatch):
