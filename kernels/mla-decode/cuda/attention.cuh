@@ -180,11 +180,14 @@ __device__ __forceinline__ bool narrow_tile(const Params& p, int kv_len, int til
 // The producer thread's two loads: a work item's Q (64 heads x 576) on q_full, and cache tile `tile` of row c.b into
 // ring stage s (with rope_landed: the rope block first, on rope_landed[s], and full[s] counting the 8 latent blocks).
 // tm_tail (non-null where MlaConfig::narrow_tail is on): the same cache in boxes of kTailRows rows, for a narrow tile
-// (narrow_tile), whose rows land at the top of each block of the stage.
+// (narrow_tile), whose rows land at the top of each block of the stage. [kJ0, kJ1): the blocks full[s] counts (kJ1
+// -1: every block rope_landed does not take; MlaConfig::split_release loads a stage as blocks 0-3 with the rope block,
+// then 4-7 on a barrier of their own).
 __device__ __forceinline__ void load_q(const CUtensorMap* tm_q, uint8_t* s_q, uint64_t* q_full, const CtaWork& c) {
   mbar_arrive_expect_tx(q_full, kTileBytes);
   for (int j = 0; j < kBlocks; ++j) tma_load_2d(s_q + j * kBlockBytes, tm_q, q_full, j * 64, c.b * kHeads + c.hg * kHG);
 }
+template <int kJ0 = 0, int kJ1 = -1>
 __device__ __forceinline__ void load_tile(const CUtensorMap* tm_kv, uint8_t* s_kv, uint64_t* full,
                                           uint64_t* rope_landed, int s, const CtaWork& c, int tile, int max_seq,
                                           const CUtensorMap* tm_tail = nullptr) {
@@ -194,13 +197,15 @@ __device__ __forceinline__ void load_tile(const CUtensorMap* tm_kv, uint8_t* s_k
   const CUtensorMap* tm = narrow ? tm_tail : tm_kv;
   const int box_bytes = narrow ? kTailBlockBytes : kBlockBytes;
   if (rope_landed) {
-    mbar_arrive_expect_tx(&full[s], (kBlocks - 1) * box_bytes);
+    constexpr int j1 = kJ1 < 0 ? kBlocks - 1 : kJ1;
+    mbar_arrive_expect_tx(&full[s], (j1 - kJ0) * box_bytes);
     mbar_arrive_expect_tx(&rope_landed[s], box_bytes);
     tma_load_2d(stage + (kBlocks - 1) * kBlockBytes, tm, &rope_landed[s], (kBlocks - 1) * 64, row);
-    for (int j = 0; j < kBlocks - 1; ++j) tma_load_2d(stage + j * kBlockBytes, tm, &full[s], j * 64, row);
+    for (int j = kJ0; j < j1; ++j) tma_load_2d(stage + j * kBlockBytes, tm, &full[s], j * 64, row);
   } else {
-    mbar_arrive_expect_tx(&full[s], kBlocks * box_bytes);
-    for (int j = 0; j < kBlocks; ++j) tma_load_2d(stage + j * kBlockBytes, tm, &full[s], j * 64, row);
+    constexpr int j1 = kJ1 < 0 ? kBlocks : kJ1;
+    mbar_arrive_expect_tx(&full[s], (j1 - kJ0) * box_bytes);
+    for (int j = kJ0; j < j1; ++j) tma_load_2d(stage + j * kBlockBytes, tm, &full[s], j * 64, row);
   }
 }
 

@@ -264,24 +264,6 @@ __device__ __forceinline__ void rotate_tiles(int u, const CtaWork& work, const P
   rotate_tiles(u, work, p, s_kv, full, roped, s, phase);
 }
 
-// Half of a tile's stage (MlaConfig::split_release): latent blocks j0 .. j0 + 3 on `latent` and, with rope_landed, the
-// rope block first on rope_landed (load_tile's layout and boxes, narrow where load_tile's would be).
-__device__ __forceinline__ void load_tile_half(const CUtensorMap* tm_kv, const CUtensorMap* tm_tail, uint8_t* s_kv,
-                                               int s, const CtaWork& c, int tile, int max_seq, int j0,
-                                               uint64_t* latent, uint64_t* rope_landed) {
-  const int row = c.b * max_seq + tile * kTile;
-  uint8_t* stage = s_kv + s * kTileBytes;
-  const bool narrow = tm_tail && short_tail(c.kv_len, tile);
-  const CUtensorMap* tm = narrow ? tm_tail : tm_kv;
-  const int box_bytes = narrow ? kTailBlockBytes : kBlockBytes;
-  mbar_arrive_expect_tx(latent, 4 * box_bytes);
-  if (rope_landed) {
-    mbar_arrive_expect_tx(rope_landed, box_bytes);
-    tma_load_2d(stage + (kBlocks - 1) * kBlockBytes, tm, rope_landed, (kBlocks - 1) * 64, row);
-  }
-  for (int j = j0; j < j0 + 4; ++j) tma_load_2d(stage + j * kBlockBytes, tm, latent, j * 64, row);
-}
-
 // The persistent kernel's producer thread (MlaConfig::persistent): the CTA's work items one after the other through
 // one ring, so that the next item's first tiles load while this item's last ones are worked on. An item's Q goes
 // behind its first tile, once warpgroup 0 has read the previous Q for the last time (q_free: its last S landed).
@@ -304,9 +286,9 @@ __device__ __forceinline__ void load_items(const CUtensorMap* tm_q, const CUtens
     for (int tile = c.tile0; tile < c.tile1; ++tile) {
       mbar_wait(&empty[s], phase ^ 1);
       if (hi_full) {
-        load_tile_half(tm_kv, tm_tail, s_kv, s, c, tile, p.max_seq, 0, &full[s], &rope_landed[s]);
+        load_tile<0, 4>(tm_kv, s_kv, full, rope_landed, s, c, tile, p.max_seq, tm_tail);
         mbar_wait(&hi_empty[s], phase ^ 1);
-        load_tile_half(tm_kv, tm_tail, s_kv, s, c, tile, p.max_seq, 4, &hi_full[s], nullptr);
+        load_tile<4, 8>(tm_kv, s_kv, hi_full, nullptr, s, c, tile, p.max_seq, tm_tail);
       } else {
         load_tile(tm_kv, s_kv, full, rope_landed, s, c, tile, p.max_seq, tm_tail);
       }
