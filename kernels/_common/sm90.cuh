@@ -88,35 +88,6 @@ __device__ __forceinline__ uint32_t mapa_shared(uint32_t local, uint32_t rank) {
   return remote;
 }
 
-// Every thread that reaches it, converged or not (the non-.aligned forms): a CTA's exit held until each CTA of the
-// cluster has arrived, so that no multicast copy or remote arrive reaches a CTA that has left.
-__device__ __forceinline__ void cluster_arrive_wait() {
-  asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;" ::: "memory");
-}
-
-// Arrive on the mbarrier at the same shared-memory offset as `bar` in CTA `cta` of this cluster. The default
-// (release at CTA scope) form, as CUTLASS's cluster barrier uses: release at cluster scope waits for every earlier
-// memory operation of the thread to be visible cluster-wide, ~1300 cycles a tile in the multicast attention
-// (docs/mla-decode-notes.md, finding 22). What the arrive announces (a stage's wgmma reads done) is already
-// complete when the thread has waited for its wgmma group.
-__device__ __forceinline__ void mbar_arrive_cluster(uint64_t* bar, uint32_t cta) {
-  asm volatile(
-      "{\n.reg .b32 remote;\nmapa.shared::cluster.u32 remote, %0, %1;\n"
-      "mbarrier.arrive.shared::cluster.b64 _, [remote];\n}" ::"r"(smem_u32(bar)),
-      "r"(cta)
-      : "memory");
-}
-
-// tma_load_2d delivered to the same offsets of every CTA in cta_mask (and signalled on each one's `bar` there).
-__device__ __forceinline__ void tma_load_2d_multicast(void* dst, const CUtensorMap* map, uint64_t* bar, int c0, int c1,
-                                                      uint16_t cta_mask) {
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster"
-      " [%0], [%1, {%3, %4}], [%2], %5;" ::"r"(smem_u32(dst)),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_u32(bar)), "r"(c0), "r"(c1), "h"(cta_mask)
-      : "memory");
-}
-
 // ---- wgmma bookkeeping ----------------------------------------------------------------------------------
 // Orders prior register/shared accesses before the next wgmma reads them.
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }

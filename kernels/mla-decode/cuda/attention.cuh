@@ -190,30 +190,22 @@ __device__ __forceinline__ void load_q(const CUtensorMap* tm_q, uint8_t* s_q, ui
 template <int kJ0 = 0, int kJ1 = -1>
 __device__ __forceinline__ void load_tile(const CUtensorMap* tm_kv, uint8_t* s_kv, uint64_t* full,
                                           uint64_t* rope_landed, int s, const CtaWork& c, int tile, int max_seq,
-                                          const CUtensorMap* tm_tail = nullptr, int rank = -1) {
+                                          const CUtensorMap* tm_tail = nullptr) {
   const int row = c.b * max_seq + tile * kTile;
   uint8_t* stage = s_kv + s * kTileBytes;
   const bool narrow = tm_tail && short_tail(c.kv_len, tile);  // narrow_tile, with the map as the knob
   const CUtensorMap* tm = narrow ? tm_tail : tm_kv;
   const int box_bytes = narrow ? kTailBlockBytes : kBlockBytes;
-  // rank >= 0 (MlaConfig::multicast): this CTA issues the blocks j with j % 2 == rank, each delivered to both CTAs
-  // of the cluster; the barriers still expect every block's bytes (the peer's copies land here too).
-  auto box = [&](int j, uint64_t* bar) {
-    if (rank < 0)
-      tma_load_2d(stage + j * kBlockBytes, tm, bar, j * 64, row);
-    else if (j % 2 == rank)
-      tma_load_2d_multicast(stage + j * kBlockBytes, tm, bar, j * 64, row, 0x3);
-  };
   if (rope_landed) {
     constexpr int j1 = kJ1 < 0 ? kBlocks - 1 : kJ1;
     mbar_arrive_expect_tx(&full[s], (j1 - kJ0) * box_bytes);
     mbar_arrive_expect_tx(&rope_landed[s], box_bytes);
-    box(kBlocks - 1, &rope_landed[s]);
-    for (int j = kJ0; j < j1; ++j) box(j, &full[s]);
+    tma_load_2d(stage + (kBlocks - 1) * kBlockBytes, tm, &rope_landed[s], (kBlocks - 1) * 64, row);
+    for (int j = kJ0; j < j1; ++j) tma_load_2d(stage + j * kBlockBytes, tm, &full[s], j * 64, row);
   } else {
     constexpr int j1 = kJ1 < 0 ? kBlocks : kJ1;
     mbar_arrive_expect_tx(&full[s], (j1 - kJ0) * box_bytes);
-    for (int j = kJ0; j < j1; ++j) box(j, &full[s]);
+    for (int j = kJ0; j < j1; ++j) tma_load_2d(stage + j * kBlockBytes, tm, &full[s], j * 64, row);
   }
 }
 

@@ -269,13 +269,12 @@ __device__ __forceinline__ void rotate_tiles(int u, const CtaWork& work, const P
 // behind its first tile, once warpgroup 0 has read the previous Q for the last time (q_free: its last S landed).
 // hi_full, hi_empty (MlaConfig::split_release; non-null with rope_landed only): each stage loaded in two halves, the
 // rope block and latent blocks 0-3 once warpgroup 0 has released the stage (empty), blocks 4-7 on hi_full once
-// warpgroup 1 has (hi_empty). rank >= 0 (MlaConfig::multicast): this CTA's rank in its cluster of two, whose other
-// CTA walks the same rows' other head group; each issues half of every stage's blocks to both (load_tile).
+// warpgroup 1 has (hi_empty).
 __device__ __forceinline__ void load_items(const CUtensorMap* tm_q, const CUtensorMap* tm_kv, uint8_t* s_q,
                                            uint8_t* s_kv, uint64_t* q_full, uint64_t* q_free, uint64_t* full,
                                            uint64_t* empty, uint64_t* rope_landed, const Params& p, int items,
                                            const CUtensorMap* tm_tail, uint64_t* hi_full = nullptr,
-                                           uint64_t* hi_empty = nullptr, int rank = -1) {
+                                           uint64_t* hi_empty = nullptr) {
   tma_prefetch_desc(tm_q);
   tma_prefetch_desc(tm_kv);
   if (tm_tail) tma_prefetch_desc(tm_tail);
@@ -287,9 +286,9 @@ __device__ __forceinline__ void load_items(const CUtensorMap* tm_q, const CUtens
     for (int tile = c.tile0; tile < c.tile1; ++tile) {
       mbar_wait(&empty[s], phase ^ 1);
       if (hi_full) {
-        load_tile<0, 4>(tm_kv, s_kv, full, rope_landed, s, c, tile, p.max_seq, tm_tail, rank);
+        load_tile<0, 4>(tm_kv, s_kv, full, rope_landed, s, c, tile, p.max_seq, tm_tail);
         mbar_wait(&hi_empty[s], phase ^ 1);
-        load_tile<4, 8>(tm_kv, s_kv, hi_full, nullptr, s, c, tile, p.max_seq, tm_tail, rank);
+        load_tile<4, 8>(tm_kv, s_kv, hi_full, nullptr, s, c, tile, p.max_seq, tm_tail);
       } else {
         load_tile(tm_kv, s_kv, full, rope_landed, s, c, tile, p.max_seq, tm_tail);
       }
@@ -318,16 +317,12 @@ struct SOnceSmem {
   uint64_t* q_free;  // the persistent kernel: warpgroup 0's last S of an item landed, Q may be replaced
   uint64_t* hi_full;   // [kStages] split_release: latent blocks 4-7 landed (roped then counts blocks 0-3 only)
   uint64_t* hi_empty;  // [kStages] split_release: warpgroup 1 done with blocks 4-7 (empty: warpgroup 0 with the rest)
-  int peer;            // MlaConfig::multicast: the other CTA of the cluster, whose loads also fill this ring; else -1
 };
 
 // The layout in the dynamic allocation (tiles 1024-byte aligned), and (thread 0) the barriers initialised.
-// kMulticast: the stages' empty and hi_empty barriers count the peer CTA's releases too, and the barriers exist in
-// both CTAs before either loads into or arrives on the other's (a cluster barrier instead of the CTA's).
-template <bool kRopeFirst, bool kSplit = false, bool kMulticast = false>
+template <bool kRopeFirst, bool kSplit = false>
 __device__ __forceinline__ SOnceSmem s_once_smem(uint8_t* smem_raw, const Params& p, bool persistent) {
   SOnceSmem m;
-  m.peer = kMulticast ? static_cast<int>(cluster_ctarank() ^ 1) : -1;
   m.q = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
   m.kv = m.q + kTileBytes;
   m.p = m.kv + kStages * kTileBytes;
@@ -348,18 +343,14 @@ __device__ __forceinline__ SOnceSmem s_once_smem(uint8_t* smem_raw, const Params
     for (int s = 0; s < kStages; ++s) {
       mbar_init(&m.full[s], 1);
       mbar_init(&m.roped[s], kRotators + (kRopeFirst ? 1 : 0));
-      // one arrive per consumer warp (split: warpgroup 0's), of both CTAs with multicast
-      mbar_init(&m.empty[s], (kSplit ? 4 : 8) * (kMulticast ? 2 : 1));
+      mbar_init(&m.empty[s], kSplit ? 4 : 8);  // one arrive per consumer warp (split: warpgroup 0's)
       mbar_init(&m.hi_full[s], 1);
-      mbar_init(&m.hi_empty[s], kMulticast ? 8 : 4);
+      mbar_init(&m.hi_empty[s], 4);
     }
     if (persistent) mbar_init(m.q_free, 4);  // one arrive per warp of warpgroup 0
     fence_mbar_init();
   }
-  if constexpr (kMulticast)
-    cluster_sync();
-  else
-    __syncthreads();
+  __syncthreads();
   return m;
 }
 
@@ -380,17 +371,11 @@ __device__ __forceinline__ Consumer consumer() {
 }
 
 // After a warpgroup's last read of stage s (its P V waited for): hand the stage back to the producer, go to the next.
-// peer >= 0 (multicast): the peer's producer loads into this CTA's stage as well, so it is told too. (A release
-// nobody waits for, after the CTA's last tiles, still lands: the kernel's exit waits for the whole cluster.)
-__device__ __forceinline__ void release_stage(float* o, int lane, uint64_t* empty, int& s, uint32_t& phase,
-                                              int peer = -1) {
+__device__ __forceinline__ void release_stage(float* o, int lane, uint64_t* empty, int& s, uint32_t& phase) {
 #pragma unroll
   for (int j = 0; j < 128; ++j) reg_fence(o[j]);
   __syncwarp();
-  if (lane == 0) {
-    mbar_arrive(&empty[s]);
-    if (peer >= 0) mbar_arrive_cluster(&empty[s], peer);
-  }
+  if (lane == 0) mbar_arrive(&empty[s]);
   ring_next(s, phase, kStages);
 }
 
@@ -462,7 +447,7 @@ __device__ __forceinline__ void wg0_tile(const Params& p, const SOnceSmem& sm, c
   wgmma_commit();
   wgmma_wait<0>();
   if (t == 0) trace_stamp(p, kTraceWg0, i, 6);
-  release_stage(o, lane, sm.empty, s, phase, sm.peer);
+  release_stage(o, lane, sm.empty, s, phase);
 }
 
 // Warpgroup 1's tile i of an item of ntiles (in stage s): waits for P, reads it and the rescale factors into
@@ -496,7 +481,7 @@ __device__ __forceinline__ void wg1_tile(const Params& p, const SOnceSmem& sm, c
   wgmma_commit();
   wgmma_wait<0>();
   if (t == 0) trace_stamp(p, kTraceWg1, i, 3);
-  release_stage(o, lane, kSplit ? sm.hi_empty : sm.empty, s, phase, sm.peer);
+  release_stage(o, lane, kSplit ? sm.hi_empty : sm.empty, s, phase);
 }
 
 // A work item's tile count, how many of them are wide, and whether its last one is narrow (narrow_tile).
@@ -639,16 +624,14 @@ __global__ void __launch_bounds__(kThreads, 1) mla_attention_s_once_kernel(const
 // 37): gridDim.x CTAs (one an SM) each walk the work items blockIdx.x, blockIdx.x + gridDim.x, ... with the ring and
 // its barriers carried across items, the next item's first tiles loading under this one's last, and write each
 // item's rows straight from registers (store_rows_direct). The same per-tile steps as the kernel above.
-// kSplit (with kRopeFirst): MlaConfig::split_release. kMulticast (with kSplit): MlaConfig::multicast, launched in
-// clusters of two CTAs (2k, 2k + 1) over an even grid, so that they take the two head groups of the same rows.
-template <bool kRopeFirst, bool kSplit, bool kMulticast = false>
+// kSplit (with kRopeFirst): MlaConfig::split_release.
+template <bool kRopeFirst, bool kSplit>
 __global__ void __launch_bounds__(kThreads, 1) mla_attention_s_once_persistent_kernel(
     const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_kv,
     const __grid_constant__ CUtensorMap tm_tail, const Params p) {
   extern __shared__ uint8_t smem_raw[];
   static_assert(kRopeFirst || !kSplit, "split_release loads the rope block first");
-  static_assert(kSplit || !kMulticast, "multicast is built on the split release's barriers");
-  const SOnceSmem sm = s_once_smem<kRopeFirst, kSplit, kMulticast>(smem_raw, p, true);
+  const SOnceSmem sm = s_once_smem<kRopeFirst, kSplit>(smem_raw, p, true);
   const int items = kHeadGroups * p.bs;  // work items (b, hg); this CTA takes blockIdx.x and every gridDim.x-th after
 
   if (threadIdx.x >= 256) {  // producer warpgroup: warp 0 loads, warps 1-3 rotate
@@ -658,14 +641,13 @@ __global__ void __launch_bounds__(kThreads, 1) mla_attention_s_once_persistent_k
       const CacheMaps maps = cache_maps(p, &tm_kv, &tm_tail);
       load_items(&tm_q, maps.kv, sm.q, sm.kv, sm.q_full, sm.q_free, kRopeFirst ? sm.roped : sm.full, sm.empty,
                  kRopeFirst ? sm.full : nullptr, p, items, p.narrow_tail ? maps.tail : nullptr,
-                 kSplit ? sm.hi_full : nullptr, kSplit ? sm.hi_empty : nullptr, kMulticast ? sm.peer ^ 1 : -1);
+                 kSplit ? sm.hi_full : nullptr, kSplit ? sm.hi_empty : nullptr);
     } else if (pt >= 32) {
       int s = 0;
       uint32_t phase = 0;
       for (int item = blockIdx.x; item < items; item += gridDim.x)
         rotate_tiles(pt - 32, cta_work(p, item), p, sm.kv, sm.full, sm.roped, s, phase);
     }
-    if constexpr (kMulticast) cluster_arrive_wait();
     return;
   }
 
@@ -715,7 +697,6 @@ __global__ void __launch_bounds__(kThreads, 1) mla_attention_s_once_persistent_k
       finish_item(work);
     }
   }
-  if constexpr (kMulticast) cluster_arrive_wait();
 }
 
 }  // namespace mla

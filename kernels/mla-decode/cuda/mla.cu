@@ -27,10 +27,9 @@
 using namespace mla;
 
 // The s-once kernel for a configuration's compile-time choices.
-static auto s_once_kernel(bool rope_first, bool persistent, bool split_release = false, bool multicast = false) {
+static auto s_once_kernel(bool rope_first, bool persistent, bool split_release = false) {
   if (persistent) {
     if (!rope_first) return mla_attention_s_once_persistent_kernel<false, false>;
-    if (split_release && multicast) return mla_attention_s_once_persistent_kernel<true, true, true>;
     return split_release ? mla_attention_s_once_persistent_kernel<true, true>
                          : mla_attention_s_once_persistent_kernel<true, false>;
   }
@@ -44,51 +43,19 @@ int mla_num_sms() {
     for (const bool rope_first : {false, true})
       for (const bool persistent : {false, true})
         for (const bool split_release : {false, true})
-          for (const bool multicast : {false, true})
-            cudaFuncSetAttribute(s_once_kernel(rope_first, persistent, split_release, multicast),
-                                 cudaFuncAttributeMaxDynamicSharedMemorySize, kSOnceSmemBytes);
+          cudaFuncSetAttribute(s_once_kernel(rope_first, persistent, split_release),
+                               cudaFuncAttributeMaxDynamicSharedMemorySize, kSOnceSmemBytes);
     cudaFuncSetAttribute(mla_attention_seesaw_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSeesawSmemBytes);
   });
-}
-
-// How many clusters of two of the multicast attention kernel the current device holds at once (0: none).
-static int multicast_clusters() {
-  static std::map<int, int> cache;
-  static std::mutex mu;
-  int dev = 0;
-  cudaGetDevice(&dev);
-  std::lock_guard<std::mutex> lock(mu);
-  auto it = cache.find(dev);
-  if (it != cache.end()) return it->second;
-  mla_num_sms();  // the kernels' shared-memory attribute set
-  cudaLaunchConfig_t cfg = {};
-  cudaLaunchAttribute attr[1];
-  cfg.gridDim = dim3(2);
-  cfg.blockDim = dim3(kThreads);
-  cfg.dynamicSmemBytes = kSOnceSmemBytes;
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = 2;
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  int clusters = 0;
-  if (cudaOccupancyMaxActiveClusters(&clusters, mla_attention_s_once_persistent_kernel<true, true, true>, &cfg) !=
-      cudaSuccess) {
-    clusters = 0;
-    cudaGetLastError();  // not sticky
-  }
-  cache[dev] = clusters;
-  return clusters;
 }
 
 void mla_describe(const MlaConfig& c, char* buf, int size) {
   snprintf(buf, size,
            "MlaConfig{splits=%d, prefetch_tables=%d, s_once=%d, rope_first=%d, seesaw=%d, bulk_store=%d, staged_st=%d, "
-           "persistent=%d, narrow_tail=%d, split_release=%d, multicast=%d}",
+           "persistent=%d, narrow_tail=%d, split_release=%d}",
            c.splits, c.prefetch_tables ? 1 : 0, c.s_once ? 1 : 0, c.rope_first ? 1 : 0, c.seesaw ? 1 : 0,
            c.bulk_store ? 1 : 0, c.staged_st ? 1 : 0, c.persistent ? 1 : 0, c.narrow_tail ? 1 : 0,
-           c.split_release ? 1 : 0, c.multicast ? 1 : 0);
+           c.split_release ? 1 : 0);
 }
 
 const char* mla_run(const MlaArgs& a, cudaStream_t stream) {
@@ -134,24 +101,6 @@ const char* mla_run(const MlaArgs& a, cudaStream_t stream) {
   const dim3 grid(kHeadGroups * a.bs * p.splits);
   if (a.config.seesaw) {
     mla_attention_seesaw_kernel<<<grid, kThreads, kSeesawSmemBytes, stream>>>(tm_q, tm_kv, p);
-  } else if (a.config.s_once && a.config.persistent && p.splits == 1 && a.config.multicast) {
-    // clusters of two over an even grid (items 2b, 2b + 1, a row's head groups, on one cluster), no more than the
-    // GPU holds at once
-    const int pairs = std::min<int>(grid.x / 2, multicast_clusters());
-    if (pairs < 1) return "mla cuda: the multicast attention's clusters of two do not fit (KBENCH_MLA_MULTICAST=0)";
-    cudaLaunchConfig_t cfg = {};
-    cudaLaunchAttribute attr[1];
-    cfg.gridDim = dim3(2 * pairs);
-    cfg.blockDim = dim3(kThreads);
-    cfg.dynamicSmemBytes = kSOnceSmemBytes;
-    cfg.stream = stream;
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = 2;
-    attr[0].val.clusterDim.y = 1;
-    attr[0].val.clusterDim.z = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
-    cudaLaunchKernelEx(&cfg, mla_attention_s_once_persistent_kernel<true, true, true>, tm_q, tm_kv, tm_tail, p);
   } else if (a.config.s_once && a.config.persistent && p.splits == 1) {
     const dim3 ctas(std::min<unsigned>(grid.x, static_cast<unsigned>(sms)));  // one an SM, each walking items
     s_once_kernel(a.config.rope_first, true, a.config.split_release)<<<ctas, kThreads, kSOnceSmemBytes, stream>>>(tm_q, tm_kv, tm_tail, p);
