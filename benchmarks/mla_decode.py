@@ -79,9 +79,7 @@ CANDIDATES = {"eager": {"KBENCH_MLA_GRAPH": "0"},
               "separate-uk": {"KBENCH_MLA_ABSORB_UK": "0"},
               # each stage released and reloaded whole, once both warpgroups are done with it (the build before
               # finding 65's split release)
-              "whole-stage": {"KBENCH_MLA_SPLIT_RELEASE": "0"},
-              # finding 69: warpgroup 1's P V of tile i issued once warpgroup 0's S of tile i + 1 has landed
-              "late-pv": {"KBENCH_MLA_LATE_PV": "1"}}
+              "whole-stage": {"KBENCH_MLA_SPLIT_RELEASE": "0"}}
 # The step's projections at the official dims (batch 128): name -> (n, k) of W [n, k]; x is [128, k].
 PROJECTIONS = {"kv_down": (576, 7168), "q_down": (1536, 7168), "q_up": (24576, 1536), "wo": (7168, 16384)}
 

@@ -154,25 +154,6 @@ def test_mla_persistent_where_a_cta_gets_two_or_more_items(tmp_path, knobs, expe
     assert run.stdout.split() == expected
 
 
-MLA_LATE_PV_PROGRAM = r"""
-#include <cstdio>
-#include "mla_config.h"
-int main() {
-  printf("%d", mla_config(128, 4097, 132).late_pv ? 1 : 0);
-  return 0;
-}
-"""
-
-
-@pytest.mark.parametrize("knobs,expected", [({}, "0"), ({"KBENCH_MLA_LATE_PV": "1"}, "1"),
-                                            ({"KBENCH_MLA_LATE_PV": "1", "KBENCH_MLA_SEESAW": "1"}, "0"),
-                                            ({"KBENCH_MLA_LATE_PV": "1", "KBENCH_MLA_S_ONCE": "0"}, "0")])
-def test_mla_late_pv_is_a_candidate_of_the_s_once_kernels(tmp_path, knobs, expected):
-    """late_pv (finding 69) is off unless asked for, and only the s-once kernels have it."""
-    run = _compile_and_run(tmp_path, MLA_LATE_PV_PROGRAM, ROOT / "kernels" / "mla-decode" / "cuda", **knobs)
-    assert run.stdout.strip() == expected
-
-
 @pytest.mark.parametrize("knobs,expected", [({}, "1"), ({"KBENCH_MLA_ROPE_FIRST": "0"}, "0"),
                                             ({"KBENCH_MLA_ROPE_FIRST": "1"}, "1")])
 def test_mla_rope_first_is_on_by_default_and_its_knob_flips_it(tmp_path, knobs, expected):

@@ -93,11 +93,7 @@ def _check_against_eager(mla, monkeypatch, data, expected_data=None, what: str =
                           (16, 1025, "3", "NARROW_TAIL=0"), (3, 65, None, "NARROW_TAIL=0,PERSISTENT=1"),
                           # each stage released in two halves (finding 65)
                           (1, 2, None, "SPLIT_RELEASE=1,PERSISTENT=1"), (5, 79, None, "SPLIT_RELEASE=1,PERSISTENT=1"),
-                          (128, 4097, None, "SPLIT_RELEASE=1"), (200, 130, None, "SPLIT_RELEASE=1"),
-                          # warpgroup 1's P V held until the next tile's S has landed (finding 69)
-                          (1, 2, None, "LATE_PV=1"), (5, 79, None, "LATE_PV=1,PERSISTENT=1"),
-                          (3, 65, None, "LATE_PV=1,PERSISTENT=0"), (128, 4097, None, "LATE_PV=1"),
-                          (133, 1000, None, "LATE_PV=1")])
+                          (128, 4097, None, "SPLIT_RELEASE=1"), (200, 130, None, "SPLIT_RELEASE=1")])
 def test_attention_matches_the_definition(mla, bs, kv_len, splits, knobs, monkeypatch, grow=1.0):
     """splits, knobs: as _set_knobs takes them. grow: the keys' rope columns scaled from 1 at position 0 to
     `grow` at the last, so that the row maxima keep rising tile after tile (the s-once softmax rescales lazily)."""
@@ -128,7 +124,6 @@ def test_attention_matches_the_definition(mla, bs, kv_len, splits, knobs, monkey
                                                     (16, 1025, None, "ROPE_FIRST=0"),
                                                     (133, 1025, None, "PERSISTENT=1"),
                                                     (133, 1025, None, "PERSISTENT=1,SPLIT_RELEASE=1"),
-                                                    (133, 1025, None, "LATE_PV=1"),
                                                     (16, 1025, None, "NARROW_TAIL=0"),
                                                     (16, 1025, None, "S_ONCE=0"),
                                                     (16, 1025, None, "SEESAW=1"), (128, 4097, "2", "SEESAW=1"),
@@ -147,9 +142,7 @@ def test_attention_with_rising_maxima(mla, bs, kv_len, splits, knobs, monkeypatc
                                                     (200, 1025, None, "PERSISTENT=1"),
                                                     (128, 4097, None, "NARROW_TAIL=0"),
                                                     (128, 4097, None, "SPLIT_RELEASE=1"),
-                                                    (200, 1025, None, "SPLIT_RELEASE=1"),
-                                                    (128, 4097, None, "LATE_PV=1"),
-                                                    (200, 1025, None, "LATE_PV=1")])
+                                                    (200, 1025, None, "SPLIT_RELEASE=1")])
 def test_attention_repeats_bit_for_bit(mla, bs, kv_len, splits, knobs, monkeypatch):
     """The kernel is deterministic: 30 calls on the same inputs must give the same bits. A race between the
     warpgroups, the loads and the rotators shows up here as an occasional difference (a version of the seesaw
@@ -228,24 +221,6 @@ def test_the_split_release_equals_the_whole_stage(mla, bs, kv_len, knobs, monkey
     _set_knobs(monkeypatch, None, knobs)
     outs = _outputs_per_knob_value(mla, monkeypatch, "SPLIT_RELEASE", ("0", "1"), bs, kv_len)
     assert torch.equal(outs["0"], outs["1"]), "the split release changes the rows"
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("bs,kv_len,knobs", [(128, 4097, ""), (133, 1000, ""), (200, 130, ""), (128, 6145, ""),
-                                             (1, 2, "PERSISTENT=1"), (3, 65, "PERSISTENT=1"), (5, 79, "PERSISTENT=1"),
-                                             (16, 1025, "PERSISTENT=1"), (128, 4097, "NARROW_TAIL=0"),
-                                             (3, 65, "PERSISTENT=0"), (16, 1025, "PERSISTENT=0"),
-                                             (128, 4097, "SPLIT_RELEASE=0")])
-def test_the_late_pv_equals_the_shipped_order(mla, bs, kv_len, knobs, monkeypatch):
-    """MlaConfig::late_pv: warpgroup 1's P V of tile i issued only once warpgroup 0's S of tile i + 1 has landed
-    (within an item), the same MMAs into the same accumulators in the same order: the same bits, in the persistent
-    kernel (items carried across the ring at batch 133 and 200) and the one-item kernel, narrow and wide last tiles,
-    stages released whole or in halves, with the output poisoned before each call."""
-    import torch
-
-    _set_knobs(monkeypatch, None, knobs)
-    outs = _outputs_per_knob_value(mla, monkeypatch, "LATE_PV", ("0", "1"), bs, kv_len)
-    assert torch.equal(outs["0"], outs["1"]), "late_pv changes the rows"
 
 
 @pytest.mark.gpu

@@ -55,8 +55,6 @@ struct Params {
   int staged_st;                 // ... or (bulk_store too) by coalesced 16-byte stores from the staged rows
   float scale_log2;              // log2(e) / sqrt(192)
   int narrow_tail;               // s-once: the cache's last tile narrow where it holds <= kTailRows rows
-  int late_pv;                   // s-once: warpgroup 1's P V of tile i issued once warpgroup 0's S of tile i + 1 has
-                                 // landed (MlaConfig::late_pv)
   // s-once, a moving graph (moving_inputs.h): the cache's maps in device memory, read instead of tm_kv / tm_tail
   const CUtensorMap* bound_kv;
   const CUtensorMap* bound_tail;

@@ -37,7 +37,6 @@ constexpr int kBarPReady = 5;  // P and the rescale factors of the current tile 
 constexpr int kBarPFree = 6;   // warpgroup 1 has read them (its P V done): warpgroup 0 may write the next
 constexpr int kBarRows = 7;    // the final row maxima and sums are in shared memory
 constexpr int kBarStaged = 8;  // + w: warpgroup w's output columns are staged (MlaConfig::bulk_store)
-constexpr int kBarSLanded = 10;  // (MlaConfig::late_pv) warpgroup 0's S of the item's tile i + 1 has landed
 // The staged output rows (bulk_store): 64 heads x 512 bf16, rows 1040 bytes apart so that a warp's fragment writes
 // (8 rows x 16 bytes) fall in distinct banks; they take the ring's room once both warpgroups' last P V is done.
 constexpr int kOutRowBytes = kLatent * 2 + 16;
@@ -417,10 +416,6 @@ __device__ __forceinline__ void wg0_tile(const Params& p, const SOnceSmem& sm, c
 #pragma unroll
   for (int j = 0; j < 4 * kGroups; ++j) reg_fence(sc[j]);
   if (t == 0) trace_stamp(p, kTraceWg0, i, 2);
-  // late_pv: warpgroup 1 issues its P V of tile i - 1 now, under this tile's softmax, where the tensor cores would
-  // otherwise idle (and not under this S, whose window it would share). Within an item only: warpgroup 1's last P V
-  // of an item precedes the row statistics' barrier that warpgroup 0's next item waits behind.
-  if (p.late_pv && i > 0) named_bar_arrive(kBarSLanded, 256);
   if (q_free) {  // this item's Q is read for the last time: the next one may land
     __syncwarp();
     if (lane == 0) mbar_arrive(q_free);
@@ -479,7 +474,6 @@ __device__ __forceinline__ void wg1_tile(const Params& p, const SOnceSmem& sm, c
 #pragma unroll
     for (int j = 0; j < 128; ++j) o[j] *= (j >> 1) & 1 ? alpha1 : alpha0;
   }
-  if (p.late_pv && i + 1 < ntiles) named_bar_sync(kBarSLanded, 256);  // (wg0_tile: warpgroup 0's S of tile i + 1)
   // O += P V, columns 256 .. 511 (blocks 4 .. 7), P from registers.
   const uint64_t db = make_desc_sw128(kv + 4 * kBlockBytes, kBlockBytes, 1024);
   wgmma_fence();

@@ -38,7 +38,7 @@ _CONFIG_KNOBS = ("KBENCH_MLA_SPLITS", "KBENCH_MLA_PREFETCH_TABLES", "KBENCH_MLA_
                  "KBENCH_MLA_LINEAR_PDL", "KBENCH_MLA_HEAD_GEMM", "KBENCH_MLA_BULK_STORE",
                  "KBENCH_MLA_STAGED_ST", "KBENCH_MLA_PERSISTENT", "KBENCH_MLA_NARROW_TAIL", "KBENCH_MLA_LATE",
                  "KBENCH_MLA_MOVING", "KBENCH_MLA_FUSED_DOWN", "KBENCH_MLA_ABSORB_UK",
-                 "KBENCH_MLA_SPLIT_RELEASE", "KBENCH_MLA_LATE_PV")
+                 "KBENCH_MLA_SPLIT_RELEASE")
 _EAGER_FIRST = ("KBENCH_MLA_EAGER_FIRST",)  # (how the Python path orders its work, not what a graph holds)
 if not graph_replay.BINDING_LAUNCHES:  # (a graph replayed from Python takes nothing late)
     os.environ.setdefault("KBENCH_MLA_LATE", "0")

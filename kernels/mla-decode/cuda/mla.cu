@@ -52,10 +52,10 @@ int mla_num_sms() {
 void mla_describe(const MlaConfig& c, char* buf, int size) {
   snprintf(buf, size,
            "MlaConfig{splits=%d, prefetch_tables=%d, s_once=%d, rope_first=%d, seesaw=%d, bulk_store=%d, staged_st=%d, "
-           "persistent=%d, narrow_tail=%d, split_release=%d, late_pv=%d}",
+           "persistent=%d, narrow_tail=%d, split_release=%d}",
            c.splits, c.prefetch_tables ? 1 : 0, c.s_once ? 1 : 0, c.rope_first ? 1 : 0, c.seesaw ? 1 : 0,
            c.bulk_store ? 1 : 0, c.staged_st ? 1 : 0, c.persistent ? 1 : 0, c.narrow_tail ? 1 : 0,
-           c.split_release ? 1 : 0, c.late_pv ? 1 : 0);
+           c.split_release ? 1 : 0);
 }
 
 const char* mla_run(const MlaArgs& a, cudaStream_t stream) {
@@ -88,7 +88,6 @@ const char* mla_run(const MlaArgs& a, cudaStream_t stream) {
   p.bulk_store = a.config.bulk_store && p.splits == 1;
   p.staged_st = a.config.staged_st;
   p.narrow_tail = a.config.narrow_tail && a.config.s_once && !a.config.seesaw;
-  p.late_pv = a.config.late_pv && a.config.s_once && !a.config.seesaw;
   p.scale_log2 = static_cast<float>(1.4426950408889634 / std::sqrt(192.0));
 #ifdef KBENCH_DEV
   // timing only (benchmarks/mla_decode.py --rope-cost): what the in-kernel RoPE of the keys costs; wrong results

@@ -28,16 +28,13 @@ struct MlaConfig {
   bool split_release;    // persistent, rope_first: each stage released and reloaded in two halves (the rope block and
                          // latent blocks 0-3 once warpgroup 0 is done, blocks 4-7 once warpgroup 1 is), S over
                          // blocks 4-7 waiting only for them
-  bool late_pv;          // s_once: warpgroup 1's P V of tile i held until warpgroup 0's S of tile i + 1 has landed,
-                         // so that it runs under that tile's softmax instead of sharing the tensor cores with S
 };
 
 // bs batch rows, kv_len cache rows to read, sms the GPU's SM count. KBENCH_MLA_SPLITS=N forces N splits;
 // KBENCH_MLA_PREFETCH_TABLES=0/1 overrides prefetch_tables, KBENCH_MLA_S_ONCE=0/1 s_once, KBENCH_MLA_ROPE_FIRST=0/1
 // rope_first, KBENCH_MLA_SEESAW=0/1 seesaw, KBENCH_MLA_BULK_STORE=0/1 bulk_store, KBENCH_MLA_STAGED_ST=0/1 staged_st,
 // KBENCH_MLA_PERSISTENT=0/1 persistent (default: where a CTA an SM gets two or more items), KBENCH_MLA_NARROW_TAIL=0/1
-// narrow_tail, KBENCH_MLA_SPLIT_RELEASE=0/1 split_release (default: with the persistent kernel), KBENCH_MLA_LATE_PV=0/1
-// late_pv (a candidate, default off).
+// narrow_tail, KBENCH_MLA_SPLIT_RELEASE=0/1 split_release (default: with the persistent kernel).
 // (Measured misses, removed: early S, the next tile's S issued behind this tile's P V, +8.6%,
 // docs/mla-decode-notes.md finding 19; split S, both warpgroups sharing each tile's S and softmax, +12.5%, finding
 // 26; part of the softmax's exponentials on the FP32 pipes, +0.2 to +1.3%, finding 27; one CTA an SM taking equal
@@ -89,9 +86,6 @@ inline MlaConfig mla_config(int bs, int kv_len, int sms) {
   // once both are, and S waits for the second half only before its blocks 4-7: the attention in the step -0.9 to
   // -1.1% at prefill 4096 / 6144 (two rounds, one H100), the same bits (docs/mla-decode-notes.md, finding 65)
   const bool split_release = persistent && rope_first && kb::env_int("KBENCH_MLA_SPLIT_RELEASE", 1) != 0;
-  // late_pv: a candidate (docs/mla-decode-notes.md, finding 69): the tile's ~800 cycles of softmax and hand-over,
-  // during which the tensor cores idle, given warpgroup 1's P V of the previous tile
-  const bool late_pv = s_once && !seesaw && kb::env_int("KBENCH_MLA_LATE_PV", 0) != 0;
   return MlaConfig{splits, prefetch_tables, s_once, rope_first, seesaw, bulk_store, staged_st, persistent,
-                   narrow_tail, split_release, late_pv};
+                   narrow_tail, split_release};
 }
