@@ -42,7 +42,9 @@ struct MlaConfig {
 // wave's first data, +3 us, or of the row's later tiles, +9 to +37%, finding 36; Q's first two blocks as S's A
 // operand from registers, a tie in time and energy, finding 63; P handed to warpgroup 1 under warpgroup 0's P V, +2%,
 // or chunk by chunk inside its softmax, +4%, finding 64, and under it with the split release, +0.3 to +1.3%, finding
-// 66; the rope block released as soon as S has read it, a tie, finding 67.)
+// 66; the rope block released as soon as S has read it, a tie, finding 67; a row's two head-group CTAs as a cluster
+// sharing each stage's loads by TMA multicast, +1.6%, no less energy, finding 68; warpgroup 1's P V held until the
+// next tile's S has landed, +1.6 to +2.0% at 4096 (S shorter, the softmax beside it longer), finding 69.)
 inline MlaConfig mla_config(int bs, int kv_len, int sms) {
   // No split where one CTA per (row, head group) already fills >= 90% of its waves (batch 128 on 132 SMs: 256 CTAs
   // in 2 waves, 97%): splitting adds the combine pass and the fp32 partials for no wave gain (measured on two H100s,
