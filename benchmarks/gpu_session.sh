@@ -5,7 +5,7 @@
 #   = "problem:dev ..." picks which), probe, wgmma-energy (benchmarks/wgmma_energy_probe.py PROBE_ARGS, then its SASS's
 #   HGMMA forms),
 #   fp8-check, fp8-perf, moe-check, moe-perf, mla-check, mla-perf (checks, then the benchmark scripts with their
-#   candidates, then kbench perf; moe-bench, mla-bench: only the benchmark script, BENCH_CANDIDATES = which, BENCH_REV = a git revision timed beside; mla-rope-cost: the attention with and without its RoPE, a dev build: BUILD_SPECS mla-decode:1; mla-trace: the attention's per-phase clock64 trace, the same dev build; moe-trace: every GEMM unit's stamps, official and back to back (a dev build: BUILD_SPECS moe:1); mla-projections: each projection GEMM alone, cuBLAS against linear.cuh; mla-scaling: the attention alone over cache lengths and batches, BENCH_CANDIDATES beside it; mla-scaling-clean: the same
+#   candidates, then kbench perf; moe-bench, mla-bench: only the benchmark script, BENCH_CANDIDATES = which, BENCH_REV = a git revision timed beside; mla-dev-costs: the attention as shipped, without its RoPE and with its ring's loads alone, a dev build: BUILD_SPECS mla-decode:1; mla-trace: the attention's per-phase clock64 trace, the same dev build; moe-trace: every GEMM unit's stamps, official and back to back (a dev build: BUILD_SPECS moe:1); mla-projections: each projection GEMM alone, cuBLAS against linear.cuh; mla-scaling: the attention alone over cache lengths and batches, BENCH_CANDIDATES beside it; mla-scaling-clean: the same
 #   with the L2 flushed by reading; mla-head-gemm: the per-head GEMMs alone, head_gemm.cuh against cuBLAS), tier (the GPU test tier), profile (kbench profile of moe and mla-decode cuda),
 #   timeline (benchmarks/calls.py --timeline for TIMELINE_PROBLEMS: each kernel of the steady state's call, its start,
 #   length and the idle before it, medians of TIMELINE_CALLS calls; TIMELINE_BACKEND; TIMELINE_LABEL: the rows' name),
@@ -153,7 +153,7 @@ for part in "$@"; do
   energy) step "${ENERGY_S:-300}" energy python3 benchmarks/energy.py ${ENERGY_ARGS:-moe} ;;  # J a call (NVML)
   mla-energy) step "${ENERGY_S:-300}" mla_energy python3 benchmarks/mla_decode.py --energy \
                 --rounds "${ENERGY_ROUNDS:-2}" --candidates "${BENCH_CANDIDATES:-}" ;;  # the attention alone
-  mla-rope-cost) step "${BENCH_S:-300}" mla_rope_cost python3 benchmarks/mla_decode.py --rope-cost ;;
+  mla-dev-costs) step "${BENCH_S:-300}" mla_dev_costs python3 benchmarks/mla_decode.py --dev-costs ;;
   mla-scaling) step "${BENCH_S:-300}" mla_scaling python3 benchmarks/mla_decode.py --scaling --runs "${BENCH_RUNS:-10}" \
                  --candidates "${BENCH_CANDIDATES:-}" ;;
   mla-scaling-clean) step "${BENCH_S:-300}" mla_scaling_clean python3 benchmarks/mla_decode.py --scaling --clean-l2 \

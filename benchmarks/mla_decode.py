@@ -499,10 +499,18 @@ def head_gemm(runs: int) -> None:
         sys.exit(1)
 
 
-def rope_cost(runs: int) -> None:
-    """--rope-cost: the shipped attention kernel timed with and without its RoPE rotation of the keys (a dev build;
-    KBENCH_MLA_DEV_SKIP_ROPE=1 leaves the keys un-rotated: wrong results, timing only), twice each, alternating, on
-    every benchmark case's cache. Rows: cuda[dev]/attention, cuda[dev]/attention-without-rope (the medians)."""
+# --dev-costs: what parts of the shipped attention kernel cost, by dev builds' timing-only knobs (wrong results):
+# variant name -> knobs. attention-loads-only keeps the ring (TMA, the rotation, every barrier) and drops the
+# consumers' MMAs, softmax and P: the rate the two-stage ring streams the cache at by itself (finding 70).
+DEV_COST_VARIANTS = {"attention": {"KBENCH_MLA_DEV_SKIP_ROPE": "0", "KBENCH_MLA_DEV_SKIP_MATH": "0"},
+                     "attention-without-rope": {"KBENCH_MLA_DEV_SKIP_ROPE": "1", "KBENCH_MLA_DEV_SKIP_MATH": "0"},
+                     "attention-loads-only": {"KBENCH_MLA_DEV_SKIP_ROPE": "0", "KBENCH_MLA_DEV_SKIP_MATH": "1"}}
+
+
+def dev_costs(runs: int) -> None:
+    """--dev-costs: the shipped attention kernel (a dev build) timed as shipped and under each of DEV_COST_VARIANTS'
+    timing-only knobs, twice each, alternating, on every benchmark case's cache, with the cache's rate by its rows
+    alone. Rows: cuda[dev]/<variant> (the medians)."""
     gpu = torch.cuda.get_device_name()
     ref = problems.load_modules("mla-decode").reference
     mod = benchlib.build("mla-decode", "cuda", dev=True)
@@ -512,19 +520,22 @@ def rope_cost(runs: int) -> None:
         bs, kv_len = x.shape[0], cache.seq_len + 1
         q = torch.randn(bs, 128, 576, device="cuda").bfloat16()
         cos, sin = mod._rope_tables(cache.data.shape[1], 64, x.device)
-        times = {"attention": [], "attention-without-rope": []}
+        times = {name: [] for name in DEV_COST_VARIANTS}
         for _ in range(2):
-            for name, skip in (("attention", "0"), ("attention-without-rope", "1")):
-                with benchlib.knobs({"KBENCH_MLA_DEV_SKIP_ROPE": skip}):
+            for name, knobs in DEV_COST_VARIANTS.items():
+                with benchlib.knobs(knobs):
                     times[name].append(timer(lambda: mod.ext.mla_attention(q, cache.data, kv_len, cos, sin, None),
                                              runs))
         label = problems.format_case(case)
-        rows += [benchlib.Row(gpu, 1, f"cuda[dev]/{n}", "kernel", label, benchlib.median(t)) for n, t in times.items()]
-        table.append([label.split("; seed")[0]] + [" / ".join(f"{v:.1f}" for v in t) for t in times.values()])
+        medians = {n: benchlib.median(t) for n, t in times.items()}
+        rows += [benchlib.Row(gpu, 1, f"cuda[dev]/{n}", "kernel", label, v) for n, v in medians.items()]
+        cache_bytes = bs * kv_len * 576 * 2
+        table.append([label.split("; seed")[0]] + [" / ".join(f"{v:.1f}" for v in t) for t in times.values()]
+                     + [" / ".join(f"{cache_bytes / v / 1e6:.2f}" for v in medians.values())])
         del config, x, cache
     benchlib.record("mla-decode", rows)
-    benchlib.table(f"mla-decode attention with and without the keys' RoPE (us, two rounds; {gpu})",
-                   ["case", "with RoPE", "without (timing only)"], table)
+    benchlib.table(f"mla-decode attention: as shipped and with parts left out (us, two rounds; TB/s by the cache; "
+                   f"timing only; {gpu})", ["case"] + list(DEV_COST_VARIANTS) + ["TB/s (medians)"], table)
 
 
 # --phase-trace: the intervals between the s-once kernel's clock64 stamps (attention.cuh: trace_stamp):
@@ -700,8 +711,9 @@ def main():
                          "these modes (comma-separated: benchmark,leaderboard)")
     ap.add_argument("--rounds", type=int, default=1,
                     help="with --official: this many rounds, every other one in reverse order")
-    ap.add_argument("--rope-cost", action="store_true",
-                    help="instead: time the attention kernel with and without its RoPE rotation (a dev build)")
+    ap.add_argument("--dev-costs", "--rope-cost", dest="dev_costs", action="store_true",
+                    help="a dev build timed as shipped, without the keys' RoPE and with the ring's loads alone "
+                         "(timing only)")
     ap.add_argument("--absorb", action="store_true",
                     help="instead: the q path (q_up, W_UK) separate and absorbed (one check, then CUDA events)")
     ap.add_argument("--projections", action="store_true",
@@ -726,8 +738,8 @@ def main():
                     help="with --windows: each window's inputs regenerated before it and its output checked after "
                          "it, as leaderboard mode does (the eager path's steps)")
     args = ap.parse_args()
-    if args.rope_cost:
-        rope_cost(args.runs)
+    if args.dev_costs:
+        dev_costs(args.runs)
         return
     if args.absorb:
         absorb(args.runs)

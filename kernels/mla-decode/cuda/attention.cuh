@@ -60,6 +60,7 @@ struct Params {
   const CUtensorMap* bound_tail;
 #ifdef KBENCH_DEV
   int skip_rope;                 // timing only (KBENCH_MLA_DEV_SKIP_ROPE): the keys left un-rotated
+  int skip_math;                 // timing only (KBENCH_MLA_DEV_SKIP_MATH): s-once consumers only wait and release
   long long* trace;              // KBENCH_MLA_DEV_TRACE: clock64 stamps [kTraceCtas][kTraceRoles][kTraceTiles][8]
 #endif
 };
@@ -89,6 +90,16 @@ __device__ __forceinline__ void trace_clock(const Params& p, int event, int slot
     at[0] = clock64();
     at[1] = ns;
   }
+#endif
+}
+
+// Dev builds may time the s-once kernels' ring alone: the consumers wait for each stage and release it, with no
+// MMA, softmax or hand-over of P (wrong results): what the loads and the rotation take by themselves.
+__device__ __forceinline__ bool math_skipped(const Params& p) {
+#ifdef KBENCH_DEV
+  return p.skip_math != 0;
+#else
+  return false;
 #endif
 }
 

@@ -393,6 +393,17 @@ __device__ __forceinline__ void wg0_tile(const Params& p, const SOnceSmem& sm, c
   if (t == 0) trace_stamp(p, kTraceWg0, i, 0);
   mbar_wait(&sm.roped[s], phase);
   if (t == 0) trace_stamp(p, kTraceWg0, i, 1);
+  if (math_skipped(p)) {  // (dev builds, timing only) the stage waited for and released, P's barriers kept in step
+    if (kSplit) mbar_wait(&sm.hi_full[s], phase);
+    if (q_free) {
+      __syncwarp();
+      if (lane == 0) mbar_arrive(q_free);
+    }
+    named_bar_sync(kBarPFree, 256);
+    named_bar_arrive(kBarPReady, 256);
+    release_stage(o, lane, sm.empty, s, phase);
+    return;
+  }
   wgmma_fence();
 #pragma unroll
   for (int blk = 0; blk < kBlocks; ++blk) {
@@ -470,6 +481,10 @@ __device__ __forceinline__ void wg1_tile(const Params& p, const SOnceSmem& sm, c
   const bool rescale = sm.rescale[warp];  // warpgroup 0's warp of the same 16 rows moved their maxima
   const float alpha0 = sm.alpha[frag_row], alpha1 = sm.alpha[frag_row + 8];
   if (i + 1 < ntiles) named_bar_arrive(kBarPFree, 256);
+  if (math_skipped(p)) {  // (dev builds, timing only)
+    release_stage(o, lane, kSplit ? sm.hi_empty : sm.empty, s, phase);
+    return;
+  }
   if (rescale) {
 #pragma unroll
     for (int j = 0; j < 128; ++j) o[j] *= (j >> 1) & 1 ? alpha1 : alpha0;

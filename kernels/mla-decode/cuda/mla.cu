@@ -92,6 +92,8 @@ const char* mla_run(const MlaArgs& a, cudaStream_t stream) {
 #ifdef KBENCH_DEV
   // timing only (benchmarks/mla_decode.py --rope-cost): what the in-kernel RoPE of the keys costs; wrong results
   p.skip_rope = kb::env_int("KBENCH_MLA_DEV_SKIP_ROPE", 0);
+  // timing only (--dev-costs): the s-once ring's loads and rotation without the consumers' work; wrong results
+  p.skip_math = kb::env_int("KBENCH_MLA_DEV_SKIP_MATH", 0);
   // timing only: the address of an int64 CUDA buffer of kTraceCtas * kTraceRoles * kTraceTiles * kTraceEvents
   // stamps (benchmarks/mla_decode.py --phase-trace allocates it and passes its data_ptr here)
   if (const char* at = std::getenv("KBENCH_MLA_DEV_TRACE"))
