@@ -93,22 +93,17 @@ __device__ __forceinline__ void trace_clock(const Params& p, int event, int slot
 #endif
 }
 
-// Dev builds may time the s-once kernels' ring alone: the consumers wait for each stage and release it, with no
-// MMA, softmax or hand-over of P (wrong results): what the loads and the rotation take by themselves.
-__device__ __forceinline__ bool math_skipped(const Params& p) {
+// Dev builds' timing-only switches (wrong results); the shipped build has neither branch. rope: the keys left
+// un-rotated (KBENCH_MLA_DEV_SKIP_ROPE). math: the s-once consumers wait for each stage and release it, with no MMA,
+// softmax or hand-over of P (KBENCH_MLA_DEV_SKIP_MATH): what the loads and the rotation take by themselves.
+struct DevSkips {
+  bool rope, math;
+};
+__device__ __forceinline__ DevSkips dev_skips(const Params& p) {
 #ifdef KBENCH_DEV
-  return p.skip_math != 0;
+  return {p.skip_rope != 0, p.skip_math != 0};
 #else
-  return false;
-#endif
-}
-
-// Dev builds may time the kernel without the keys' RoPE (wrong results); the shipped build has no such branch.
-__device__ __forceinline__ bool rope_skipped(const Params& p) {
-#ifdef KBENCH_DEV
-  return p.skip_rope != 0;
-#else
-  return false;
+  return {false, false};
 #endif
 }
 

@@ -217,7 +217,7 @@ __device__ __forceinline__ void rotate_items(int u, int tile, int kv_len, const 
 #pragma unroll
   for (int k = 0; k < kItemsPerRotator; ++k) {
     const int item = u + kRotators * k;
-    mine[k] = item < kRopeItems && tile * kTile + item / 4 < kv_len && !rope_skipped(p);
+    mine[k] = item < kRopeItems && tile * kTile + item / 4 < kv_len && !dev_skips(p).rope;
     if (mine[k]) x[k] = load_rope_pair(rope_block, item / 4, item % 4);
   }
 #pragma unroll
@@ -393,7 +393,7 @@ __device__ __forceinline__ void wg0_tile(const Params& p, const SOnceSmem& sm, c
   if (t == 0) trace_stamp(p, kTraceWg0, i, 0);
   mbar_wait(&sm.roped[s], phase);
   if (t == 0) trace_stamp(p, kTraceWg0, i, 1);
-  if (math_skipped(p)) {  // (dev builds, timing only) the stage waited for and released, P's barriers kept in step
+  if (dev_skips(p).math) {  // (dev builds, timing only) the stage waited for and released, P's barriers kept in step
     if (kSplit) mbar_wait(&sm.hi_full[s], phase);
     if (q_free) {
       __syncwarp();
@@ -481,7 +481,7 @@ __device__ __forceinline__ void wg1_tile(const Params& p, const SOnceSmem& sm, c
   const bool rescale = sm.rescale[warp];  // warpgroup 0's warp of the same 16 rows moved their maxima
   const float alpha0 = sm.alpha[frag_row], alpha1 = sm.alpha[frag_row + 8];
   if (i + 1 < ntiles) named_bar_arrive(kBarPFree, 256);
-  if (math_skipped(p)) {  // (dev builds, timing only)
+  if (dev_skips(p).math) {  // (dev builds, timing only)
     release_stage(o, lane, kSplit ? sm.hi_empty : sm.empty, s, phase);
     return;
   }
