@@ -90,7 +90,7 @@ const char* mla_run(const MlaArgs& a, cudaStream_t stream) {
   p.narrow_tail = a.config.narrow_tail && a.config.s_once && !a.config.seesaw;
   p.scale_log2 = static_cast<float>(1.4426950408889634 / std::sqrt(192.0));
 #ifdef KBENCH_DEV
-  // timing only (benchmarks/mla_decode.py --rope-cost): what the in-kernel RoPE of the keys costs; wrong results
+  // timing only (benchmarks/mla_decode.py --dev-costs): what the in-kernel RoPE of the keys costs; wrong results
   p.skip_rope = kb::env_int("KBENCH_MLA_DEV_SKIP_ROPE", 0);
   // timing only (--dev-costs): the s-once ring's loads and rotation without the consumers' work; wrong results
   p.skip_math = kb::env_int("KBENCH_MLA_DEV_SKIP_MATH", 0);
